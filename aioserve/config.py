@@ -1,0 +1,72 @@
+"""Engine configuration: one frozen dataclass, validated when it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to know before it starts.
+
+    Attributes:
+        model: local directory or hub id of a transformers causal LM.
+        tokenizer: tokenizer directory or hub id; defaults to ``model``.
+        scheduler: a registered policy name (``"fcfs"``, ``"static"``, …) or
+            ``"package.module:Class"``.
+        max_num_seqs: most requests running at once (slots).
+        max_num_batched_tokens: most tokens (prefill + decode) in one step; longer
+            prompts are prefilled in chunks.
+        block_size: tokens per KV-cache block.
+        num_kv_blocks: KV-cache size in blocks; ``None`` sizes it from
+            ``kv_cache_memory_bytes``.
+        kv_cache_memory_bytes: memory budget for the KV cache in bytes, used when
+            ``num_kv_blocks`` is None. The cache never holds more blocks than
+            ``max_num_seqs * max_model_len`` tokens need.
+        max_model_len: context length in tokens; ``None`` reads the model config.
+        dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), ``"float32"``,
+            ``"bfloat16"`` or ``"float16"``.
+        device: ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda[:N]"``.
+        seed: seed of the sampler used by requests that give no seed of their own.
+
+    Raises:
+        ValueError: a field is out of range; the message names the field.
+    """
+
+    model: str
+    tokenizer: str | None = None
+    scheduler: str = "fcfs"
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 4096
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int = 4 * 1024**3
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "block_size": self.block_size,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+        }
+        if self.num_kv_blocks is not None:
+            positive["num_kv_blocks"] = self.num_kv_blocks
+        if self.max_model_len is not None:
+            positive["max_model_len"] = self.max_model_len
+        for name, value in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if not self.model:
+            raise ValueError("EngineConfig.model must name a model directory or hub id")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"EngineConfig.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}"
+            )
+        if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
+            raise ValueError(
+                f"EngineConfig.device must be auto, cpu or cuda[:N], got {self.device!r}"
+            )

@@ -1,0 +1,93 @@
+"""Incremental detokenization with stop strings, built on ``tokenizers.DecodeStream``.
+
+The stream is primed with the prompt, so the output's first word keeps its leading
+space exactly as a decode of prompt + output would. A delta never holds a broken
+UTF-8 character, and text that could still become a stop string is held back until
+the match is ruled out. At the end, joined deltas equal the decode of the prompt +
+output minus the decode of the prompt; trailing incomplete bytes become one U+FFFD
+(the tokenizer's own behaviour), the same in streaming and non-streaming responses.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output tokens into text deltas.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer`` (``PreTrainedTokenizerFast.backend_tokenizer``).
+        prompt_token_ids: the prompt, used as decoding context.
+        stop: stop strings.
+        include_stop_str_in_output: keep the matched stop string in the text.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: list[int],
+        stop: tuple[str, ...] = (),
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._prompt = prompt_token_ids
+        self._stream = DecodeStream(ids=prompt_token_ids, skip_special_tokens=True)
+        self._stop = stop
+        self._max_stop = max((len(s) for s in stop), default=0)
+        self._include_stop = include_stop_str_in_output
+        self._token_ids: list[int] = []
+        self.text = ""
+        self._emitted = 0
+        self.stopped = False
+
+    def add(self, token_id: int) -> str:
+        """Decode one more token; returns the text that is safe to send now.
+
+        After a stop string matched, ``stopped`` is True and the text ends before the
+        stop string (or after it, with ``include_stop_str_in_output``).
+        """
+        self._token_ids.append(token_id)
+        piece = self._stream.step(self._tokenizer, token_id)
+        if not piece:
+            return ""
+        self.text += piece
+        if not self._stop:
+            return self._emit(len(self.text))
+        search_from = max(0, len(self.text) - len(piece) - self._max_stop + 1)
+        for stop in self._stop:
+            index = self.text.find(stop, search_from)
+            if index >= 0:
+                self.stopped = True
+                self.text = self.text[: index + len(stop) if self._include_stop else index]
+                return self._emit(len(self.text))
+        return self._emit(len(self.text) - _held_back(self.text, self._stop))
+
+    def finish(self) -> str:
+        """The text still held back, at the end of generation (not after a stop string)."""
+        if not self.stopped:
+            prompt_text = self._tokenizer.decode(self._prompt, skip_special_tokens=True)
+            full = self._tokenizer.decode(self._prompt + self._token_ids, skip_special_tokens=True)
+            tail = full[len(prompt_text) :] if full.startswith(prompt_text) else ""
+            if tail.startswith(self.text):
+                self.text = tail
+        return self._emit(len(self.text))
+
+    def _emit(self, upto: int) -> str:
+        if upto <= self._emitted:
+            return ""
+        delta = self.text[self._emitted : upto]
+        self._emitted = upto
+        return delta

@@ -1,0 +1,293 @@
+"""AsyncEngine: the asyncio front end and the step-loop task."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aioserve.config import EngineConfig
+from aioserve.detokenizer import IncrementalDetokenizer
+from aioserve.engine_core import EngineCore, StepResult
+from aioserve.errors import EngineError, EngineNotRunningError
+from aioserve.kv_cache import BlockManager
+from aioserve.outputs import RequestOutput
+from aioserve.request import FinishReason, Request
+from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
+from aioserve.sampling_params import SamplingParams
+from aioserve.scheduler_registry import load_scheduler
+from aioserve.scheduling import Scheduler
+from aioserve.streams import RequestStream
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    """An asyncio LLM engine with continuous batching and a pluggable scheduler.
+
+    ``async with AsyncEngine(config) as engine`` loads the model (off the event loop)
+    and starts one background task, the step loop: ask the scheduler, build a packed
+    batch, ``await`` one model step in the runner's worker thread, and push each new
+    token to its request's stream.
+
+    Args:
+        config: the engine configuration.
+        runner: a ready runner (e.g. ``SimulatedRunner``); default loads a
+            ``TorchRunner`` for ``config.model``.
+        tokenizer: a transformers fast tokenizer; default loads the model's own when
+            no runner is given. Without one, prompts must be token ids and outputs
+            carry no text.
+        scheduler: a policy instance or name, overriding ``config.scheduler``.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        runner: ModelRunner | None = None,
+        tokenizer: Any = None,
+        scheduler: Scheduler | str | None = None,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self._scheduler_spec = scheduler if scheduler is not None else config.scheduler
+        self.core: EngineCore | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._finished: list[Request] = []
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._ids = itertools.count()
+
+    async def start(self) -> None:
+        """Load the model and tokenizer and start the step loop.
+
+        Raises:
+            ValueError: unknown scheduler. OSError: the model cannot be loaded.
+        """
+        scheduler = load_scheduler(self._scheduler_spec)
+        if self.runner is None:
+            from aioserve.runners.torch_runner import TorchRunner
+
+            self.runner = await asyncio.to_thread(TorchRunner, self.config)
+            if self.tokenizer is None:
+                from transformers import AutoTokenizer
+
+                name = self.config.tokenizer or self.config.model
+                self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, name)
+        runner = self.runner
+        eos = set(runner.eos_token_ids)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.core = EngineCore(
+            scheduler,
+            BlockManager(runner.num_kv_blocks, runner.block_size),
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=runner.max_model_len,
+            eos_token_ids=tuple(sorted(eos)),
+            clock=getattr(runner, "clock", time.monotonic),
+        )
+        self.core.on_finish = self._finished.append
+        self._loop_task = asyncio.create_task(self._run(), name="aioserve-step-loop")
+
+    async def shutdown(self) -> None:
+        """Stop the step loop, end every open stream with EngineNotRunningError and
+        release the runner."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        for stream in list(self._streams.values()):
+            stream.push_error(EngineNotRunningError("the engine was shut down"))
+        if self.runner is not None:
+            self.runner.close()
+
+    async def __aenter__(self) -> AsyncEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    @property
+    def is_running(self) -> bool:
+        """True while the step loop runs."""
+        return self._loop_task is not None and not self._loop_task.done()
+
+    def stats(self) -> dict[str, float]:
+        """Running and waiting requests, KV usage (0–1), free blocks, preemptions, steps."""
+        core = self._require_core()
+        return {
+            "num_running": len(core.running),
+            "num_waiting": len(core.waiting),
+            "kv_cache_usage": core.blocks.usage,
+            "num_free_blocks": core.blocks.num_free_blocks,
+            "num_preemptions": core.num_preemptions,
+            "num_steps": core.step_count,
+        }
+
+    def _require_core(self) -> EngineCore:
+        if self.core is None or not self.is_running:
+            raise EngineNotRunningError(
+                "the engine is not running (use 'async with AsyncEngine(...)')"
+            )
+        return self.core
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a prompt.
+
+        Raises:
+            ValueError: the prompt is empty, not text or ids, or an id is out of range.
+        """
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            if self.tokenizer is None:
+                raise ValueError("prompt must be token ids: this engine has no tokenizer")
+            ids = list(self.tokenizer(prompt).input_ids)
+        elif isinstance(prompt, (list, tuple)):
+            ids = list(prompt)
+            vocab = getattr(self.runner, "vocab_size", None)
+            for token in ids:
+                if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                    raise ValueError(
+                        f"prompt token ids must be non-negative integers, got {token!r}"
+                    )
+                if vocab is not None and token >= vocab:
+                    raise ValueError(f"prompt token id {token} is outside the vocabulary ({vocab})")
+        else:
+            raise ValueError(
+                f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+            )
+        if not ids:
+            raise ValueError("prompt is empty")
+        return ids
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> RequestStream:
+        """Validate and queue a request; returns its stream (see :meth:`generate`).
+
+        Raises:
+            ValueError: bad prompt, prompt + max_tokens beyond the context length, a
+                prompt bigger than the KV cache, or a duplicate request_id.
+            EngineNotRunningError: the engine is not running.
+        """
+        core = self._require_core()
+        params = params if params is not None else SamplingParams()
+        ids = self.encode(prompt)
+        if len(ids) + params.max_tokens > core.max_model_len:
+            raise ValueError(
+                f"max_tokens: prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) "
+                f"exceeds the context length of {core.max_model_len} tokens"
+            )
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        request = Request(request_id, ids, params, core.clock())
+        core.add(request)
+        detok = None
+        if self.tokenizer is not None:
+            backend = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
+            detok = IncrementalDetokenizer(
+                backend, ids, params.stop, params.include_stop_str_in_output
+            )
+        stream = RequestStream(request, detok)
+        self._streams[request_id] = stream
+        self._wakeup.set()
+        return stream
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs, one delta per generated token.
+
+        Leaving the ``async for`` early (break, ``aclose()``, cancellation) aborts the
+        request and frees its slot and KV blocks.
+
+        Raises:
+            ValueError: invalid input (see :meth:`add_request`), on the first iteration.
+            EngineError: a model step failed while this request was in it.
+        """
+        stream = self.add_request(prompt, params, request_id)
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self._streams.pop(stream.request.request_id, None)
+            if not stream.closed:
+                stream.closed = True
+                self.abort(stream.request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request now: it leaves its queue and frees its KV blocks. Its stream
+        ends with ``finish_reason="abort"``. Unknown ids are ignored."""
+        if self.core is not None and self.core.abort(request_id) is not None:
+            self._flush_finished()
+
+    async def _run(self) -> None:
+        core = self.core
+        assert core is not None and self.runner is not None
+        while True:
+            if not core.has_work:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch = core.schedule()
+            self._flush_finished()
+            if batch is None:
+                await asyncio.sleep(0)
+                continue
+            try:
+                output = await self.runner.step(batch)
+            except Exception as exc:  # the model failed: end this batch, keep serving
+                logger.exception("model step failed")
+                self._fail(batch, exc)
+                continue
+            self._fan_out(output, core.update(batch, output))
+            self._flush_finished()
+
+    def _fan_out(self, output: RunnerOutput, results: list[StepResult]) -> None:
+        core = self.core
+        assert core is not None
+        for request, token, index in results:
+            stream = self._streams.get(request.request_id)
+            if stream is None:
+                continue
+            text = stream.decode(token)
+            if stream.hit_stop_string and not request.is_finished:
+                core.finish(request, FinishReason.STOP)
+            logprob = output.logprobs[index] if output.logprobs is not None else None
+            stream.put([token], text, [logprob] if logprob is not None else None)
+
+    def _flush_finished(self) -> None:
+        finished, self._finished = self._finished, []
+        for request in finished:
+            stream = self._streams.get(request.request_id)
+            if stream is not None and not stream.closed:
+                stream.push_final()
+
+    def _fail(self, batch: ScheduledBatch, exc: Exception) -> None:
+        error = EngineError(f"model step failed: {type(exc).__name__}: {exc}")
+        for request_id in batch.request_ids:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.push_error(error)
+        assert self.core is not None
+        self.core.fail(batch.request_ids)
+        self._finished.clear()

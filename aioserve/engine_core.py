@@ -1,0 +1,278 @@
+"""EngineCore: the synchronous heart of the step loop (queues, blocks, batches).
+
+It owns every request's state and the BlockManager. A scheduler plugin only
+decides; ``schedule()`` checks and applies its decision, ``update()`` takes the
+runner's tokens. It never touches the model or the tokenizer, so the same core runs
+on the TorchRunner and on a simulated clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from aioserve.kv_cache import BlockManager
+from aioserve.request import FinishReason, Request, RequestStatus
+from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.scheduling import Scheduler, SchedulerState
+
+logger = logging.getLogger(__name__)
+
+#: (request, sampled token id, index of the request in the batch)
+StepResult = tuple[Request, int, int]
+
+
+class EngineCore:
+    """Queues, KV blocks and the per-step bookkeeping.
+
+    Args:
+        scheduler: the policy.
+        blocks: the KV block pool.
+        max_num_seqs: slots.
+        max_num_batched_tokens: token budget per step.
+        max_model_len: context length in tokens.
+        eos_token_ids: ids that end a request unless it ignores EOS.
+        clock: time source in seconds.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: tuple[int, ...],
+        clock: Callable[[], float],
+    ) -> None:
+        self.scheduler = scheduler
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.clock = clock
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.step_count = 0
+        self.num_preemptions = 0
+        self.on_finish: Callable[[Request], None] | None = None
+        self._released: list[str] = []
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        """Queue a request (validated by the caller).
+
+        Raises:
+            ValueError: the id is already in use, or the prompt can never fit the KV cache.
+        """
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        needed = self.blocks.blocks_for_tokens(request.num_prompt_tokens)
+        if needed > self.blocks.num_blocks:
+            raise ValueError(
+                f"prompt of {request.num_prompt_tokens} tokens needs {needed} KV blocks, but the "
+                f"KV cache holds {self.blocks.num_blocks} blocks "
+                f"({self.blocks.num_blocks * self.blocks.block_size} tokens)"
+            )
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        self.scheduler.on_arrival(request)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """End a request (any status): free its blocks and forget it."""
+        if request.status is RequestStatus.FINISHED:
+            return
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._free_blocks(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.metrics.finished_time = self.clock()
+        request.metrics.finished_step = self.step_count
+        self.requests.pop(request.request_id, None)
+        self._released.append(request.request_id)
+        self.scheduler.on_finish(request)
+        if self.on_finish is not None:
+            self.on_finish(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Abort a waiting or running request; returns it, or None if unknown."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.finish(request, FinishReason.ABORT)
+        return request
+
+    def _free_blocks(self, request: Request) -> None:
+        if request.block_ids:
+            self.blocks.free(request.block_ids)
+            request.block_ids = []
+
+    def preempt(self, request: Request) -> None:
+        """Evict a running request; it is recomputed (prompt + output) when readmitted."""
+        self.running.remove(request)
+        self._free_blocks(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.metrics.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def snapshot(self) -> SchedulerState:
+        """The read-only view a policy decides on."""
+        return SchedulerState(
+            waiting=tuple(self.waiting),
+            running=tuple(self.running),
+            num_free_blocks=self.blocks.num_free_blocks,
+            num_total_blocks=self.blocks.num_blocks,
+            block_size=self.blocks.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            now=self.clock(),
+            step=self.step_count,
+        )
+
+    def schedule(self) -> ScheduledBatch | None:
+        """Ask the policy, apply its checked decision, and build the next batch
+        (None when there is nothing to run)."""
+        if not self.waiting and not self.running:
+            return None
+        decision = self.scheduler.schedule(self.snapshot())
+        for request_id in decision.preempt:
+            request = self.requests.get(request_id)
+            if request is not None and request.status is RequestStatus.RUNNING:
+                self.preempt(request)
+        scheduled: list[tuple[Request, int]] = []
+        budget = self._schedule_running(scheduled)
+        admit = list(decision.admit)
+        if not scheduled and not self.running and self.waiting and not admit:
+            admit = [self.waiting[0].request_id]  # never idle with work queued
+        self._schedule_admissions(admit, scheduled, budget)
+        return self._build_batch(scheduled) if scheduled else None
+
+    def _schedule_running(self, scheduled: list[tuple[Request, int]]) -> int:
+        budget = self.max_num_batched_tokens
+        for request in list(self.running):
+            if request.status is not RequestStatus.RUNNING or budget <= 0:
+                continue
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            if count > 0 and self._reserve(request, count, scheduled):
+                scheduled.append((request, count))
+                budget -= count
+        return budget
+
+    def _reserve(self, request: Request, count: int, scheduled: list[tuple[Request, int]]) -> bool:
+        """Give ``request`` the blocks for ``count`` more tokens, preempting the newest
+        unscheduled running requests if needed (the request itself when it is the
+        newest). A request alone that cannot grow ends with ``length``."""
+        need = self.blocks.blocks_for_tokens(request.num_computed_tokens + count)
+        need -= len(request.block_ids)
+        while need > self.blocks.num_free_blocks:
+            busy = {r.request_id for r, _ in scheduled}
+            victim = next((r for r in reversed(self.running) if r.request_id not in busy), None)
+            if victim is None or (victim is request and len(self.running) == 1):
+                logger.warning(
+                    "KV cache full: ending %s at %d tokens", request.request_id, request.num_tokens
+                )
+                self.finish(request, FinishReason.LENGTH)
+                return False
+            self.preempt(victim)
+            if victim is request:
+                return False
+        request.block_ids.extend(self.blocks.allocate(need) or [])
+        return True
+
+    def _schedule_admissions(
+        self, admit: list[str], scheduled: list[tuple[Request, int]], budget: int
+    ) -> None:
+        now = self.clock()
+        for request_id in admit:
+            request = self.requests.get(request_id)
+            if request is None or request.status is not RequestStatus.WAITING:
+                continue
+            if len(self.running) >= self.max_num_seqs or budget <= 0:
+                break
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            blocks = self.blocks.allocate(self.blocks.blocks_for_tokens(count))
+            if blocks is None:
+                break
+            request.block_ids = blocks
+            self.waiting.remove(request)
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+                request.metrics.first_scheduled_step = self.step_count
+            scheduled.append((request, count))
+            budget -= count
+
+    def _build_batch(self, scheduled: list[tuple[Request, int]]) -> ScheduledBatch:
+        released, self._released = self._released, []
+        ids, tokens, starts, tables, sample, params, penalty, produced = ([] for _ in range(8))
+        for request, count in scheduled:
+            start = request.num_computed_tokens
+            ids.append(request.request_id)
+            tokens.append(request.token_ids_from(start, count))
+            starts.append(start)
+            tables.append(request.block_ids)
+            sample.append(start + count == request.num_tokens)
+            params.append(request.params)
+            produced.append(request.num_output_tokens)
+            needs_history = request.params.repetition_penalty != 1.0
+            penalty.append(
+                request.prompt_token_ids + request.output_token_ids if needs_history else None
+            )
+        return ScheduledBatch(
+            ids, tokens, starts, tables, sample, params, penalty, produced, released
+        )
+
+    def update(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:
+        """Take one step's sampled tokens: advance counters, append tokens, end requests
+        on EOS, stop ids, ``max_tokens`` or the context length."""
+        self.step_count += 1
+        now = self.clock()
+        results: list[StepResult] = []
+        for index, request_id in enumerate(batch.request_ids):
+            request = self.requests.get(request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += len(batch.token_ids[index])
+            if not batch.sample[index]:
+                continue
+            token = output.token_ids[index]
+            request.output_token_ids.append(token)
+            if request.metrics.first_token_time is None:
+                request.metrics.first_token_time = now
+            request.metrics.last_token_time = now
+            results.append((request, token, index))
+            reason = self._stop_reason(request, token)
+            if reason is not None:
+                self.finish(request, reason)
+        return results
+
+    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+        params = request.params
+        if token in params.stop_token_ids or (
+            not params.ignore_eos and token in self.eos_token_ids
+        ):
+            return FinishReason.STOP
+        if (
+            request.num_output_tokens >= params.max_tokens
+            or request.num_tokens >= self.max_model_len
+        ):
+            return FinishReason.LENGTH
+        return None
+
+    def fail(self, request_ids: list[str]) -> list[Request]:
+        """End the given requests with ``error`` (after a failed step); returns them."""
+        failed = [self.requests[r] for r in request_ids if r in self.requests]
+        for request in failed:
+            self.finish(request, FinishReason.ERROR)
+        return failed

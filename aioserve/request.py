@@ -1,0 +1,97 @@
+"""A request's state inside the engine: tokens, one progress counter, its KV blocks."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from aioserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is: waiting for a slot, running, or finished."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended (the OpenAI API's words, plus ``abort`` and ``error``)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps (seconds, ``time.monotonic()`` or a virtual clock) and step numbers."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    first_scheduled_step: int | None = None
+    finished_step: int | None = None
+    num_preemptions: int = 0
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    Progress is a single counter, as in vLLM V1: ``num_computed_tokens`` catches up
+    with ``num_tokens`` (prompt + output). A request whose counter is behind by more
+    than one token is prefilling (or recomputing after preemption); by exactly one,
+    decoding.
+
+    Attributes:
+        request_id: unique id.
+        prompt_token_ids: the prompt, token ids.
+        params: sampling parameters.
+        output_token_ids: tokens generated so far.
+        block_ids: KV-cache blocks held, in position order (the block table).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    block_ids: list[int] = field(default_factory=list)
+    metrics: RequestMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def token_ids_from(self, start: int, count: int) -> list[int]:
+        """``count`` token ids of prompt + output starting at position ``start``."""
+        n_prompt = len(self.prompt_token_ids)
+        if start + count <= n_prompt:
+            return self.prompt_token_ids[start : start + count]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt : start - n_prompt + count]
+        return (self.prompt_token_ids + self.output_token_ids)[start : start + count]

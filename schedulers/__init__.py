@@ -1,0 +1,1 @@
+"""Built-in scheduling policies, registered as ``aioserve.schedulers`` entry points."""
