@@ -1,0 +1,1 @@
+"""Sub-commands of the ``aioserve`` CLI, one module each."""

@@ -1,0 +1,43 @@
+"""Options shared by the commands that load a model."""
+
+from __future__ import annotations
+
+import argparse
+
+from aioserve.config import EngineConfig
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """Add --model, --scheduler, --max-num-seqs and the cache options."""
+    parser.add_argument("--model", required=True, help="model directory or hub id")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
+    parser.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="slots (default 32)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    parser.add_argument("--seed", type=int, default=0, help="seed for requests without one")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """EngineConfig from parsed engine options.
+
+    Raises:
+        ValueError: an option is out of range.
+    """
+    return EngineConfig(
+        model=args.model,
+        tokenizer=args.tokenizer,
+        scheduler=args.scheduler,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+    )

@@ -1,0 +1,60 @@
+"""``aioserve generate PROMPT``: stream one continuation to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+from aioserve.commands.common import add_engine_options, engine_config
+from aioserve.engine import AsyncEngine
+from aioserve.sampling_params import SamplingParams
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``generate`` command."""
+    parser = subparsers.add_parser("generate", help="stream a continuation of PROMPT to stdout")
+    parser.add_argument("prompt")
+    add_engine_options(parser)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--sampling-seed", "--request-seed", dest="request_seed", type=int,
+                        default=None, help="per-request sampling seed")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
+    return parser
+
+
+async def _generate(args: argparse.Namespace) -> int:
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.request_seed if args.request_seed is not None else args.seed,
+        stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos,
+    )
+    async with AsyncEngine(engine_config(args)) as engine:
+        start = time.perf_counter()
+        tokens = 0
+        async for out in engine.generate(args.prompt, params):
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+            tokens = out.num_output_tokens
+        sys.stdout.write("\n")
+        elapsed = time.perf_counter() - start
+        if args.stats:
+            print(f"{tokens} tokens in {elapsed:.3f} s = {tokens / elapsed:.1f} tokens/s",
+                  file=sys.stderr)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``generate``; exit status 0."""
+    return asyncio.run(_generate(args))
