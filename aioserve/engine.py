@@ -91,7 +91,7 @@ class AsyncEngine:
             eos_token_ids=tuple(sorted(eos)),
             clock=getattr(runner, "clock", time.monotonic),
         )
-        self.core.on_finish = self._finished.append
+        self.core.on_finish = self._on_finish
         self._loop_task = asyncio.create_task(self._run(), name="aioserve-step-loop")
 
     async def shutdown(self) -> None:
@@ -204,6 +204,15 @@ class AsyncEngine:
         self._wakeup.set()
         return stream
 
+    def release(self, stream: RequestStream) -> None:
+        """Stop delivering a stream made by :meth:`add_request` whose consumer reads
+        ``stream.queue`` itself: abort its request if it has not finished, and forget
+        the stream. Idempotent; :meth:`generate` does this when its loop ends."""
+        self._streams.pop(stream.request.request_id, None)
+        if not stream.closed:
+            stream.closed = True
+            self.abort(stream.request.request_id)
+
     async def generate(
         self,
         prompt: str | list[int],
@@ -248,7 +257,12 @@ class AsyncEngine:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            batch = core.schedule()
+            try:
+                batch = core.schedule()
+            except Exception as exc:  # a faulty policy: end what it was deciding on
+                logger.exception("scheduler %r failed", core.scheduler)
+                self._fail_all(exc)
+                continue
             self._flush_finished()
             if batch is None:
                 await asyncio.sleep(0)
@@ -275,6 +289,9 @@ class AsyncEngine:
             logprob = output.logprobs[index] if output.logprobs is not None else None
             stream.put([token], text, [logprob] if logprob is not None else None)
 
+    def _on_finish(self, request: Request) -> None:
+        self._finished.append(request)
+
     def _flush_finished(self) -> None:
         finished, self._finished = self._finished, []
         for request in finished:
@@ -282,8 +299,13 @@ class AsyncEngine:
             if stream is not None and not stream.closed:
                 stream.push_final()
 
-    def _fail(self, batch: ScheduledBatch, exc: Exception) -> None:
-        error = EngineError(f"model step failed: {type(exc).__name__}: {exc}")
+    def _fail_all(self, exc: Exception) -> None:
+        assert self.core is not None
+        ids = [r.request_id for r in (*self.core.running, *self.core.waiting)]
+        self._fail(ScheduledBatch(ids, [], [], [], [], [], [], []), exc, "scheduler failed")
+
+    def _fail(self, batch: ScheduledBatch, exc: Exception, what: str = "model step failed") -> None:
+        error = EngineError(f"{what}: {type(exc).__name__}: {exc}")
         for request_id in batch.request_ids:
             stream = self._streams.get(request_id)
             if stream is not None:

@@ -71,12 +71,14 @@ class ModelRunner(Protocol):
         block_size: tokens per block.
         max_model_len: context length in tokens.
         eos_token_ids: the model's end-of-sequence ids (from its generation config).
+        vocab_size: token ids accepted in prompts are below this.
     """
 
     num_kv_blocks: int
     block_size: int
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    vocab_size: int
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
         """Run one forward pass over the batch and sample. May raise; the engine
