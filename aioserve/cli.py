@@ -10,6 +10,8 @@ import sys
 COMMAND_MODULES = (
     "aioserve.commands.generate",
     "aioserve.commands.serve",
+    "aioserve.commands.simulate",
+    "aioserve.commands.bench",
 )
 
 

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from aioserve.config import EngineConfig
@@ -252,29 +252,52 @@ class AsyncEngine:
     async def _run(self) -> None:
         core = self.core
         assert core is not None and self.runner is not None
+        batch: ScheduledBatch | None = None
+        future: Awaitable[RunnerOutput] | None = None  # the step in flight
         while True:
-            if not core.has_work:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
+            if future is None:
+                if not core.has_work:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                batch, future = self._start_step()
+                self._flush_finished()
+                if future is None:
+                    await asyncio.sleep(0)
+                    continue
+            assert batch is not None
             try:
-                batch = core.schedule()
-            except Exception as exc:  # a faulty policy: end what it was deciding on
-                logger.exception("scheduler %r failed", core.scheduler)
-                self._fail_all(exc)
-                continue
-            self._flush_finished()
-            if batch is None:
-                await asyncio.sleep(0)
-                continue
-            try:
-                output = await self.runner.step(batch)
+                output = await future
             except Exception as exc:  # the model failed: end this batch, keep serving
                 logger.exception("model step failed")
                 self._fail(batch, exc)
+                batch = future = None
                 continue
-            self._fan_out(output, core.update(batch, output))
+            results = core.update(batch, output)
+            # Start the next step before delivering this one's tokens, so that the
+            # fan-out (detokenization, stream puts) runs while the runner computes. A
+            # request a stop string ends here may sit in the step in flight; update()
+            # skips it, and its freed blocks are reused only after that step.
+            batch, future = self._start_step() if core.has_work else (None, None)
+            self._fan_out(output, results)
             self._flush_finished()
+
+    def _start_step(self) -> tuple[ScheduledBatch | None, Awaitable[RunnerOutput] | None]:
+        """Schedule the next batch and start the runner on it (None: nothing to run)."""
+        core = self.core
+        assert core is not None and self.runner is not None
+        try:
+            batch = core.schedule()
+        except Exception as exc:  # a faulty policy: end what it was deciding on
+            logger.exception("scheduler %r failed", core.scheduler)
+            self._fail_all(exc)
+            return None, None
+        if batch is None:
+            return None, None
+        submit = getattr(self.runner, "submit", None)
+        if submit is not None:  # starts now, e.g. in the runner's worker thread
+            return batch, submit(batch)
+        return batch, asyncio.ensure_future(self.runner.step(batch))
 
     def _fan_out(self, output: RunnerOutput, results: list[StepResult]) -> None:
         core = self.core

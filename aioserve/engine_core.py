@@ -159,11 +159,21 @@ class EngineCore:
 
     def _schedule_running(self, scheduled: list[tuple[Request, int]]) -> int:
         budget = self.max_num_batched_tokens
+        block_size = self.blocks.block_size
+        running = RequestStatus.RUNNING
         for request in list(self.running):
-            if request.status is not RequestStatus.RUNNING or budget <= 0:
+            if request.status is not running or budget <= 0:
                 continue
-            count = min(request.num_tokens - request.num_computed_tokens, budget)
-            if count > 0 and self._reserve(request, count, scheduled):
+            computed = request.num_computed_tokens
+            total = len(request.prompt_token_ids) + len(request.output_token_ids)
+            count = min(total - computed, budget)
+            if count <= 0:
+                continue
+            # Hot path: the request's blocks already hold the new tokens (most decode
+            # steps), so there is nothing to reserve.
+            if computed + count <= len(request.block_ids) * block_size or self._reserve(
+                request, count, scheduled
+            ):
                 scheduled.append((request, count))
                 budget -= count
         return budget
@@ -218,17 +228,20 @@ class EngineCore:
         ids, tokens, starts, tables, sample, params, penalty, produced = ([] for _ in range(8))
         for request, count in scheduled:
             start = request.num_computed_tokens
+            prompt, output = request.prompt_token_ids, request.output_token_ids
+            total = len(prompt) + len(output)
             ids.append(request.request_id)
-            tokens.append(request.token_ids_from(start, count))
+            if count == 1 and start == total - 1 and output:  # decoding: the last token
+                tokens.append(output[-1:])
+            else:
+                tokens.append(request.token_ids_from(start, count))
             starts.append(start)
             tables.append(request.block_ids)
-            sample.append(start + count == request.num_tokens)
+            sample.append(start + count == total)
             params.append(request.params)
-            produced.append(request.num_output_tokens)
+            produced.append(len(output))
             needs_history = request.params.repetition_penalty != 1.0
-            penalty.append(
-                request.prompt_token_ids + request.output_token_ids if needs_history else None
-            )
+            penalty.append(prompt + output if needs_history else None)
         return ScheduledBatch(
             ids, tokens, starts, tables, sample, params, penalty, produced, released
         )
@@ -239,19 +252,34 @@ class EngineCore:
         self.step_count += 1
         now = self.clock()
         results: list[StepResult] = []
+        requests, running = self.requests, RequestStatus.RUNNING
+        eos, max_len = self.eos_token_ids, self.max_model_len
+        fed, sample, sampled = batch.token_ids, batch.sample, output.token_ids
         for index, request_id in enumerate(batch.request_ids):
-            request = self.requests.get(request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request = requests.get(request_id)
+            if request is None or request.status is not running:
                 continue  # aborted while the step ran
-            request.num_computed_tokens += len(batch.token_ids[index])
-            if not batch.sample[index]:
+            request.num_computed_tokens += len(fed[index])
+            if not sample[index]:
                 continue
-            token = output.token_ids[index]
-            request.output_token_ids.append(token)
-            if request.metrics.first_token_time is None:
-                request.metrics.first_token_time = now
-            request.metrics.last_token_time = now
+            token = sampled[index]
+            out = request.output_token_ids
+            out.append(token)
+            metrics = request.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now
             results.append((request, token, index))
+            params = request.params
+            # The common case (no stop id, EOS ignored or absent, room left) in a few
+            # comparisons; anything else goes through _stop_reason.
+            if (
+                len(out) < params.max_tokens
+                and len(out) + len(request.prompt_token_ids) < max_len
+                and (params.ignore_eos or token not in eos)
+                and (not params.stop_token_ids or token not in params.stop_token_ids)
+            ):
+                continue
             reason = self._stop_reason(request, token)
             if reason is not None:
                 self.finish(request, reason)

@@ -50,9 +50,12 @@ def solo_greedy(hf_model):
             extra = {"eos_token_id": None} if ignore_eos else {}
             with torch.inference_mode():
                 out = hf_model.generate(
-                    torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, **extra
+                    torch.tensor([prompt_ids]),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    **extra,
                 )
-            cache[key] = out[0, len(prompt_ids):].tolist()
+            cache[key] = out[0, len(prompt_ids) :].tolist()
         return cache[key]
 
     return run

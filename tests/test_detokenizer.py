@@ -36,7 +36,7 @@ def test_cut_inside_a_character_ends_in_one_replacement_char(tokenizer):
 
 def test_leading_space_follows_the_prompt(tokenizer):
     prompt = tokenizer("Once upon a").input_ids
-    ids = tokenizer("Once upon a time").input_ids[len(prompt):]
+    ids = tokenizer("Once upon a time").input_ids[len(prompt) :]
     deltas, _ = stream(tokenizer, ids, prompt)
     assert "".join(deltas) == " time"
 

@@ -10,11 +10,15 @@ import pytest
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 
 
-async def collect(engine: AsyncEngine, prompt, params: SamplingParams, request_id=None) -> list[int]:
+async def collect(
+    engine: AsyncEngine, prompt, params: SamplingParams, request_id=None
+) -> list[int]:
     return [t async for out in engine.generate(prompt, params, request_id) for t in out.token_ids]
 
 
-def start(engine: AsyncEngine, prompt, params: SamplingParams) -> tuple[asyncio.Task, asyncio.Event]:
+def start(
+    engine: AsyncEngine, prompt, params: SamplingParams
+) -> tuple[asyncio.Task, asyncio.Event]:
     """Stream a request in a task; the event is set at its first output."""
     first = asyncio.Event()
 
@@ -31,14 +35,21 @@ def start(engine: AsyncEngine, prompt, params: SamplingParams) -> tuple[asyncio.
 def staggered_workload(seed: int = 7) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     lengths = [1, 60] + [rng.randint(1, 60) for _ in range(14)]
-    return [([1] + [rng.randint(3, 511) for _ in range(n - 1)], rng.randint(4, 24)) for n in lengths]
+    return [
+        ([1] + [rng.randint(3, 511) for _ in range(n - 1)], rng.randint(4, 24)) for n in lengths
+    ]
 
 
 @pytest.mark.parametrize("scheduler", ["fcfs", "static"])
 async def test_staggered_requests_equal_their_solo_runs(model_dir, solo_greedy, scheduler):
     workload = staggered_workload()
-    config = EngineConfig(model=model_dir, scheduler=scheduler, max_num_seqs=4,
-                          max_num_batched_tokens=64, block_size=8)
+    config = EngineConfig(
+        model=model_dir,
+        scheduler=scheduler,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        block_size=8,
+    )
     async with AsyncEngine(config) as engine:
         tasks = []
         for i, (prompt, max_tokens) in enumerate(workload):
@@ -54,7 +65,9 @@ async def test_staggered_requests_equal_their_solo_runs(model_dir, solo_greedy, 
 
 
 @pytest.mark.parametrize("scheduler", ["fcfs", "static"])
-async def test_bug01_alone_together_and_staggered_agree(model_dir, tokenizer, solo_greedy, scheduler):
+async def test_bug01_alone_together_and_staggered_agree(
+    model_dir, tokenizer, solo_greedy, scheduler
+):
     prompts = [[1] + list(range(40, 40 + n - 1)) for n in (3, 7, 12, 20)]
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     expected = [solo_greedy(p, 16) for p in prompts]

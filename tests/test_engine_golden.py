@@ -17,7 +17,9 @@ async def test_generate_streams_the_golden_continuation(model_dir, tokenizer, so
     prompt_ids = tokenizer("Once upon a time").input_ids
     expected_ids = solo_greedy(prompt_ids, 40, ignore_eos=False)
     assert tokenizer.decode(expected_ids) == GOLDEN
-    async with AsyncEngine(EngineConfig(model=model_dir, scheduler="fcfs", max_num_seqs=32)) as engine:
+    async with AsyncEngine(
+        EngineConfig(model=model_dir, scheduler="fcfs", max_num_seqs=32)
+    ) as engine:
         outputs = [
             out
             async for out in engine.generate(
@@ -33,9 +35,21 @@ async def test_generate_streams_the_golden_continuation(model_dir, tokenizer, so
 
 def test_cli_generate_prints_the_continuation(model_dir):
     result = subprocess.run(
-        [sys.executable, "-m", "aioserve.cli", "generate", "Once upon a time",
-         "--model", model_dir, "--max-tokens", "40"],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            "-m",
+            "aioserve.cli",
+            "generate",
+            "Once upon a time",
+            "--model",
+            model_dir,
+            "--max-tokens",
+            "40",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     assert result.stdout == GOLDEN + "\n"
 
@@ -46,7 +60,12 @@ async def test_natural_stop_on_the_models_end_of_story_token(model_dir, tokenize
     expected = solo_greedy(prompt_ids, 400, ignore_eos=False)
     assert expected[-1] == 1 and len(expected) == 342
     async with AsyncEngine(EngineConfig(model=model_dir)) as engine:
-        outputs = [o async for o in engine.generate(prompt_ids, SamplingParams(max_tokens=400, temperature=0))]
+        outputs = [
+            o
+            async for o in engine.generate(
+                prompt_ids, SamplingParams(max_tokens=400, temperature=0)
+            )
+        ]
     assert [t for o in outputs for t in o.token_ids] == expected
     assert outputs[-1].finish_reason == "stop"
     assert outputs[-1].text == ""  # the stop token adds no text

@@ -12,22 +12,27 @@ from aioserve.outputs import RequestOutput
 LENGTHS = {"A": 100, "B": 20, "C": 50, "D": 200, "E": 30}
 
 
-async def last_output(engine: AsyncEngine, name: str, first: asyncio.Event | None = None) -> RequestOutput:
+async def last_output(
+    engine: AsyncEngine, name: str, first: asyncio.Event | None = None
+) -> RequestOutput:
     params = SamplingParams(max_tokens=LENGTHS[name], temperature=0, ignore_eos=True)
-    out = None
+    outputs = []
     async for out in engine.generate([1, 403, 407, 261, 378], params, request_id=name):
+        outputs.append(out)
         if first is not None:
             first.set()
-    assert out is not None and out.finished
-    return out
+    assert outputs and outputs[-1].finished
+    return outputs[-1]
 
 
 async def run_article_example(model_dir: str, scheduler: str) -> dict[str, RequestOutput]:
     config = EngineConfig(model=model_dir, scheduler=scheduler, max_num_seqs=4)
     async with AsyncEngine(config) as engine:
         started = asyncio.Event()
-        tasks = {n: asyncio.create_task(last_output(engine, n, started if n == "A" else None))
-                 for n in "ABCD"}
+        tasks = {
+            n: asyncio.create_task(last_output(engine, n, started if n == "A" else None))
+            for n in "ABCD"
+        }
         await started.wait()  # E arrives just after the batch starts
         tasks["E"] = asyncio.create_task(last_output(engine, "E"))
         return {name: await task for name, task in tasks.items()}

@@ -15,11 +15,22 @@ PROMPT = [1, 403, 407, 261, 378]
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 2.5), ("max_tokens", True),
-        ("temperature", -1.0), ("temperature", math.nan), ("temperature", math.inf),
-        ("top_p", 0.0), ("top_p", 1.5), ("top_p", math.nan), ("top_k", -2),
-        ("seed", "7"), ("stop", ("",)), ("stop_token_ids", (-1,)),
-        ("repetition_penalty", 0.0), ("logprobs", 21),
+        ("max_tokens", 0),
+        ("max_tokens", -1),
+        ("max_tokens", 2.5),
+        ("max_tokens", True),
+        ("temperature", -1.0),
+        ("temperature", math.nan),
+        ("temperature", math.inf),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_p", math.nan),
+        ("top_k", -2),
+        ("seed", "7"),
+        ("stop", ("",)),
+        ("stop_token_ids", (-1,)),
+        ("repetition_penalty", 0.0),
+        ("logprobs", 21),
     ],
 )
 def test_invalid_values_name_the_field(field, value):
@@ -73,19 +84,24 @@ async def test_extreme_values_act_greedy_next_to_a_normal_request(model_dir, sol
 
 
 async def test_seeded_sampling_is_independent_of_the_batch(model_dir):
-    seeded = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=30,
-                            ignore_eos=True)
+    seeded = SamplingParams(
+        temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=30, ignore_eos=True
+    )
     async with AsyncEngine(EngineConfig(model=model_dir)) as engine:
         alone = await collect(engine, seeded)
-        others = [SamplingParams(temperature=1.0, seed=s, max_tokens=25, ignore_eos=True)
-                  for s in (1, 2)] + [SamplingParams(temperature=0.7, max_tokens=40)]
+        others = [
+            SamplingParams(temperature=1.0, seed=s, max_tokens=25, ignore_eos=True) for s in (1, 2)
+        ] + [SamplingParams(temperature=0.7, max_tokens=40)]
         crowded = await asyncio.gather(
-            collect(engine, seeded), *(collect(engine, p, [1, 50 + i]) for i, p in enumerate(others))
+            collect(engine, seeded),
+            *(collect(engine, p, [1, 50 + i]) for i, p in enumerate(others)),
         )
         again = await collect(engine, seeded)
         different_seed = await collect(
-            engine, SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=99, max_tokens=30,
-                                   ignore_eos=True)
+            engine,
+            SamplingParams(
+                temperature=0.9, top_p=0.95, top_k=50, seed=99, max_tokens=30, ignore_eos=True
+            ),
         )
     assert alone == crowded[0] == again
     assert different_seed != alone
@@ -95,18 +111,29 @@ async def test_repetition_penalty_matches_transformers(model_dir, hf_model):
     import torch
 
     with torch.inference_mode():
-        expected = hf_model.generate(torch.tensor([PROMPT]), max_new_tokens=20, do_sample=False,
-                                     repetition_penalty=1.3, eos_token_id=None)[0, 5:].tolist()
+        expected = hf_model.generate(
+            torch.tensor([PROMPT]),
+            max_new_tokens=20,
+            do_sample=False,
+            repetition_penalty=1.3,
+            eos_token_id=None,
+        )[0, 5:].tolist()
     async with AsyncEngine(EngineConfig(model=model_dir)) as engine:
-        got = await collect(engine, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
-                                                   repetition_penalty=1.3))
+        got = await collect(
+            engine,
+            SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3),
+        )
     assert got == expected
 
 
 async def test_logprobs_are_log_probabilities_of_the_chosen_tokens(model_dir):
     async with AsyncEngine(EngineConfig(model=model_dir)) as engine:
-        outs = [o async for o in engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=5,
-                                                                        logprobs=3))]
+        outs = [
+            o
+            async for o in engine.generate(
+                PROMPT, SamplingParams(temperature=0, max_tokens=5, logprobs=3)
+            )
+        ]
     for out in outs:
         (entry,) = out.logprobs
         assert entry.token_id == out.token_ids[0]

@@ -17,7 +17,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks")
     parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without one")
 

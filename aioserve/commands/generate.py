@@ -22,8 +22,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--sampling-seed", "--request-seed", dest="request_seed", type=int,
-                        default=None, help="per-request sampling seed")
+    parser.add_argument(
+        "--sampling-seed",
+        "--request-seed",
+        dest="request_seed",
+        type=int,
+        default=None,
+        help="per-request sampling seed",
+    )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
@@ -50,8 +56,10 @@ async def _generate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         elapsed = time.perf_counter() - start
         if args.stats:
-            print(f"{tokens} tokens in {elapsed:.3f} s = {tokens / elapsed:.1f} tokens/s",
-                  file=sys.stderr)
+            print(
+                f"{tokens} tokens in {elapsed:.3f} s = {tokens / elapsed:.1f} tokens/s",
+                file=sys.stderr,
+            )
     return 0
 
 

@@ -1,15 +1,22 @@
-"""``aioserve serve``: the HTTP and websocket server."""
+"""``aioserve serve``: the HTTP and websocket server, with graceful shutdown."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from aioserve.commands.common import add_engine_options, engine_config
-from aioserve.server import create_app
+from aioserve.server import ServerConfig, create_app
+
+logger = logging.getLogger("aioserve.serve")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -17,13 +24,78 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("serve", help="serve the model over HTTP and websocket")
     add_engine_options(parser)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name clients send (default: the --model path)")
+    parser.add_argument("--chat-template", default=None, metavar="FILE",
+                        help="Jinja chat template file (overrides the tokenizer's)")
+    parser.add_argument("--max-body-bytes", type=int, default=1024**2,
+                        help="largest request body or websocket message (default 1 MiB)")
+    parser.add_argument("--ws-max-pending", type=int, default=256,
+                        help="messages queued per websocket before its generations pause")
+    parser.add_argument("--ws-stall-timeout", type=float, default=5.0,
+                        help="seconds a websocket may not read before its requests are aborted")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     return parser
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """ServerConfig from parsed options.
+
+    Raises:
+        ValueError: an option is out of range, or the chat template file is unreadable.
+    """
+    template = None
+    if args.chat_template is not None:
+        try:
+            template = Path(args.chat_template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"--chat-template: cannot read {args.chat_template}: {exc}") from None
+    return ServerConfig(
+        served_model_name=args.served_model_name,
+        chat_template=template,
+        max_body_bytes=args.max_body_bytes,
+        ws_max_pending=args.ws_max_pending,
+        ws_stall_timeout=args.ws_stall_timeout,
+    )
+
+
+async def serve(
+    app: web.Application, host: str, port: int, shutdown_timeout: float,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM, then stop accepting connections, give
+    in-flight requests ``shutdown_timeout`` seconds, close websockets, abort what is
+    left and stop the engine. Prints ``listening on http://HOST:PORT`` once ready (and
+    passes that URL to ``on_ready``)."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        for address in runner.addresses:
+            url = f"http://{address[0]}:{address[1]}"
+            print(f"listening on {url}", flush=True)
+            if on_ready is not None:
+                on_ready(url)
+        await stop.wait()
+        logger.info("shutting down: no new connections, finishing in-flight requests")
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+    logger.info("stopped")
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM, then shut down gracefully; exit status 0."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(engine_config(args))
-    web.run_app(app, host=args.host, port=args.port, shutdown_timeout=10.0)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(engine_config(args), server_config(args))
+    asyncio.run(serve(app, args.host, args.port, args.shutdown_timeout))
     return 0

@@ -8,94 +8,72 @@ between requests, so a request's result never depends on its batch-mates). The
 hook points are the ones transformers' own continuous batching uses
 (``AttentionInterface`` / ``AttentionMaskInterface``, Apache-2.0).
 
-This is the reference path: exact on CPU (one ``scaled_dot_product_attention`` per
-layer over a gathered, masked context).
+This is the reference path: exact on CPU (``scaled_dot_product_attention`` per layer
+over a gathered, masked context: one call for the decoding sequences, one for the
+prefilling ones). No mask function is registered, so transformers skips building a
+causal mask (``masking_utils`` exits early for attention implementations without one).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
+
+from aioserve.runners import decode_attention
+from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
 
 ATTENTION_NAME = "aioserve_paged"
 
-
-@dataclass(frozen=True)
-class PagedAttentionMetadata:
-    """Per-step tensors shared by all layers (B sequences, T new tokens).
-
-    Attributes:
-        kv_caches: per layer, (K, V) of shape ``[num_blocks * block_size, kv_heads, head_dim]``.
-        slot_mapping: ``[T]`` int64, the cache slot each new token's K/V is written to.
-        gather_slots: ``[B, L]`` int64, the slots of each sequence's context
-            (L = longest context; padding points at slot 0 and is masked).
-        mask: ``[B, 1, Q, L]`` bool, True where a query may attend a key.
-        query_index: ``[B, Q]`` int64 index of each query in the packed tokens, or None
-            when every sequence feeds exactly one token (pure decode, Q = 1).
-        query_valid: ``[B, Q]`` bool, real (not padding) queries; None with query_index.
-    """
-
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
-    slot_mapping: torch.Tensor
-    gather_slots: torch.Tensor
-    mask: torch.Tensor
-    query_index: torch.Tensor | None
-    query_valid: torch.Tensor | None
+__all__ = [
+    "ATTENTION_NAME",
+    "PagedAttentionMetadata",
+    "build_metadata",
+    "paged_attention",
+    "register",
+]
 
 
-def build_metadata(
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-    start_positions: list[int],
-    num_new_tokens: list[int],
-    block_tables: list[list[int]],
+def _attend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: AttentionGroup,
+    scaling: float | None,
     block_size: int,
-    device: torch.device,
-) -> tuple[PagedAttentionMetadata, torch.Tensor]:
-    """Build the step's metadata and the packed position ids (``[T]`` int64)."""
-    batch = len(start_positions)
-    width = max(len(t) for t in block_tables)
-    padded = [t + [0] * (width - len(t)) for t in block_tables]
-    tables = torch.tensor(padded, dtype=torch.int64, device=device)
-    starts = torch.tensor(start_positions, dtype=torch.int64, device=device)
-    counts = torch.tensor(num_new_tokens, dtype=torch.int64, device=device)
-    seq_lens = starts + counts
-    rows = torch.arange(batch, device=device)
-    max_new = max(num_new_tokens)
-    if max_new == 1:
-        seq_of_token, positions = rows, starts
+) -> torch.Tensor:
+    """One group's attention: ``q`` ``[n, q_heads, head_dim]`` -> ``[n, q_heads, head_dim]``."""
+    batch, num_blocks = group.gather_blocks.shape
+    blocks = group.gather_blocks.view(-1)
+    # index_select of whole blocks (rows of a 2-D view) is a plain copy of
+    # block_size * kv_heads * head_dim values each: several times cheaper on CPU
+    # than advanced indexing per slot, with the same values.
+    kv_shape = k_cache.shape[1:]
+    keys = k_cache.view(-1, block_size * kv_shape.numel()).index_select(0, blocks)
+    values = v_cache.view(-1, block_size * kv_shape.numel()).index_select(0, blocks)
+    if group.query_index is None and decode_attention.usable(q, kv_shape[0]):
+        flat = (batch, num_blocks * block_size, kv_shape.numel())
+        return decode_attention.decode_attention(
+            q, keys.view(flat), values.view(flat), group.mask, scaling, kv_shape[0]
+        )
+    keys = keys.view(batch, num_blocks * block_size, *kv_shape).transpose(1, 2)
+    values = values.view(batch, num_blocks * block_size, *kv_shape).transpose(1, 2)
+    heads, dim = q.shape[1], q.shape[2]
+    if group.query_index is None:
+        q = q.unsqueeze(2)  # [b, q_heads, 1, head_dim]
     else:
-        seq_of_token = torch.repeat_interleave(rows, counts)
-        offsets = torch.cumsum(counts, 0) - counts
-        positions = torch.arange(seq_of_token.numel(), device=device) - offsets[seq_of_token]
-        positions = positions + starts[seq_of_token]
-    slot_mapping = (
-        tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    )
-    context = torch.arange(
-        max(s + n for s, n in zip(start_positions, num_new_tokens)), device=device
-    )
-    block_of = (context // block_size).clamp(max=width - 1).expand(batch, -1)
-    gather_slots = tables.gather(1, block_of) * block_size + context % block_size
-    in_context = context.unsqueeze(0) < seq_lens.unsqueeze(1)
-    if max_new == 1:
-        mask = in_context[:, None, None, :]
-        query_index = query_valid = None
-    else:
-        j = torch.arange(max_new, device=device)
-        query_valid = j.unsqueeze(0) < counts.unsqueeze(1)
-        query_index = (offsets.unsqueeze(1) + j).clamp(max=seq_of_token.numel() - 1)
-        query_pos = starts.unsqueeze(1) + j
-        causal = context.view(1, 1, -1) <= query_pos.unsqueeze(2)
-        mask = (causal & in_context.unsqueeze(1)).unsqueeze(1)
-    metadata = PagedAttentionMetadata(
-        kv_caches, slot_mapping, gather_slots, mask, query_index, query_valid
-    )
-    return metadata, positions
+        q = q.reshape(q.shape[0], heads * dim).index_select(0, group.query_index)
+        q = q.view(batch, -1, heads, dim).transpose(1, 2)
+    gqa = bool(heads != kv_shape[0])  # a plain bool also while torch.jit traces
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=group.mask, scale=scaling, enable_gqa=gqa
+    ).transpose(1, 2)  # [b, Q, q_heads, head_dim]
+    if group.query_valid is None:
+        return out.squeeze(1)
+    out = out.reshape(-1, heads * dim).index_select(0, group.query_valid)
+    return out.view(-1, heads, dim)
 
 
 def paged_attention(
@@ -110,6 +88,9 @@ def paged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention over the paged KV cache for a packed batch.
+
+    Writes the step's keys and values into the cache, then attends each group of
+    sequences (decode, prefill) over its own gathered context.
 
     Args:
         query: ``[1, q_heads, T, head_dim]``; key, value: ``[1, kv_heads, T, head_dim]``.
@@ -127,29 +108,24 @@ def paged_attention(
     k_cache, v_cache = meta.kv_caches[module.layer_idx]
     k_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
     v_cache.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
-    keys = k_cache[meta.gather_slots].transpose(1, 2)
-    values = v_cache[meta.gather_slots].transpose(1, 2)
-    q = query[0].transpose(0, 1)
-    q = q.unsqueeze(1) if meta.query_index is None else q[meta.query_index]
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        keys,
-        values,
-        attn_mask=meta.mask,
-        scale=scaling,
-        enable_gqa=q.shape[2] != keys.shape[1],
-    ).transpose(1, 2)
-    out = out.squeeze(1) if meta.query_valid is None else out[meta.query_valid]
+    q = query[0].transpose(0, 1)  # [T, q_heads, head_dim]
+    size = meta.block_size
+    if len(meta.groups) == 1 and meta.groups[0].token_index is None:
+        return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size).unsqueeze(0), None
+    out = q.new_empty(q.shape)
+    for group in meta.groups:
+        assert group.token_index is not None
+        part = q.index_select(0, group.token_index)
+        out.index_copy_(0, group.token_index, _attend(part, k_cache, v_cache, group, scaling, size))
     return out.unsqueeze(0), None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """The attention function builds each sequence's causal mask itself."""
-    return None
-
-
 def register() -> str:
-    """Register the attention and mask functions with transformers; returns the name."""
+    """Register the attention function with transformers; returns its name.
+
+    The attention function builds each sequence's mask itself; with no mask function
+    registered under the same name, the model skips its own mask creation (about
+    0.1 ms a step: packed-sequence detection over the position ids).
+    """
     AttentionInterface.register(ATTENTION_NAME, paged_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
     return ATTENTION_NAME

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -12,6 +15,7 @@ from aioserve.config import EngineConfig
 from aioserve.runners import attention
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.sampler import Sampler
+from aioserve.runners.traced import TracedDecode, trace_enabled
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,6 +40,23 @@ def eos_token_ids(model_path: str, generation_config: GenerationConfig | None) -
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def cpu_threads(device: torch.device) -> int | None:
+    """Intra-op threads for the model on the CPU (None: leave torch's setting).
+
+    ``AIOSERVE_NUM_THREADS`` wins; otherwise one core is left to the event loop (its
+    bookkeeping runs while the worker computes), so 2 cores give 1 thread: tiny ops
+    gain nothing from a second thread, and an OpenMP barrier waiting for a thread the
+    OS descheduled costs milliseconds. ``torch.set_num_threads`` is process-wide; the
+    runner restores the previous value on :meth:`TorchRunner.close`.
+    """
+    if device.type != "cpu":
+        return None
+    env = os.environ.get("AIOSERVE_NUM_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) - 1))
 
 
 class TorchRunner:
@@ -64,12 +85,26 @@ class TorchRunner:
         self.model = model.to(self.device).eval()
         text_config = model.config.get_text_config()
         self.max_model_len = config.max_model_len or int(text_config.max_position_embeddings)
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size
         self.num_kv_blocks = self._num_blocks(config, text_config)
         self.kv_caches = self._allocate_cache(text_config)
         self.sampler = Sampler(self.device, config.seed)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aioserve-runner")
+        self._forward_started = threading.Event()
+        self.traced: TracedDecode | None = None
+        if trace_enabled(self.device):
+            traced = TracedDecode(self.model, self.kv_caches, self.block_size, self.device)
+            self.traced = traced if traced.prepare() else None
+        self.num_threads = cpu_threads(self.device)
+        self._saved_threads = torch.get_num_threads()
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="aioserve-runner", initializer=self._init_thread
+        )
+
+    def _init_thread(self) -> None:
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
 
     def _kv_shape(self, text_config: object) -> tuple[int, int, int]:
         heads = text_config.num_attention_heads
@@ -104,10 +139,25 @@ class TorchRunner:
             for _ in range(layers)
         ]
 
+    def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
+        """Start :meth:`execute` in the runner's worker thread now; returns its future
+        (the engine does its bookkeeping while the step runs).
+
+        With the traced decode step, the caller then waits (at most 2 ms, GIL released)
+        until the worker has prepared its inputs and entered the forward, which runs
+        without the GIL: otherwise the worker's first Python lines wait for the GIL
+        behind the engine's fan-out (up to the 5 ms switch interval per hand-over).
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, self.execute, batch)
+        if self.traced is not None:
+            self._forward_started.wait(0.002)
+            self._forward_started.clear()
+        return future
+
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
         """Run :meth:`execute` in the runner's worker thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.execute, batch)
+        return await self.submit(batch)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
@@ -116,26 +166,22 @@ class TorchRunner:
         if not batch.request_ids:
             return RunnerOutput(token_ids=[])
         counts = [len(t) for t in batch.token_ids]
-        meta, positions = attention.build_metadata(
-            self.kv_caches,
-            batch.start_positions,
-            counts,
-            batch.block_tables,
-            self.block_size,
-            self.device,
-        )
-        flat = [token for tokens in batch.token_ids for token in tokens]
-        input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device).unsqueeze(0)
         rows = [i for i, s in enumerate(batch.sample) if s]
-        ends = torch.tensor(counts, dtype=torch.int64).cumsum(0) - 1
-        keep = ends[rows].to(self.device) if rows else ends[:1].to(self.device)
-        logits = self.model(
-            input_ids=input_ids,
-            position_ids=positions.unsqueeze(0),
-            use_cache=False,
-            logits_to_keep=keep,
-            paged_metadata=meta,
-        ).logits[0]
+        ends = np.cumsum(counts) - 1
+        keep = torch.from_numpy(ends[rows] if rows else ends[:1]).to(self.device)
+        if self.traced is not None and len(counts) == sum(counts):  # pure decode
+            flat = [tokens[0] for tokens in batch.token_ids]
+            args = self.traced.inputs(flat, batch.start_positions, batch.block_tables, keep)
+            self._forward_started.set()
+            logits = self.traced(*args)[0]
+        else:
+            args = None
+            if self.traced is not None and self.traced.has_mixed:
+                args = self.traced.mixed_inputs(
+                    batch.token_ids, batch.start_positions, batch.block_tables, keep
+                )
+            self._forward_started.set()
+            logits = self._forward(batch, counts, keep) if args is None else self.traced(*args)[0]
         tokens = [-1] * len(counts)
         if not rows:
             return RunnerOutput(token_ids=tokens)
@@ -152,6 +198,26 @@ class TorchRunner:
                 per_request[index] = logprobs[row]
         return RunnerOutput(token_ids=tokens, logprobs=per_request)
 
+    def _forward(
+        self, batch: ScheduledBatch, counts: list[int], keep: torch.Tensor
+    ) -> torch.Tensor:
+        """The eager forward over a packed batch; logits ``[K, vocab]`` of the kept rows."""
+        meta, positions = attention.build_metadata(
+            self.kv_caches, batch.start_positions, counts, batch.block_tables,
+            self.block_size, self.device,
+        )
+        flat = [token for tokens in batch.token_ids for token in tokens]
+        input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device).unsqueeze(0)
+        return self.model(
+            input_ids=input_ids,
+            position_ids=positions.unsqueeze(0),
+            use_cache=False,
+            logits_to_keep=keep,
+            paged_metadata=meta,
+        ).logits[0]
+
     def close(self) -> None:
-        """Stop the worker thread."""
+        """Stop the worker thread and restore torch's thread count."""
         self._executor.shutdown(wait=True)
+        if self.num_threads is not None:
+            torch.set_num_threads(self._saved_threads)

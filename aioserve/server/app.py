@@ -1,16 +1,29 @@
-"""The aiohttp application factory; the engine lives as long as the app."""
+"""The aiohttp application factory; the engine lives as long as the app.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``, ``GET /metrics``, ``GET /openapi.json`` and the websocket ``GET /ws``.
+Every error is OpenAI-style JSON (see :mod:`aioserve.server.errors`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+import weakref
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
-from aioserve.server import websocket
+from aioserve.server import openapi, websocket
+from aioserve.server.errors import error_middleware
+from aioserve.server.metrics import ServerMetrics
+from aioserve.server.openai_chat import create_chat_completion
+from aioserve.server.openai_completions import create_completion
+from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig, served_model_name
 
-ENGINE_KEY: web.AppKey[AsyncEngine] = web.AppKey("engine", AsyncEngine)
+METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -21,25 +34,69 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "engine not running"}, status=503)
 
 
-def create_app(engine: AsyncEngine | EngineConfig, *, client_max_size: int = 1024**2) -> web.Application:
+async def list_models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the one served model."""
+    engine = request.app[ENGINE_KEY]
+    core = engine.core
+    model = {
+        "id": served_model_name(request.app),
+        "object": "model",
+        "created": int(request.app.get(_STARTED_KEY, time.time())),
+        "owned_by": "aioserve",
+        "root": engine.config.model,
+        "max_model_len": core.max_model_len if core is not None else None,
+    }
+    return web.json_response({"object": "list", "data": [model]})
+
+
+_STARTED_KEY: web.AppKey[float] = web.AppKey("started", float)
+
+
+def create_app(
+    engine: AsyncEngine | EngineConfig,
+    config: ServerConfig | None = None,
+    *,
+    client_max_size: int | None = None,
+) -> web.Application:
     """An aiohttp app serving ``engine``; the engine starts and stops with the app.
 
     Args:
         engine: an engine (not started) or a config to build one from.
-        client_max_size: largest accepted request body in bytes (larger: 413).
+        config: server settings (names, chat template, limits); default ``ServerConfig()``.
+        client_max_size: largest request body in bytes; overrides
+            ``config.max_body_bytes`` (kept for older callers).
+
+    Run it with ``handler_cancellation=True`` (as ``aioserve serve`` does) so a
+    disconnect cancels its handler at once; without it handlers still notice within
+    50 ms.
     """
     if isinstance(engine, EngineConfig):
         engine = AsyncEngine(engine)
-    app = web.Application(client_max_size=client_max_size)
+    config = config or ServerConfig()
+    if client_max_size is not None:
+        config = dataclasses.replace(config, max_body_bytes=client_max_size)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
     app[ENGINE_KEY] = engine
+    app[CONFIG_KEY] = config
+    app[_STARTED_KEY] = time.time()
+    metrics = ServerMetrics(engine)
+    app[METRICS_KEY] = metrics
+    app[websocket.SOCKETS_KEY] = weakref.WeakSet()
 
     async def engine_lifetime(app: web.Application) -> AsyncIterator[None]:
-        await app[ENGINE_KEY].start()
+        await engine.start()
+        metrics.attach()
         yield
-        await app[ENGINE_KEY].shutdown()
+        metrics.detach()
+        await engine.shutdown()
 
     app.cleanup_ctx.append(engine_lifetime)
     app.on_shutdown.append(websocket.close_all)
     app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/completions", create_completion)
+    app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_get("/metrics", metrics.handle)
+    app.router.add_get("/openapi.json", openapi.handle)
     app.router.add_get("/ws", websocket.handle)
     return app

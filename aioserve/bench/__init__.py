@@ -1,0 +1,1 @@
+"""Benchmarks: offline throughput (vs transformers), online serving, engine overhead."""

@@ -1,0 +1,106 @@
+"""Serving metrics from request records: latency statistics, throughput, goodput."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from aioserve.bench.serving import RequestRecord
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) with linear interpolation (numpy's default)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def latency_stats(seconds: list[float]) -> dict[str, float]:
+    """``mean``, ``median`` and ``p99`` in milliseconds (NaN when empty)."""
+    if not seconds:
+        return {"mean_ms": float("nan"), "median_ms": float("nan"), "p99_ms": float("nan")}
+    ms = [s * 1000 for s in seconds]
+    return {
+        "mean_ms": statistics.fmean(ms),
+        "median_ms": statistics.median(ms),
+        "p99_ms": percentile(ms, 99),
+    }
+
+
+@dataclass(frozen=True)
+class ServingResult:
+    """A serving run's summary.
+
+    Attributes:
+        endpoint: ``"completions"`` or ``"ws"``.
+        completed, failed: request counts.
+        duration_s: first send to last response, seconds.
+        metrics: ``ttft``, ``tpot``, ``itl``, ``e2e`` -> :func:`latency_stats`, and the
+            rates ``request_throughput`` (requests/s), ``output_throughput`` and
+            ``total_token_throughput`` (tokens/s) and ``goodput`` (requests/s within
+            the SLO).
+    """
+
+    endpoint: str
+    completed: int
+    failed: int
+    duration_s: float
+    metrics: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, for ``--json``."""
+        return {"endpoint": self.endpoint, "completed": self.completed, "failed": self.failed,
+                "duration_s": self.duration_s, **self.metrics}
+
+    def summary(self) -> str:
+        """A human-readable table."""
+        m = self.metrics
+        lines = [
+            f"endpoint {self.endpoint}: {self.completed} completed, {self.failed} failed "
+            f"in {self.duration_s:.2f} s",
+            f"request throughput {m['request_throughput']:.2f} req/s, output "
+            f"{m['output_throughput']:.1f} tok/s, total {m['total_token_throughput']:.1f} tok/s, "
+            f"goodput {m['goodput']:.2f} req/s",
+        ]
+        for name in ("ttft", "tpot", "itl", "e2e"):
+            s = m[name]
+            lines.append(f"{name.upper():>5} ms: mean {s['mean_ms']:8.2f}  median "
+                         f"{s['median_ms']:8.2f}  p99 {s['p99_ms']:8.2f}")
+        return "\n".join(lines)
+
+
+def summarize(
+    records: list[RequestRecord],
+    duration_s: float,
+    endpoint: str,
+    *,
+    slo_ttft_ms: float = float("inf"),
+    slo_tpot_ms: float = float("inf"),
+) -> ServingResult:
+    """Statistics over the successful requests; goodput counts those whose TTFT and
+    TPOT are both within the SLO (``vllm bench serve --goodput``)."""
+    done = [r for r in records if r.ok]
+    tpots = [t for r in done if (t := r.tpot) is not None]
+    good = [
+        r for r in done
+        if r.ttft * 1000 <= slo_ttft_ms and (r.tpot or 0.0) * 1000 <= slo_tpot_ms
+    ]
+    out_tokens = sum(r.output_tokens for r in done)
+    metrics: dict[str, Any] = {
+        "ttft": latency_stats([r.ttft for r in done]),
+        "tpot": latency_stats(tpots),
+        "itl": latency_stats([g for r in done for g in r.itl]),
+        "e2e": latency_stats([r.e2e for r in done]),
+        "request_throughput": len(done) / duration_s,
+        "output_throughput": out_tokens / duration_s,
+        "total_token_throughput": (out_tokens + sum(r.prompt_len for r in done)) / duration_s,
+        "goodput": len(good) / duration_s,
+        "slo_ttft_ms": slo_ttft_ms,
+        "slo_tpot_ms": slo_tpot_ms,
+    }
+    return ServingResult(endpoint, len(done), len(records) - len(done), duration_s, metrics)

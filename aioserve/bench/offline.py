@@ -1,0 +1,154 @@
+"""``aioserve bench throughput``: aioserve against transformers static batching, one process."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from aioserve.bench.throughput import ThroughputResult, run_aioserve
+from aioserve.bench.workloads import BenchRequest, random_requests
+from aioserve.config import EngineConfig
+
+
+@dataclass
+class OfflineReport:
+    """Every run of each backend, and the ratio of their median output rates.
+
+    Attributes:
+        workload: the workload's parameters.
+        threads: torch intra-op threads both backends ran with (None: torch's default).
+        runs: backend -> one result per run.
+        mismatches: requests whose aioserve output differed from a solo ``generate()``
+            (None when not checked).
+    """
+
+    workload: dict[str, Any]
+    threads: int | None
+    runs: dict[str, list[ThroughputResult]] = field(default_factory=dict)
+    mismatches: int | None = None
+
+    def median(self, backend: str) -> ThroughputResult:
+        """The run with the median output tokens/s."""
+        results = sorted(self.runs[backend], key=lambda r: r.output_tokens_per_s)
+        return results[(len(results) - 1) // 2]
+
+    @property
+    def ratio(self) -> float | None:
+        """Median aioserve output rate over the median hf-static one (same tokens)."""
+        if "hf-static" not in self.runs:
+            return None
+        ours = statistics.median(r.output_tokens_per_s for r in self.runs["aioserve"])
+        theirs = statistics.median(r.output_tokens_per_s for r in self.runs["hf-static"])
+        return ours / theirs
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, for ``--json``."""
+        return {
+            "workload": self.workload,
+            "threads": self.threads,
+            "runs": {k: [r.to_dict() for r in v] for k, v in self.runs.items()},
+            "median": {k: self.median(k).to_dict() for k in self.runs},
+            "ratio": self.ratio,
+            "mismatches": self.mismatches,
+        }
+
+
+def model_vocab(model: str) -> tuple[int, int | None]:
+    """(vocab size, BOS id) from a model's config."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    text = config.get_text_config()
+    return int(text.vocab_size), getattr(text, "bos_token_id", None)
+
+
+def check_exact(model: Any, requests: list[BenchRequest], outputs: list[list[int]]) -> int:
+    """How many outputs differ from a solo greedy ``generate()`` of the same request."""
+    bad = 0
+    device = next(model.parameters()).device
+    for request, tokens in zip(requests, outputs):
+        ids = torch.tensor([request.prompt_token_ids], device=device)
+        with torch.inference_mode():
+            out = model.generate(
+                ids, max_new_tokens=request.output_len, min_new_tokens=request.output_len,
+                do_sample=False, eos_token_id=None, pad_token_id=0,
+            )
+        bad += out[0, ids.shape[1] :].tolist() != tokens
+    return bad
+
+
+def run_offline(
+    config: EngineConfig,
+    *,
+    num_prompts: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    seed: int = 0,
+    compare: str | None = None,
+    hf_batch_size: int = 32,
+    runs: int = 1,
+    threads: int | None = None,
+    check: bool = False,
+    progress: bool = False,
+) -> OfflineReport:
+    """Run the workload ``runs`` times through aioserve (and hf-static when
+    ``compare == "hf-static"``), alternating backends, both at ``threads`` torch threads
+    (default: the runner's own choice on the CPU, one core left to the event loop).
+
+    Raises:
+        ValueError: bad sizes or an unknown ``compare``. OSError: the model cannot load.
+    """
+    if compare not in (None, "hf-static"):
+        raise ValueError(f"compare must be 'hf-static', got {compare!r}")
+    vocab, bos = model_vocab(config.model)
+    requests = random_requests(
+        num_prompts, input_len, output_len, vocab_size=vocab, seed=seed,
+        bos_token_id=bos if bos is not None else 1,
+    )
+    workload = {
+        "model": config.model, "num_prompts": num_prompts, "input_len": list(input_len),
+        "output_len": list(output_len), "seed": seed, "max_num_seqs": config.max_num_seqs,
+        "scheduler": config.scheduler, "hf_batch_size": hf_batch_size,
+    }
+    from aioserve.runners.torch_runner import cpu_threads, resolve_device
+
+    if threads is None:
+        threads = cpu_threads(resolve_device(config.device))
+    report = OfflineReport(workload, threads)
+    saved = torch.get_num_threads()
+    saved_env = os.environ.get("AIOSERVE_NUM_THREADS")
+    if threads is not None:
+        os.environ["AIOSERVE_NUM_THREADS"] = str(threads)
+    hf_model = None
+    if compare or check:
+        from transformers import AutoModelForCausalLM
+
+        hf_model = AutoModelForCausalLM.from_pretrained(config.model).eval()
+    outputs: list[list[int]] = []
+    try:
+        for _ in range(runs):
+            if compare and hf_model is not None:
+                from aioserve.bench.hf_static import run_hf_static
+
+                torch.set_num_threads(threads or saved)
+                result, _ = run_hf_static(
+                    hf_model, requests, batch_size=hf_batch_size, progress=progress
+                )
+                torch.set_num_threads(saved)
+                report.runs.setdefault("hf-static", []).append(result)
+            result, outputs = run_aioserve(config, requests, progress=progress)
+            report.runs.setdefault("aioserve", []).append(result)
+        if check and hf_model is not None:
+            torch.set_num_threads(threads or saved)
+            report.mismatches = check_exact(hf_model, requests, outputs)
+    finally:
+        torch.set_num_threads(saved)
+        if saved_env is None:
+            os.environ.pop("AIOSERVE_NUM_THREADS", None)
+        else:
+            os.environ["AIOSERVE_NUM_THREADS"] = saved_env
+    return report

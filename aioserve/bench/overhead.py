@@ -1,0 +1,156 @@
+"""Engine overhead: the step loop's own cost per step, on a runner that costs nothing.
+
+Every request is admitted in the first step and then decodes one token a step, so
+each later step schedules, updates and fans out ``num_requests`` requests. The run
+reports wall microseconds per step and how they split between the scheduler plus
+batch building (``EngineCore.schedule``), the bookkeeping (``EngineCore.update``),
+the fan-out to streams (``AsyncEngine._fan_out``: detokenization, outputs, queue
+puts) and the rest (the consumers' wake-ups, the event loop, the runner's hop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from aioserve.config import EngineConfig
+from aioserve.engine import AsyncEngine
+from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.sampling_params import SamplingParams
+
+
+class NullRunner:
+    """A runner that returns token ``token_id`` for every sampled row at no cost (it
+    yields to the event loop once per step, as a worker-thread hop does).
+
+    Args:
+        num_kv_blocks, block_size, max_model_len: the KV cache and context the engine manages.
+        token_id: the token every request gets.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_kv_blocks: int = 8192,
+        block_size: int = 16,
+        max_model_len: int = 4096,
+        token_id: int = 300,
+    ) -> None:
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids: tuple[int, ...] = (2,)
+        self.vocab_size = 512
+        self._token = token_id
+
+    async def step(self, batch: ScheduledBatch) -> RunnerOutput:
+        """``token_id`` where ``batch.sample`` is True, else -1."""
+        await asyncio.sleep(0)
+        token = self._token
+        return RunnerOutput(token_ids=[token if s else -1 for s in batch.sample])
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass(frozen=True)
+class OverheadResult:
+    """Per-step costs in microseconds (steady decode steps only).
+
+    Attributes:
+        num_requests: requests decoding in every measured step.
+        num_steps: measured steps.
+        step_us: wall time per step.
+        schedule_us: ``EngineCore.schedule`` (policy, checks, batch building).
+        update_us: ``EngineCore.update`` (tokens, stop checks).
+        fan_out_us: ``AsyncEngine._fan_out`` (detokenization, outputs, queue puts).
+        other_us: the rest: consumers' wake-ups, event loop, runner hop.
+    """
+
+    num_requests: int
+    num_steps: int
+    step_us: float
+    schedule_us: float
+    update_us: float
+    fan_out_us: float
+    other_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, for ``--json``."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One human-readable line."""
+        return (
+            f"{self.num_requests} requests, {self.num_steps} steps: {self.step_us:.1f} us/step "
+            f"(schedule {self.schedule_us:.1f}, update {self.update_us:.1f}, "
+            f"fan-out {self.fan_out_us:.1f}, other {self.other_us:.1f})"
+        )
+
+
+def _timed(func: Callable[..., Any], totals: dict[str, float], key: str) -> Callable[..., Any]:
+    def wrapper(*args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return func(*args)
+        finally:
+            totals[key] += time.perf_counter() - start
+
+    return wrapper
+
+
+async def measure_overhead(
+    num_requests: int = 256,
+    num_steps: int = 200,
+    *,
+    prompt_len: int = 16,
+    tokenizer: Any = None,
+    scheduler: str = "fcfs",
+) -> OverheadResult:
+    """Run ``num_requests`` requests for ``num_steps`` + 1 steps on a :class:`NullRunner`,
+    each consumed by its own ``async for`` over :meth:`AsyncEngine.generate`, and time
+    the steady steps (all but the first, which prefills).
+
+    Args:
+        tokenizer: a transformers tokenizer, to include detokenization (None: ids only).
+
+    Raises:
+        ValueError: a count is not positive.
+    """
+    if num_requests < 1 or num_steps < 1:
+        raise ValueError("num_requests and num_steps must be >= 1")
+    runner = NullRunner(max_model_len=prompt_len + num_steps + 8)
+    config = EngineConfig(
+        model="null", scheduler=scheduler, max_num_seqs=num_requests,
+        max_num_batched_tokens=max(4096, num_requests * prompt_len),
+    )
+    totals = {"schedule": 0.0, "update": 0.0, "fan_out": 0.0}
+    params = SamplingParams(max_tokens=num_steps + 1, temperature=0.0, ignore_eos=True)
+    async with AsyncEngine(config, runner=runner, tokenizer=tokenizer) as engine:
+        core = engine.core
+        assert core is not None
+        core.schedule = _timed(core.schedule, totals, "schedule")  # type: ignore[method-assign]
+        core.update = _timed(core.update, totals, "update")  # type: ignore[method-assign]
+        engine._fan_out = _timed(engine._fan_out, totals, "fan_out")  # type: ignore[method-assign]
+        marks: list[float] = []
+
+        async def consume(index: int) -> None:
+            prompt = [1] + [3 + (index + i) % 400 for i in range(prompt_len - 1)]
+            async for out in engine.generate(prompt, params):
+                if index == 0 and out.num_output_tokens == 1:
+                    marks.append(time.perf_counter())
+                    for key in totals:
+                        totals[key] = 0.0
+
+        await asyncio.gather(*(consume(i) for i in range(num_requests)))
+        end = time.perf_counter()
+    per_step = 1e6 / num_steps
+    step_us = (end - marks[0]) * per_step
+    parts = {key: value * per_step for key, value in totals.items()}
+    return OverheadResult(
+        num_requests, num_steps, step_us, parts["schedule"], parts["update"], parts["fan_out"],
+        step_us - sum(parts.values()),
+    )

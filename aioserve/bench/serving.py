@@ -1,0 +1,235 @@
+"""Online serving benchmark client: Poisson arrivals against a running server.
+
+Each request streams from ``POST /v1/completions`` (OpenAI server-sent events:
+``data: {json}`` chunks, then ``data: [DONE]``) or from the websocket ``GET /ws``
+(aioserve's own protocol); the client records when each chunk arrives. Metrics
+follow ``vllm bench serve``: TTFT (request sent to first token), TPOT (mean time per
+output token after the first), ITL (every gap between chunks) and E2E latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from aioserve.bench.workloads import BenchRequest
+
+
+@dataclass
+class RequestRecord:
+    """One request's timings (seconds, ``time.perf_counter``).
+
+    Attributes:
+        prompt_len: prompt tokens.
+        output_len: requested output tokens.
+        start: when the request was sent.
+        chunk_times: arrival time of every chunk that carried tokens.
+        output_tokens: tokens received (the server's usage count when it sends one).
+        end: when the response ended.
+        error: why it failed, or None.
+    """
+
+    prompt_len: int
+    output_len: int
+    start: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    end: float = 0.0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.chunk_times)
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.start
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean seconds per output token after the first (None for one token)."""
+        if self.output_tokens < 2:
+            return None
+        return (self.chunk_times[-1] - self.chunk_times[0]) / (self.output_tokens - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+
+
+async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The ``data:`` payloads of a server-sent-event stream."""
+    async for raw in response.content:
+        line = raw.decode("utf-8").strip()
+        if line.startswith("data:"):
+            yield line[5:].strip()
+
+
+async def send_completion(
+    session: aiohttp.ClientSession, base_url: str, model: str | None, record: RequestRecord,
+    request: BenchRequest,
+) -> None:
+    """Stream one completion over HTTP into ``record`` (errors are recorded, not raised)."""
+    body: dict[str, Any] = {
+        "prompt": request.prompt_token_ids, "max_tokens": request.output_len,
+        "temperature": 0.0, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if model is not None:
+        body["model"] = model
+    record.start = time.perf_counter()
+    try:
+        async with session.post(f"{base_url}/v1/completions", json=body) as response:
+            if response.status != 200:
+                record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                return
+            async for data in _sse_events(response):
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                choices = chunk.get("choices") or []
+                if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
+                    record.chunk_times.append(time.perf_counter())
+                    record.output_tokens += 1
+                usage = chunk.get("usage")
+                if usage:
+                    record.output_tokens = int(usage.get("completion_tokens", record.output_tokens))
+    except (aiohttp.ClientError, ValueError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        record.end = time.perf_counter()
+
+
+class WebsocketClient:
+    """One websocket to ``/ws`` shared by all requests; messages are routed by id."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for msg in self.ws:
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                continue
+            message = json.loads(msg.data)
+            queue = self.queues.get(str(message.get("id")))
+            if queue is not None:
+                queue.put_nowait(message)
+        for queue in self.queues.values():
+            queue.put_nowait({"type": "error", "message": "websocket closed"})
+
+    async def send(self, request_id: str, record: RequestRecord, request: BenchRequest) -> None:
+        """Stream one generation into ``record`` (errors are recorded, not raised)."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.queues[request_id] = queue
+        record.start = time.perf_counter()
+        await self.ws.send_json({
+            "type": "generate", "id": request_id, "prompt": request.prompt_token_ids,
+            "max_tokens": request.output_len, "temperature": 0.0, "ignore_eos": True,
+        })
+        while True:
+            message = await queue.get()
+            if message["type"] == "token":
+                record.chunk_times.append(time.perf_counter())
+                record.output_tokens += len(message.get("token_ids") or [None])
+            elif message["type"] == "done":
+                record.output_tokens = message["usage"]["completion_tokens"]
+                break
+            else:
+                record.error = str(message.get("message"))
+                break
+        record.end = time.perf_counter()
+        del self.queues[request_id]
+
+    async def close(self) -> None:
+        await self.ws.close()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
+async def detect_endpoint(session: aiohttp.ClientSession, base_url: str) -> tuple[str, str | None]:
+    """``("completions", model name)`` when ``GET /v1/models`` answers, else ``("ws", None)``."""
+    try:
+        async with session.get(f"{base_url}/v1/models") as response:
+            if response.status == 200:
+                data = (await response.json()).get("data") or [{}]
+                return "completions", data[0].get("id")
+    except aiohttp.ClientError:
+        pass
+    return "ws", None
+
+
+def arrival_gaps(num: int, request_rate: float, seed: int) -> list[float]:
+    """Seconds to wait before each request: exponential (a Poisson process) at
+    ``request_rate`` per second, or all zero when the rate is infinite."""
+    if math.isinf(request_rate):
+        return [0.0] * num
+    rng = random.Random(seed)
+    return [rng.expovariate(request_rate) for _ in range(num)]
+
+
+async def run_serving(
+    base_url: str,
+    requests: list[BenchRequest],
+    *,
+    request_rate: float = math.inf,
+    endpoint: str = "auto",
+    model: str | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[list[RequestRecord], float, str]:
+    """Send ``requests`` with Poisson arrivals and wait for all of them.
+
+    Returns:
+        The records (request order), the wall duration in seconds, and the endpoint used.
+
+    Raises:
+        ValueError: unknown endpoint. aiohttp.ClientError: the server is unreachable (ws).
+    """
+    from tqdm import tqdm
+
+    if endpoint not in ("auto", "completions", "ws"):
+        raise ValueError(f"endpoint must be auto, completions or ws, got {endpoint!r}")
+    base_url = base_url.rstrip("/")
+    records = [RequestRecord(r.prompt_len, r.output_len) for r in requests]
+    bar = tqdm(total=len(requests), desc="serve", unit="req", disable=not progress)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        if endpoint == "auto":
+            endpoint, found = await detect_endpoint(session, base_url)
+            model = model or found
+        ws = None
+        if endpoint == "ws":
+            ws = WebsocketClient(await session.ws_connect(f"{base_url}/ws"))
+
+        async def one(index: int) -> None:
+            if ws is not None:
+                await ws.send(f"b{index}", records[index], requests[index])
+            else:
+                await send_completion(session, base_url, model, records[index], requests[index])
+            bar.update(1)
+
+        tasks = []
+        start = time.perf_counter()
+        for index, gap in enumerate(arrival_gaps(len(requests), request_rate, seed)):
+            if gap > 0:
+                await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(one(index)))
+        await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        if ws is not None:
+            await ws.close()
+    bar.close()
+    return records, duration, endpoint

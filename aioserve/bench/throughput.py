@@ -1,0 +1,134 @@
+"""Offline throughput: every request arrives at t=0, EOS is ignored.
+
+Two backends run the same :class:`~aioserve.bench.workloads.BenchRequest` list:
+aioserve (continuous batching through :class:`~aioserve.engine.AsyncEngine`, the
+full front end: streams, detokenization) and transformers ``generate()`` static
+batching (fixed batches, left padding), as ``vllm bench throughput`` does for its
+``hf`` backend: a batch generates until its longest request is done and only the
+requested tokens count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from aioserve.bench.workloads import BenchRequest
+from aioserve.config import EngineConfig
+from aioserve.engine import AsyncEngine
+from aioserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ThroughputResult:
+    """One backend's run.
+
+    Attributes:
+        backend: ``"aioserve"`` or ``"hf-static"``.
+        num_requests: requests completed.
+        elapsed_s: wall time of the run in seconds (model loading excluded).
+        prompt_tokens: prompt tokens of all requests.
+        output_tokens: requested output tokens of all requests (EOS ignored).
+    """
+
+    backend: str
+    num_requests: int
+    elapsed_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.elapsed_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.elapsed_s
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return (self.prompt_tokens + self.output_tokens) / self.elapsed_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields plus the three rates, for ``--json``."""
+        return asdict(self) | {
+            "requests_per_s": self.requests_per_s,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "total_tokens_per_s": self.total_tokens_per_s,
+        }
+
+    def summary(self) -> str:
+        """One human-readable line."""
+        return (
+            f"{self.backend:>9}: {self.elapsed_s:7.2f} s  {self.requests_per_s:8.2f} requests/s  "
+            f"{self.output_tokens_per_s:9.1f} output tokens/s  "
+            f"{self.total_tokens_per_s:9.1f} total tokens/s"
+        )
+
+
+def _greedy(request: BenchRequest) -> SamplingParams:
+    return SamplingParams(max_tokens=request.output_len, temperature=0.0, ignore_eos=True)
+
+
+async def run_engine(
+    engine: AsyncEngine, requests: list[BenchRequest], *, progress: bool = False
+) -> tuple[ThroughputResult, list[list[int]]]:
+    """Submit every request at once to a running engine and wait for all of them.
+
+    Returns:
+        The result, and each request's output token ids (in request order).
+
+    Raises:
+        RuntimeError: a request produced fewer tokens than asked for.
+    """
+    from tqdm import tqdm
+
+    outputs: list[list[int]] = [[] for _ in requests]
+    bar = tqdm(total=len(requests), desc="aioserve", unit="req", disable=not progress)
+
+    async def consume(index: int, request: BenchRequest) -> None:
+        async for out in engine.generate(request.prompt_token_ids, _greedy(request)):
+            outputs[index].extend(out.token_ids)
+        bar.update(1)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(consume(i, r) for i, r in enumerate(requests)))
+    elapsed = time.perf_counter() - start
+    bar.close()
+    for request, tokens in zip(requests, outputs):
+        if len(tokens) != request.output_len:
+            raise RuntimeError(f"a request produced {len(tokens)} of {request.output_len} tokens")
+    result = ThroughputResult(
+        "aioserve",
+        len(requests),
+        elapsed,
+        sum(r.prompt_len for r in requests),
+        sum(r.output_len for r in requests),
+    )
+    return result, outputs
+
+
+def run_aioserve(
+    config: EngineConfig,
+    requests: list[BenchRequest],
+    *,
+    progress: bool = False,
+    warmup: bool = True,
+) -> tuple[ThroughputResult, list[list[int]]]:
+    """Start an engine for ``config`` (not timed), warm it up on two short requests,
+    then time :func:`run_engine`.
+
+    Raises:
+        OSError: the model cannot be loaded. ValueError: a request does not fit the model.
+    """
+
+    async def main() -> tuple[ThroughputResult, list[list[int]]]:
+        async with AsyncEngine(config) as engine:
+            if warmup:
+                short = [BenchRequest(r.prompt_token_ids, 4) for r in requests[:2]]
+                await run_engine(engine, short)
+            return await run_engine(engine, requests, progress=progress)
+
+    return asyncio.run(main())

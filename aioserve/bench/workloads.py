@@ -1,0 +1,74 @@
+"""Synthetic benchmark workloads: random prompts with fixed output lengths."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    """One benchmark request.
+
+    Attributes:
+        prompt_token_ids: the prompt (BOS + random ids).
+        output_len: tokens to generate (EOS is ignored, so exactly this many).
+    """
+
+    prompt_token_ids: list[int]
+    output_len: int
+
+    @property
+    def prompt_len(self) -> int:
+        """Prompt length in tokens."""
+        return len(self.prompt_token_ids)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """``"LO:HI"`` (inclusive) or ``"N"`` (= ``N:N``) as a pair of positive ints.
+
+    Raises:
+        ValueError: not two positive integers with LO <= HI.
+    """
+    parts = text.split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (0, -1)
+    except ValueError:
+        raise ValueError(f"expected LO:HI (positive integers), got {text!r}") from None
+    if lo < 1 or hi < lo:
+        raise ValueError(f"expected LO:HI with 1 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
+def random_requests(
+    num_prompts: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    *,
+    vocab_size: int,
+    seed: int = 0,
+    bos_token_id: int | None = 1,
+    low_id: int = 3,
+) -> list[BenchRequest]:
+    """Random requests, reproducible from ``seed``.
+
+    Each prompt is BOS (when ``bos_token_id`` is not None) followed by ids drawn
+    uniformly from ``[low_id, vocab_size)`` (below ``low_id``: special tokens), with a
+    total length uniform in ``input_len``; each output length is uniform in
+    ``output_len`` (both inclusive), as ``vllm bench throughput --dataset-name random``.
+
+    Raises:
+        ValueError: ``num_prompts`` < 1 or ``vocab_size`` <= ``low_id``.
+    """
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    if vocab_size <= low_id:
+        raise ValueError(f"vocab_size must exceed {low_id}, got {vocab_size}")
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(num_prompts):
+        length = rng.randint(*input_len)
+        head = [bos_token_id] if bos_token_id is not None else []
+        body = [rng.randrange(low_id, vocab_size) for _ in range(length - len(head))]
+        requests.append(BenchRequest(head + body, rng.randint(*output_len)))
+    return requests

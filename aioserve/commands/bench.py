@@ -1,0 +1,173 @@
+"""``aioserve bench throughput | serve | overhead``: the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from typing import Any
+
+from aioserve.bench.workloads import parse_range
+from aioserve.config import EngineConfig
+
+
+def _workload_options(parser: argparse.ArgumentParser, prompts: int) -> None:
+    parser.add_argument("--num-prompts", type=int, default=prompts, help="requests")
+    parser.add_argument("--input-len", type=parse_range, default=(8, 128),
+                        help="prompt tokens LO:HI, uniform, BOS included (default 8:128)")
+    parser.add_argument("--output-len", type=parse_range, default=(16, 256),
+                        help="output tokens LO:HI, uniform, EOS ignored (default 16:256)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_throughput(sub: Any) -> None:
+    p = sub.add_parser("throughput", help="offline: every request at t=0")
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--scheduler", default="fcfs")
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto")
+    _workload_options(p, 64)
+    p.add_argument("--compare", choices=["hf-static"], default=None,
+                   help="also run transformers generate() static batching")
+    p.add_argument("--hf-batch-size", type=int, default=32)
+    p.add_argument("--runs", type=int, default=1, help="runs per backend; medians reported")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads for both backends (default: cores - 1)")
+    p.add_argument("--check", action="store_true",
+                   help="compare every output with a solo transformers generate()")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(bench=_throughput)
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="online: Poisson arrivals against a running server")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--endpoint", choices=["auto", "completions", "ws"], default="auto",
+                   help="POST /v1/completions (SSE) or GET /ws; auto probes /v1/models")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--vocab-size", type=int, default=512, help="prompt ids are < this")
+    p.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests/s, Poisson (default inf: all at once)")
+    p.add_argument("--slo-ttft-ms", type=float, default=math.inf)
+    p.add_argument("--slo-tpot-ms", type=float, default=math.inf)
+    p.add_argument("--plot", default=None, help="save latency plots to this file (PNG)")
+    p.add_argument("--no-progress", action="store_true")
+    _workload_options(p, 100)
+    p.set_defaults(bench=_serve)
+
+
+def _add_overhead(sub: Any) -> None:
+    p = sub.add_parser("overhead", help="step-loop cost per step on a zero-cost runner")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--num-steps", type=int, default=200)
+    p.add_argument("--tokenizer", default=None, help="include detokenization with this tokenizer")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(bench=_overhead)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``bench`` command and its three benchmarks."""
+    parser = subparsers.add_parser("bench", help="benchmarks: throughput, serve, overhead")
+    sub = parser.add_subparsers(dest="bench_command", required=True)
+    _add_throughput(sub)
+    _add_serve(sub)
+    _add_overhead(sub)
+    return parser
+
+
+def _throughput(args: argparse.Namespace) -> int:
+    from aioserve.bench.offline import run_offline
+
+    config = EngineConfig(
+        model=args.model, tokenizer=args.tokenizer, scheduler=args.scheduler,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        dtype=args.dtype, device=args.device,
+    )
+    report = run_offline(
+        config, num_prompts=args.num_prompts, input_len=args.input_len,
+        output_len=args.output_len, seed=args.seed, compare=args.compare,
+        hf_batch_size=args.hf_batch_size, runs=args.runs, threads=args.threads,
+        check=args.check, progress=not args.no_progress and not args.json,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict()))
+        return 0
+    print(f"{args.num_prompts} requests, prompt {args.input_len}, output {args.output_len}, "
+          f"{args.max_num_seqs} slots, torch threads {report.threads}")
+    for backend, results in report.runs.items():
+        for result in results:
+            print(result.summary())
+        if len(results) > 1:
+            print(f"   median  {report.median(backend).summary().strip()}")
+    if report.ratio is not None:
+        print(f"aioserve / hf-static (output tokens/s, medians): {report.ratio:.2f}x")
+    if report.mismatches is not None:
+        print(f"outputs differing from solo generate(): {report.mismatches}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from aioserve.bench.metrics import summarize
+    from aioserve.bench.serving import run_serving
+    from aioserve.bench.workloads import random_requests
+
+    requests = random_requests(
+        args.num_prompts, args.input_len, args.output_len, vocab_size=args.vocab_size,
+        seed=args.seed,
+    )
+    import aiohttp
+
+    try:
+        records, duration, endpoint = asyncio.run(run_serving(
+            args.base_url, requests, request_rate=args.request_rate, endpoint=args.endpoint,
+            model=args.served_model_name, seed=args.seed,
+            progress=not args.no_progress and not args.json,
+        ))
+    except aiohttp.ClientError as exc:
+        print(f"aioserve bench serve: cannot reach {args.base_url}: {exc}", file=sys.stderr)
+        return 1
+    result = summarize(records, duration, endpoint, slo_ttft_ms=args.slo_ttft_ms,
+                       slo_tpot_ms=args.slo_tpot_ms)
+    if args.plot:
+        from aioserve.bench.plots import plot_serving
+
+        plot_serving(records, args.plot, f"rate {args.request_rate}/s, {endpoint}")
+    print(json.dumps(result.to_dict()) if args.json else result.summary())
+    failures = [r.error for r in records if r.error]
+    if failures and not args.json:
+        print(f"first error: {failures[0]}", file=sys.stderr)
+    return 0 if result.completed else 1
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from aioserve.bench.overhead import measure_overhead
+
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    results = [
+        asyncio.run(measure_overhead(args.num_requests, args.num_steps, tokenizer=tokenizer))
+        for _ in range(args.runs)
+    ]
+    best = sorted(results, key=lambda r: r.step_us)[(len(results) - 1) // 2]
+    if args.json:
+        print(json.dumps({"runs": [r.to_dict() for r in results], "median": best.to_dict()}))
+    else:
+        for result in results:
+            print(result.summary())
+        print(f"median: {best.step_us:.1f} us/step")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen benchmark; exit status 0 (1: serve completed no request)."""
+    return int(args.bench(args))

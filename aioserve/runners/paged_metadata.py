@@ -1,0 +1,203 @@
+"""Per-step paged-attention metadata, built on the host once per step.
+
+A packed batch is split into groups that attend separately, so one sequence's
+prefill never pads the decoding sequences' queries: *decode* groups (sequences
+feeding one token, Q = 1; split in two by context length when the short ones would
+mostly attend padding) and a *prefill* group (prompts, prompt chunks and recomputes,
+padded to the longest of them). Keys are gathered by whole blocks. The index
+arithmetic runs in numpy (a microsecond per array where a small torch op costs
+several) and each result is copied to the device once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Sequences that attend in one call (b sequences, Q padded queries, L keys).
+
+    Attributes:
+        token_index: ``[n]`` int64 rows of the packed tokens this group's queries come
+            from, in order; None when the group holds every token in packed order.
+        gather_blocks: ``[b, L / block_size]`` int64 KV blocks of each sequence's
+            context (past its table: its first block again, masked).
+        mask: ``[b, 1, Q, L]`` additive mask in the cache dtype, 0 where a query may
+            attend a key and ``-inf`` elsewhere; None when no key is masked.
+        query_index: ``[b * Q]`` int64 row (into this group's n queries) of each padded
+            query, or None when Q = 1.
+        query_valid: ``[n]`` int64 rows of the ``[b * Q]`` padded queries that are real,
+            in order; None when Q = 1.
+    """
+
+    token_index: torch.Tensor | None
+    gather_blocks: torch.Tensor
+    mask: torch.Tensor | None
+    query_index: torch.Tensor | None
+    query_valid: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class PagedAttentionMetadata:
+    """What every attention layer of one step needs (T new tokens in the batch).
+
+    Attributes:
+        kv_caches: per layer, (K, V) of shape ``[num_blocks * block_size, kv_heads, head_dim]``.
+        slot_mapping: ``[T]`` int64, the cache slot each new token's K/V is written to.
+        groups: the decode and prefill :class:`AttentionGroup` (one to three).
+        block_size: tokens per KV block.
+    """
+
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    slot_mapping: torch.Tensor
+    groups: tuple[AttentionGroup, ...]
+    block_size: int
+
+
+#: Extra attention call, in key visits (rows x context positions): what one more
+#: ``scaled_dot_product_attention`` call plus the query/output shuffles cost on CPU.
+SPLIT_COST = 2048
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A contiguous tensor on ``device`` holding ``array`` (no copy on the CPU)."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+
+def block_table_array(block_tables: list[list[int]]) -> np.ndarray:
+    """``[B, W]`` int64, each row a block table padded with its own first block."""
+    width = max(len(t) for t in block_tables)
+    tables = np.empty((len(block_tables), width), dtype=np.int64)
+    for row, table in enumerate(block_tables):
+        tables[row, : len(table)] = table
+        tables[row, len(table) :] = table[0] if table else 0
+    return tables
+
+
+def _group(
+    rows: np.ndarray,
+    tables: np.ndarray,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    offsets: np.ndarray,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    everything: bool,
+    always_mask: bool,
+) -> AttentionGroup:
+    """The group of sequences ``rows`` (indices into the batch)."""
+    starts, counts, offsets = starts[rows], counts[rows], offsets[rows]
+    seq_lens = starts + counts
+    num_blocks = -(-int(seq_lens.max()) // block_size)
+    blocks = tables[rows, :num_blocks]
+    context = np.arange(num_blocks * block_size)
+    in_context = context[None, :] < seq_lens[:, None]
+    max_new = int(counts.max())
+    query_index = query_valid = None
+    if max_new == 1:
+        token_index = offsets
+        allowed = in_context[:, None, None, :]
+    else:
+        token_index = np.concatenate([np.arange(o, o + c) for o, c in zip(offsets, counts)])
+        j = np.arange(max_new)
+        valid = j[None, :] < counts[:, None]
+        local = np.cumsum(counts) - counts
+        padded = np.minimum(local[:, None] + j, counts.sum() - 1)
+        query_index = to_device(padded.reshape(-1), device)
+        query_valid = to_device(np.flatnonzero(valid), device)
+        causal = context[None, None, :] <= (starts[:, None] + j)[:, :, None]
+        allowed = (causal & in_context[:, None, :])[:, None]
+    mask = None
+    if always_mask or not allowed.all():
+        mask = to_device(np.where(allowed, np.float32(0.0), np.float32(-np.inf)), device).to(dtype)
+    return AttentionGroup(
+        None if everything else to_device(token_index, device),
+        to_device(blocks, device),
+        mask,
+        query_index,
+        query_valid,
+    )
+
+
+def split_by_length(rows: np.ndarray, seq_lens: np.ndarray, call_cost: int) -> list[np.ndarray]:
+    """Split rows into one or two groups by length when that saves work.
+
+    Attention over a group costs about (rows x largest ``seq_lens``) visits, where
+    ``seq_lens`` is the context for decode rows (or new tokens x context for
+    prefill rows), plus ``call_cost`` for each extra call; the rows are sorted by
+    it and cut where the total is least (a sequence's result does not depend on
+    its group).
+    """
+    if rows.size < 4:
+        return [rows]
+    order = rows[np.argsort(seq_lens[rows], kind="stable")]
+    lens = seq_lens[order]
+    n = lens.size
+    cut = np.arange(1, n)
+    cost = cut * lens[cut - 1] + (n - cut) * lens[-1] + call_cost
+    best = int(np.argmin(cost))
+    if cost[best] >= n * lens[-1]:
+        return [rows]
+    first, second = order[: best + 1], order[best + 1 :]
+    return [np.sort(first), np.sort(second)]
+
+
+def build_metadata(
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    start_positions: list[int],
+    num_new_tokens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device,
+    *,
+    split_cost: int | None = None,
+    always_mask: bool = False,
+) -> tuple[PagedAttentionMetadata, torch.Tensor]:
+    """Build the step's metadata and the packed position ids (``[T]`` int64).
+
+    Args:
+        kv_caches: the runner's per-layer (K, V) caches.
+        start_positions: per sequence, the position of its first new token.
+        num_new_tokens: per sequence, how many tokens it feeds (>= 1).
+        block_tables: per sequence, its KV blocks in position order.
+        block_size: tokens per block.
+        device: where the tensors go.
+        split_cost: the cost of one more attention call for :func:`split_by_length`
+            (None: ``SPLIT_COST``; a huge value: never split).
+        always_mask: give every group a mask, even one that masks nothing.
+    """
+    batch = len(start_positions)
+    tables = block_table_array(block_tables)
+    starts = np.asarray(start_positions, dtype=np.int64)
+    counts = np.asarray(num_new_tokens, dtype=np.int64)
+    offsets = np.cumsum(counts) - counts
+    seq_of_token = np.repeat(np.arange(batch), counts)
+    positions = np.arange(seq_of_token.size) - offsets[seq_of_token] + starts[seq_of_token]
+    slot_mapping = (
+        tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+    )
+    dtype = kv_caches[0][0].dtype
+    decode = np.flatnonzero(counts == 1)
+    prefill = np.flatnonzero(counts > 1)
+    seq_lens = starts + counts
+    cost = SPLIT_COST if split_cost is None else split_cost
+    parts = [
+        *split_by_length(decode, seq_lens, cost),
+        # a prefill row costs about (new tokens x context) query-key pairs
+        *split_by_length(prefill, seq_lens * counts, cost),
+    ]
+    groups = tuple(
+        _group(rows, tables, starts, counts, offsets, block_size, dtype, device,
+               rows.size == batch, always_mask)
+        for rows in parts
+        if rows.size
+    )
+    metadata = PagedAttentionMetadata(
+        kv_caches, to_device(slot_mapping, device), groups, block_size
+    )
+    return metadata, to_device(positions, device)

@@ -1,0 +1,127 @@
+"""SimulatedRunner: the runner interface on a virtual clock, for comparing schedulers.
+
+The cost model is the article's ("continuous batching: a car-pool whose empty seats
+are refilled at every stop"): every step costs ``step_ms`` (50 ms there) whatever the
+batch holds, plus an optional ``prefill_ms_per_token`` for each prompt (or recomputed)
+token fed in that step (0 there). Every scheduled request gets one token per step.
+Nothing sleeps: the clock jumps by the step's cost, and ``step`` yields to the event
+loop once with ``asyncio.sleep(0)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+from aioserve.runners.base import RunnerOutput, ScheduledBatch
+
+#: Nanoseconds per second and per millisecond; the clock counts integer nanoseconds so
+#: that sums of steps stay exact (100 steps of 50 ms end at exactly 5.0 s).
+NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
+
+#: The first id of ordinary (non-EOS) tokens the runner emits.
+FIRST_WORD_ID = 3
+
+
+class SimulatedRunner:
+    """A runner with a virtual clock and scripted output lengths.
+
+    A request's n-th sampled token (0-based) is ``token_for(n)``: the EOS id when
+    ``n + 1`` reaches its scripted length, so the engine ends it with ``stop`` after
+    exactly that many tokens (the EOS token counts, as everywhere in aioserve);
+    requests without a script never emit EOS (``max_tokens`` ends them). The tokens
+    depend only on the request and its output index, so a request preempted and
+    recomputed produces exactly the tokens it would have produced without that.
+
+    Args:
+        output_lengths: scripted number of output tokens per request id (>= 1), or a
+            function from request id to it (None: no script for that id).
+        step_ms: cost of one step in milliseconds (>= 0; the article's 50).
+        prefill_ms_per_token: extra cost per prompt or recomputed token fed in a step,
+            in milliseconds (>= 0; default 0 as in the article).
+        num_kv_blocks, block_size: the KV cache the engine manages (no tensors here).
+        max_model_len: context length in tokens.
+        vocab_size: token ids accepted in prompts (> ``FIRST_WORD_ID``).
+        eos_token_id: the id that ends a scripted request.
+
+    Raises:
+        ValueError: a cost is negative or a size is not positive.
+    """
+
+    def __init__(
+        self,
+        output_lengths: Mapping[str, int] | Callable[[str], int | None] | None = None,
+        *,
+        step_ms: float = 50.0,
+        prefill_ms_per_token: float = 0.0,
+        num_kv_blocks: int = 1024,
+        block_size: int = 16,
+        max_model_len: int = 4096,
+        vocab_size: int = 512,
+        eos_token_id: int = 2,
+    ) -> None:
+        if step_ms < 0 or prefill_ms_per_token < 0:
+            raise ValueError("step_ms and prefill_ms_per_token must be >= 0")
+        if min(num_kv_blocks, block_size, max_model_len) <= 0 or vocab_size <= FIRST_WORD_ID:
+            raise ValueError("num_kv_blocks, block_size, max_model_len and vocab_size too small")
+        if output_lengths is None:
+            self._length: Callable[[str], int | None] = lambda _id: None
+        elif callable(output_lengths):
+            self._length = output_lengths
+        else:
+            self._length = output_lengths.get
+        self.step_ns = round(step_ms * NS_PER_MS)
+        self.prefill_ns_per_token = round(prefill_ms_per_token * NS_PER_MS)
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.eos_token_ids = (eos_token_id,)
+        self.now_ns = 0
+        self.steps = 0
+        self.prefill_tokens = 0
+
+    def clock(self) -> float:
+        """The virtual time in seconds (the engine's clock when it runs this runner)."""
+        return self.now_ns / NS_PER_S
+
+    def advance_to(self, time_ns: int) -> None:
+        """Move the clock forward to ``time_ns`` (an idle engine waiting for an arrival);
+        never backwards."""
+        self.now_ns = max(self.now_ns, time_ns)
+
+    def token_for(self, request_id: str, index: int) -> int:
+        """The token a request samples at output position ``index`` (0-based)."""
+        length = self._length(request_id)
+        if length is not None and index + 1 >= length:
+            return self.eos_token_ids[0]
+        return FIRST_WORD_ID + index % (self.vocab_size - FIRST_WORD_ID)
+
+    def step_cost_ns(self, batch: ScheduledBatch) -> int:
+        """Cost of a step in nanoseconds: ``step_ms`` plus the prefill cost of every
+        token fed that is not a decode token (a request's one last sampled token)."""
+        prefill = sum(
+            len(tokens)
+            for tokens, produced in zip(batch.token_ids, batch.num_output_tokens)
+            if not (len(tokens) == 1 and produced > 0)
+        )
+        self.prefill_tokens += prefill
+        return self.step_ns + prefill * self.prefill_ns_per_token
+
+    async def step(self, batch: ScheduledBatch) -> RunnerOutput:
+        """Advance the clock by the step's cost and return each request's next token
+        (-1 where the batch does not sample). Yields to the event loop once."""
+        self.now_ns += self.step_cost_ns(batch)
+        self.steps += 1
+        await asyncio.sleep(0)
+        tokens = [
+            self.token_for(request_id, produced) if sample else -1
+            for request_id, produced, sample in zip(
+                batch.request_ids, batch.num_output_tokens, batch.sample
+            )
+        ]
+        return RunnerOutput(token_ids=tokens)
+
+    def close(self) -> None:
+        """Nothing to release."""

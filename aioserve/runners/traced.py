@@ -1,0 +1,218 @@
+"""Traced decode steps: the model's forward without Python overhead, on the CPU.
+
+On a small model on the CPU a decode step is dominated by per-op Python overhead
+(module calls, decorators, config look-ups), not arithmetic. ``torch.jit.trace``
+records the aten ops of a pure-decode forward (every sequence feeds one token; one
+attention group, or two when the batch is split by context length; masks always
+given) and replays them without the Python, and without holding the GIL, so the
+event loop's work overlaps the step. The ops and their order are unchanged, so the
+logits are bitwise those of the eager forward. Any model runs: each trace is checked
+against the eager forward at two shapes when it is made, and a model whose trace
+fails or differs keeps the eager path. Prefill and mixed steps always run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any
+
+import torch
+from transformers.utils import logging as hf_logging
+
+from aioserve.runners import paged_metadata
+from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
+
+logger = logging.getLogger(__name__)
+
+#: Never split: one decode group.
+NO_SPLIT = 1 << 62
+
+#: Structure key of the mixed trace: one decode group and one prefill group.
+MIXED = 3
+
+
+class _DecodeForward(torch.nn.Module):
+    """The model's forward over plain tensors (what ``torch.jit.trace`` can record):
+    after the inputs, one (gather_blocks, mask) pair for a single group, or
+    (token_index, gather_blocks, mask) triples for several."""
+
+    def __init__(
+        self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int, num_groups: int,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.num_groups = num_groups
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
+        slot_mapping: torch.Tensor, *group_tensors: torch.Tensor,
+    ) -> torch.Tensor:
+        if self.num_groups == 1:
+            groups: tuple[AttentionGroup, ...] = (
+                AttentionGroup(None, group_tensors[0], group_tensors[1], None, None),
+            )
+        elif self.num_groups == MIXED:  # decode (index, blocks, mask) + prefill (… + q, valid)
+            groups = (AttentionGroup(*group_tensors[:3], None, None),
+                      AttentionGroup(*group_tensors[3:]))
+        else:
+            groups = tuple(
+                AttentionGroup(*group_tensors[i : i + 3], None, None)
+                for i in range(0, len(group_tensors), 3)
+            )
+        meta = PagedAttentionMetadata(self.kv_caches, slot_mapping, groups, self.block_size)
+        return self.model(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False,
+            logits_to_keep=keep, paged_metadata=meta,
+        ).logits
+
+
+def trace_enabled(device: torch.device) -> bool:
+    """Tracing is on for the CPU unless ``AIOSERVE_TRACE=0``."""
+    return device.type == "cpu" and os.environ.get("AIOSERVE_TRACE", "1") != "0"
+
+
+class TracedDecode:
+    """Pure-decode forwards recorded once with ``torch.jit.trace`` (one and two groups).
+
+    Args:
+        model: the loaded causal LM (attention implementation: aioserve's paged one).
+        kv_caches: the runner's KV cache (the traces write into these tensors).
+        block_size: tokens per KV block.
+        device: the model's device.
+
+    Attributes:
+        ready: True when the one-group trace exists and matched the eager forward.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int, device: torch.device,
+    ) -> None:
+        self._model = model
+        self._block_size = block_size
+        self._kv_caches = kv_caches
+        self._device = device
+        self._traced: dict[int, Any] = {}
+        self.ready = False
+
+    def inputs(
+        self, token_ids: list[int], start_positions: list[int], block_tables: list[list[int]],
+        keep: torch.Tensor, split_cost: int | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """The traced forward's arguments for a pure-decode batch: split in two groups
+        when that saves work and a two-group trace exists (``split_cost`` None), or as
+        :func:`~aioserve.runners.paged_metadata.split_by_length` decides for the cost."""
+        if split_cost is None:
+            split_cost = paged_metadata.SPLIT_COST if 2 in self._traced else NO_SPLIT
+        meta, positions = build_metadata(
+            self._kv_caches, start_positions, [1] * len(token_ids), block_tables,
+            self._block_size, self._device, split_cost=split_cost, always_mask=True,
+        )
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=self._device).unsqueeze(0)
+        head = (ids, positions.unsqueeze(0), keep, meta.slot_mapping)
+        if len(meta.groups) == 1:
+            group = meta.groups[0]
+            return (*head, group.gather_blocks, group.mask)
+        return head + tuple(
+            t for g in meta.groups for t in (g.token_index, g.gather_blocks, g.mask)
+        )
+
+    def mixed_inputs(
+        self, token_ids: list[list[int]], start_positions: list[int],
+        block_tables: list[list[int]], keep: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...] | None:
+        """Arguments of the mixed trace (decode rows and prefill rows, unsplit), or None
+        when the batch is not mixed."""
+        counts = [len(t) for t in token_ids]
+        meta, positions = build_metadata(
+            self._kv_caches, start_positions, counts, block_tables, self._block_size,
+            self._device, split_cost=NO_SPLIT, always_mask=True,
+        )
+        if len(meta.groups) != 2 or meta.groups[0].query_index is not None:
+            return None
+        decode, prefill = meta.groups
+        flat = [t for tokens in token_ids for t in tokens]
+        ids = torch.tensor(flat, dtype=torch.int64, device=self._device).unsqueeze(0)
+        return (
+            ids, positions.unsqueeze(0), keep, meta.slot_mapping,
+            decode.token_index, decode.gather_blocks, decode.mask,
+            prefill.token_index, prefill.gather_blocks, prefill.mask,
+            prefill.query_index, prefill.query_valid,
+        )  # type: ignore[return-value]
+
+    @property
+    def has_mixed(self) -> bool:
+        """True when mixed decode + prefill steps can use a trace."""
+        return MIXED in self._traced
+
+    def prepare(self) -> bool:
+        """Trace and check each structure at two shapes (writing only to KV blocks
+        0-3, before any request holds them). Returns :attr:`ready`."""
+        size = self._block_size
+        if self._kv_caches[0][0].shape[0] // size < 4:
+            return False
+
+        def case(positions: list[int], keep: list[int]) -> tuple[Any, ...]:
+            tables = [[(r + i) % 4 for i in range(p // size + 1)] for r, p in enumerate(positions)]
+            tokens = [5 + 7 * row for row in range(len(positions))]
+            return tokens, positions, tables, keep
+
+        def mixed_case(starts: list[int], counts: list[int], keep: list[int]) -> Any:
+            tables = [[(r + i) % 4 for i in range((s + c - 1) // size + 1)]
+                      for r, (s, c) in enumerate(zip(starts, counts))]
+            tokens = [[5 + 7 * r + j for j in range(c)] for r, c in enumerate(counts)]
+            return tokens, starts, tables, torch.tensor(keep)
+
+        probes = {  # (tokens, positions, block tables, kept rows) at two shapes each
+            1: [case([1, 3], [0, 1]), case([size + 2], [0])],
+            2: [case([1, 2, 3 * size + 1, 3 * size + 3], [0, 1, 2, 3]),
+                case([0, 1, 2, 4 * size, 2 * size + 3], [0, 2, 4])],
+        }
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # transformers' notes while tracing are noise here
+        try:
+            for groups, cases in probes.items():
+                eager = _DecodeForward(self._model, self._kv_caches, size, groups)
+                args = [self.inputs(t, s, b, torch.tensor(k), split_cost=0) for t, s, b, k in cases]
+                traced = self._trace(eager, args)
+                if traced is None:
+                    break
+                self._traced[groups] = traced
+            if 1 in self._traced:
+                eager = _DecodeForward(self._model, self._kv_caches, size, MIXED)
+                args = [self.mixed_inputs(*mixed) for mixed in (
+                    mixed_case([size + 1, 0], [1, 3], [0, 1]),
+                    mixed_case([2, 3, 2 * size + 2], [4, 1, 1], [0, 1, 2]),
+                )]
+                traced = self._trace(eager, args) if all(a is not None for a in args) else None
+                if traced is not None:
+                    self._traced[MIXED] = traced
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        self.ready = 1 in self._traced
+        return self.ready
+
+    @staticmethod
+    def _trace(eager: _DecodeForward, probes: list[tuple[torch.Tensor, ...]]) -> Any:
+        try:
+            with torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(eager, probes[0], check_trace=False, strict=False)
+                for args in probes + probes:  # twice: past the profiling runs
+                    if not torch.equal(traced(*args), eager(*args)):
+                        logger.info("traced decode (%d groups) differs", eager.num_groups)
+                        return None
+        except Exception as exc:  # any model the tracer cannot record stays eager
+            logger.info("cannot trace the decode step (%s); using eager", exc)
+            return None
+        return traced
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        """Logits ``[1, K, vocab]`` for the arguments from :meth:`inputs`."""
+        groups = {6: 1, 10: 2, 12: MIXED}[len(args)]
+        return self._traced[groups](*args)

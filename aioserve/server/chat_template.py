@@ -1,0 +1,103 @@
+"""Chat messages to prompt text, through the tokenizer's chat template or an override."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aioserve.server.params import RequestFieldError
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+def _content_text(index: int, content: Any) -> str:
+    """A message's content as text: a string, or the text parts of a list."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise RequestFieldError(
+                    "messages", f"messages[{index}].content: only text parts are supported"
+                )
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise RequestFieldError(
+                    "messages", f"messages[{index}].content: a text part needs a string 'text'"
+                )
+            parts.append(text)
+        return "".join(parts)
+    raise RequestFieldError(
+        "messages", f"messages[{index}].content must be a string or a list of text parts"
+    )
+
+
+def normalize_messages(messages: Any) -> list[dict[str, str]]:
+    """Check chat messages and flatten their content to text.
+
+    Raises:
+        RequestFieldError: not a non-empty list of ``{"role", "content"}`` objects.
+    """
+    if not isinstance(messages, list):
+        raise RequestFieldError("messages", "messages must be a list of message objects")
+    if not messages:
+        raise RequestFieldError("messages", "messages is empty: the prompt would be empty")
+    result = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise RequestFieldError("messages", f"messages[{index}] must be an object")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise RequestFieldError(
+                "messages", f"messages[{index}].role must be one of {sorted(_ROLES)}"
+            )
+        result.append({"role": role, "content": _content_text(index, message.get("content"))})
+    return result
+
+
+class ChatTemplate:
+    """Renders chat messages with ``tokenizer.apply_chat_template`` (a sandboxed Jinja
+    environment), using ``override`` when given, else the tokenizer's own template.
+
+    Args:
+        tokenizer: a transformers tokenizer, or None (then chat is unavailable).
+        override: template text from ``--chat-template``, or None.
+    """
+
+    def __init__(self, tokenizer: Any, override: str | None) -> None:
+        self._tokenizer = tokenizer
+        self._override = override
+
+    @property
+    def available(self) -> bool:
+        """True when chat requests can be rendered."""
+        if self._tokenizer is None:
+            return False
+        return bool(self._override or getattr(self._tokenizer, "chat_template", None))
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt token ids for ``messages``, ending with the generation prompt (the
+        template places any BOS itself; none is added).
+
+        Raises:
+            RequestFieldError: no template is available (param ``messages``), or the
+                template rejects the messages.
+        """
+        if not self.available:
+            raise RequestFieldError(
+                "messages",
+                "this model has no chat template; start the server with --chat-template "
+                "FILE, or use /v1/completions",
+            )
+        from jinja2 import TemplateError
+
+        try:
+            text = self._tokenizer.apply_chat_template(
+                messages, chat_template=self._override, tokenize=False,
+                add_generation_prompt=True,
+            )
+        except TemplateError as exc:
+            raise RequestFieldError("messages", f"the chat template failed: {exc}") from None
+        if not isinstance(text, str) or not text:
+            raise RequestFieldError("messages", "the chat template rendered an empty prompt")
+        return list(self._tokenizer(text, add_special_tokens=False).input_ids)

@@ -1,0 +1,112 @@
+"""OpenAI-style JSON errors, and the middleware that turns every failure into one.
+
+Every error the HTTP API answers has the body
+``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``,
+including aiohttp's own (413 body too large, 404 unknown path, 405 wrong method), and
+an unexpected exception becomes a 500 of that shape instead of a text page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+logger = logging.getLogger(__name__)
+
+#: HTTP status -> OpenAI error ``type``.
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    """An error answered to the client as OpenAI-style JSON.
+
+    Args:
+        status: HTTP status code (4xx for the client's fault, 5xx for ours).
+        message: what went wrong, for a person; names the field when one is at fault.
+        param: the request field at fault, or None.
+        code: a short machine-readable code (``"invalid_value"``, ``"model_not_found"``…).
+    """
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body ``{"error": {...}}``."""
+        return error_body(self.status, self.message, param=self.param, code=self.code)
+
+    def response(self) -> web.Response:
+        """A JSON response with this error's status and body."""
+        return web.json_response(self.body(), status=self.status)
+
+
+def error_body(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The OpenAI error object for ``status``."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    """A 400 naming ``param``."""
+    return ApiError(400, message, param=param, code=code)
+
+
+_HTTP_CODES: dict[int, str] = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
+
+
+@web.middleware
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Answer ApiError, aiohttp's HTTP errors and unexpected exceptions as JSON errors.
+
+    Successful responses and redirects pass through; a websocket or an SSE stream that
+    has already started is left alone (its handler reports errors in-band).
+    """
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason
+        if exc.status == 413:
+            message = (
+                f"request body too large: the limit is {request.client_max_size} bytes "
+                "(see --max-body-bytes)"
+            )
+        body = error_body(exc.status, message, code=_HTTP_CODES.get(exc.status))
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return web.json_response(body, status=exc.status, headers=headers)
+    except (ConnectionError, TimeoutError):  # the client went away; nothing to answer
+        raise
+    except Exception:
+        logger.exception("unhandled error in %s %s", request.method, request.path)
+        return web.json_response(
+            error_body(500, "internal server error", code="internal_error"), status=500
+        )

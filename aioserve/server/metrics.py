@@ -1,0 +1,177 @@
+"""``GET /metrics``: Prometheus metrics with vLLM's names under the ``aioserve:`` prefix.
+
+Gauges and token counters are read from the engine when scraped; per-request
+histograms and ``request_success_total`` are recorded when a request finishes (any
+reason, including abort and error). Each generated token is counted exactly once: a
+request's output tokens count while it runs and move to a finished total when it
+ends, and a preempted request's recomputed tokens are not output tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from aioserve.engine import AsyncEngine
+from aioserve.request import Request, RequestMetrics
+
+PREFIX = "aioserve:"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                    0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+
+
+@dataclass(frozen=True)
+class RequestLatencies:
+    """One finished request's latencies in seconds; None where undefined.
+
+    Attributes:
+        time_to_first_token: arrival to first token (queueing included).
+        queue_time: arrival to first scheduled.
+        e2e: arrival to finish.
+        time_per_output_token: mean gap between output tokens; None with fewer than
+            two tokens (no division by zero for a 1-token request).
+    """
+
+    time_to_first_token: float | None
+    queue_time: float | None
+    e2e: float | None
+    time_per_output_token: float | None
+
+    @classmethod
+    def of(cls, metrics: RequestMetrics, num_output_tokens: int) -> RequestLatencies:
+        """The latencies of a finished request's timestamps."""
+        arrival = metrics.arrival_time
+
+        def since(t: float | None) -> float | None:
+            return None if t is None else max(0.0, t - arrival)
+
+        tpot = None
+        first, last = metrics.first_token_time, metrics.last_token_time
+        if num_output_tokens > 1 and first is not None and last is not None:
+            tpot = max(0.0, last - first) / (num_output_tokens - 1)
+        return cls(since(first), since(metrics.first_scheduled_time),
+                   since(metrics.finished_time), tpot)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        engine = m.engine
+        core = engine.core if engine.is_running else None
+        live = list(core.requests.values()) if core is not None else []
+        running = len(core.running) if core is not None else 0
+        waiting = len(core.waiting) if core is not None else 0
+        gauges = (
+            ("num_requests_running", "Requests in the running batch.", running),
+            ("num_requests_waiting", "Requests waiting for a slot.", waiting),
+            ("kv_cache_usage_perc", "KV-cache usage, 0 to 1.",
+             core.blocks.usage if core is not None else 0.0),
+        )
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+        counters = (
+            ("prompt_tokens", "Prompt tokens of accepted requests.",
+             m.finished_prompt_tokens + sum(r.num_prompt_tokens for r in live)),
+            ("generation_tokens", "Generated tokens (each counted once).",
+             m.finished_generation_tokens + sum(r.num_output_tokens for r in live)),
+            ("num_preemptions", "Preemptions (recompute).",
+             core.num_preemptions if core is not None else m.last_preemptions),
+        )
+        for name, doc, value in counters:
+            yield CounterMetricFamily(PREFIX + name, doc, value=value)
+
+
+class ServerMetrics:
+    """The metrics of one app, in their own ``CollectorRegistry`` (so several apps in
+    one process do not collide).
+
+    Args:
+        engine: the engine whose requests are measured; call :meth:`attach` after it
+            has started.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.registry = CollectorRegistry()
+        self.finished_prompt_tokens = 0
+        self.finished_generation_tokens = 0
+        self.last_preemptions = 0
+        r = self.registry
+        self.request_success = Counter(
+            PREFIX + "request_success", "Finished requests by finish reason.",
+            ["finished_reason"], registry=r)
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds", "Arrival to first token (seconds).",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Gap between output tokens (seconds); a request's mean gap, once per gap.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram(
+            PREFIX + "request_time_per_output_token_seconds",
+            "Mean gap between output tokens per request (seconds).",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds", "Arrival to finish (seconds).",
+            buckets=_E2E_BUCKETS, registry=r)
+        self.queue_time = Histogram(
+            PREFIX + "request_queue_time_seconds", "Arrival to first scheduled (seconds).",
+            buckets=_E2E_BUCKETS, registry=r)
+        r.register(_EngineCollector(self))
+
+    def attach(self) -> None:
+        """Hook into the started engine's finish callback (chained, not replaced)."""
+        core = self.engine.core
+        if core is None:
+            raise RuntimeError("start the engine before attaching metrics")
+        previous = core.on_finish
+
+        def on_finish(request: Request) -> None:
+            if previous is not None:
+                previous(request)
+            self.record_finished(request)
+
+        core.on_finish = on_finish
+
+    def record_finished(self, request: Request) -> None:
+        """Count a finished request's tokens and observe its latencies."""
+        self.finished_prompt_tokens += request.num_prompt_tokens
+        self.finished_generation_tokens += request.num_output_tokens
+        reason = request.finish_reason.value if request.finish_reason is not None else "unknown"
+        self.request_success.labels(finished_reason=reason).inc()
+        lat = RequestLatencies.of(request.metrics, request.num_output_tokens)
+        for histogram, value in ((self.ttft, lat.time_to_first_token),
+                                 (self.queue_time, lat.queue_time), (self.e2e, lat.e2e)):
+            if value is not None:
+                histogram.observe(value)
+        if lat.time_per_output_token is not None:
+            self.tpot.observe(lat.time_per_output_token)
+            for _ in range(request.num_output_tokens - 1):
+                self.itl.observe(lat.time_per_output_token)
+
+    def detach(self) -> None:
+        """Keep the last preemption count for scrapes after the engine stops."""
+        if self.engine.core is not None:
+            self.last_preemptions = self.engine.core.num_preemptions
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus text format."""
+        return generate_latest(self.registry)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """``GET /metrics``."""
+        response = web.Response(body=self.exposition())
+        response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+        response.charset = "utf-8"
+        return response

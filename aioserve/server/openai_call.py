@@ -1,0 +1,166 @@
+"""One OpenAI API call end to end: start its engine requests, then answer with one JSON
+response or a Server-Sent Events stream. The endpoints differ only in their
+:class:`ResponseFormat`."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from aioserve.errors import EngineError, EngineNotRunningError
+from aioserve.outputs import RequestOutput
+from aioserve.sampling_params import SamplingParams
+from aioserve.server.choices import Choices, Prompt
+from aioserve.server.disconnect import DisconnectWatch
+from aioserve.server.errors import ApiError, bad_request, error_body
+from aioserve.server.params import CallOptions, field_of_message
+from aioserve.server.sse import SSEStream
+from aioserve.server.state import ENGINE_KEY, served_model_name
+
+
+class ResponseFormat:
+    """How one endpoint shapes its choices (subclassed per endpoint).
+
+    Attributes:
+        id_prefix: prefix of response ids (``cmpl``, ``chatcmpl``).
+        object_name: ``object`` of a full response.
+        chunk_object_name: ``object`` of a stream chunk.
+    """
+
+    id_prefix = "cmpl"
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def stream_start(self, index: int) -> dict[str, Any] | None:
+        """A first chunk's choice for ``index`` (chat sends the role), or None."""
+        return None
+
+    def stream_choice(
+        self, index: int, out: RequestOutput | None, finish_reason: str | None
+    ) -> dict[str, Any]:
+        """A chunk's choice: the delta ``out`` (None in the finish chunk)."""
+        raise NotImplementedError
+
+    def add(self, index: int, out: RequestOutput) -> None:
+        """Accumulate a delta of choice ``index`` for the full response."""
+        raise NotImplementedError
+
+    def final_choice(self, index: int, finish_reason: str | None) -> dict[str, Any]:
+        """Choice ``index`` of the full response, from what :meth:`add` accumulated."""
+        raise NotImplementedError
+
+
+def start_choices(
+    request: web.Request, prompts: Sequence[Prompt], params: Sequence[SamplingParams],
+    options: CallOptions, fmt: ResponseFormat,
+) -> Choices:
+    """Queue the call's engine requests.
+
+    Raises:
+        ApiError: 400 naming the field the engine rejected (empty prompt, context length,
+            duplicate request id…); 503 when the engine is not running.
+    """
+    call_id = f"{fmt.id_prefix}-{options.request_id or uuid.uuid4().hex}"
+    try:
+        return Choices(request.app[ENGINE_KEY], prompts, params, options.n, call_id)
+    except EngineNotRunningError as exc:
+        raise ApiError(503, str(exc), code="engine_not_running") from None
+    except ValueError as exc:
+        message = str(exc)
+        param = field_of_message(message, "prompt")
+        code = "duplicate_request_id" if param == "request_id" else "invalid_value"
+        raise bad_request(message, param, code) from None
+
+
+def engine_error(exc: EngineError) -> ApiError:
+    """The HTTP error for a request the engine could not finish."""
+    if isinstance(exc, EngineNotRunningError):
+        return ApiError(503, str(exc), code="engine_not_running")
+    return ApiError(500, str(exc), code="engine_error")
+
+
+async def answer(
+    request: web.Request, choices: Choices, options: CallOptions, fmt: ResponseFormat
+) -> web.StreamResponse:
+    """Answer the call from its running choices; aborts them all when the client
+    leaves, on error, and on the way out.
+
+    Raises:
+        ApiError: 500 (or 503) when the engine fails a non-streamed call.
+    """
+    head = {
+        "id": f"{fmt.id_prefix}-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": served_model_name(request.app),
+    }
+    try:
+        async with DisconnectWatch(request):
+            if options.stream:
+                return await _stream(request, choices, options, fmt, head)
+            return await _collect(choices, fmt, head)
+    finally:
+        choices.close()
+
+
+def _usage(choices: Choices, completion_tokens: dict[int, int]) -> dict[str, int]:
+    prompt = choices.prompt_tokens
+    completion = sum(completion_tokens.values())
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+async def _collect(choices: Choices, fmt: ResponseFormat, head: dict[str, Any]) -> web.Response:
+    finish: dict[int, str | None] = {}
+    tokens: dict[int, int] = {}
+    try:
+        async for index, out in choices:
+            fmt.add(index, out)
+            if out.finished:
+                finish[index] = out.finish_reason
+                tokens[index] = out.num_output_tokens
+    except EngineError as exc:
+        raise engine_error(exc) from None
+    body = {
+        **head,
+        "object": fmt.object_name,
+        "choices": [fmt.final_choice(i, finish.get(i)) for i in range(len(choices.streams))],
+        "usage": _usage(choices, tokens),
+    }
+    return web.json_response(body)
+
+
+async def _stream(
+    request: web.Request, choices: Choices, options: CallOptions, fmt: ResponseFormat,
+    head: dict[str, Any],
+) -> web.StreamResponse:
+    sse = SSEStream(request)
+    await sse.start()
+    chunk = {**head, "object": fmt.chunk_object_name}
+    tokens: dict[int, int] = {}
+    try:
+        for index in range(len(choices.streams)):
+            first = fmt.stream_start(index)
+            if first is not None:
+                await sse.send({**chunk, "choices": [first]})
+        async for index, out in choices:
+            if out.token_ids or out.text:
+                await sse.send({**chunk, "choices": [fmt.stream_choice(index, out, None)]})
+            if out.finished:
+                tokens[index] = out.num_output_tokens
+                finish = fmt.stream_choice(index, None, out.finish_reason)
+                await sse.send({**chunk, "choices": [finish]})
+        if options.include_usage:
+            await sse.send({**chunk, "choices": [], "usage": _usage(choices, tokens)})
+        await sse.done()
+    except EngineError as exc:
+        error = engine_error(exc)
+        with contextlib.suppress(ConnectionError):
+            await sse.fail(error_body(error.status, error.message, code=error.code))
+    except ConnectionError:
+        pass  # the client went away; the caller aborts the requests
+    return sse.response

@@ -1,0 +1,57 @@
+"""What the server's handlers share: its settings and the engine, as typed app keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from aioserve.engine import AsyncEngine
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of the HTTP and websocket server.
+
+    Attributes:
+        served_model_name: the model name clients send and ``/v1/models`` lists;
+            None uses the engine's model path.
+        chat_template: a Jinja chat template (the text, not a path) that overrides the
+            tokenizer's own; with neither, chat requests get a 400.
+        max_body_bytes: largest request body or websocket message in bytes (larger: 413,
+            or a websocket close with 1009).
+        ws_max_pending: most messages queued for one websocket before its generation
+            pauses.
+        ws_stall_timeout: seconds a websocket may stay paused (its client not reading)
+            before its requests are aborted and the socket closed with 1008.
+        ws_send_buffer_bytes: bytes the transport of one websocket buffers before
+            sending waits for the client.
+    """
+
+    served_model_name: str | None = None
+    chat_template: str | None = None
+    max_body_bytes: int = 1024**2
+    ws_max_pending: int = 256
+    ws_stall_timeout: float = 5.0
+    ws_send_buffer_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.ws_max_pending < 1:
+            raise ValueError(f"ws_max_pending must be >= 1, got {self.ws_max_pending}")
+        if not self.ws_stall_timeout > 0:
+            raise ValueError(f"ws_stall_timeout must be > 0, got {self.ws_stall_timeout}")
+        if self.ws_send_buffer_bytes < 1024:
+            raise ValueError(
+                f"ws_send_buffer_bytes must be >= 1024, got {self.ws_send_buffer_bytes}"
+            )
+
+
+ENGINE_KEY: web.AppKey[AsyncEngine] = web.AppKey("engine", AsyncEngine)
+CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("server_config", ServerConfig)
+
+
+def served_model_name(app: web.Application) -> str:
+    """The name the server answers to."""
+    return app[CONFIG_KEY].served_model_name or app[ENGINE_KEY].config.model

@@ -1,0 +1,1 @@
+"""The scheduler lab: simulator, workloads, report and plots (``aioserve simulate``)."""

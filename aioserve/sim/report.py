@@ -1,0 +1,142 @@
+"""Figures of a simulation: the JSON summary and the readable table.
+
+Latency ends at a request's own last token (finish − arrival); TTFT is first token −
+arrival; the makespan runs from the first arrival to the last finish; throughput is
+output tokens of finished requests per second of makespan. Percentiles are
+nearest-rank (the smallest latency with at least p % of the requests at or below it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from aioserve.sim import article
+from aioserve.sim.simulator import SimResult
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank ``p``-th percentile (0 < p <= 100) of ``values``; None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(p / 100 * len(ordered)) - 1, 0)]
+
+
+def _mean(values: list[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def request_rows(result: SimResult) -> list[dict[str, Any]]:
+    """One dict per workload request, in workload order (the JSON ``requests``)."""
+    rows: list[dict[str, Any]] = []
+    for item in result.workload:
+        request = result.finished.get(item.id)
+        if request is None:
+            rows.append(
+                {
+                    "id": item.id,
+                    "status": "rejected",
+                    "arrival_s": item.arrival_s,
+                    "first_token_s": None,
+                    "finish_s": None,
+                    "latency_s": None,
+                    "output_tokens": 0,
+                    "preemptions": 0,
+                    "reason": result.rejected.get(item.id, "never finished"),
+                }
+            )
+            continue
+        m = request.metrics
+        finish = m.finished_time if m.finished_time is not None else math.nan
+        rows.append(
+            {
+                "id": item.id,
+                "status": "finished",
+                "arrival_s": item.arrival_s,
+                "first_token_s": m.first_token_time,
+                "finish_s": finish,
+                "latency_s": finish - item.arrival_s,
+                "output_tokens": request.num_output_tokens,
+                "preemptions": m.num_preemptions,
+            }
+        )
+    return rows
+
+
+def summarize(result: SimResult, workload: str = "") -> dict[str, Any]:
+    """The ``--json`` object: totals, latency figures and the per-request rows."""
+    rows = request_rows(result)
+    done = [r for r in rows if r["status"] == "finished"]
+    latencies = [r["latency_s"] for r in done]
+    ttfts = [r["first_token_s"] - r["arrival_s"] for r in done]
+    start = min((r.arrival_s for r in result.workload), default=0.0)
+    makespan = max((r["finish_s"] for r in done), default=start) - start
+    tokens = sum(r["output_tokens"] for r in done)
+    config = result.config
+    return {
+        "scheduler": result.scheduler,
+        "workload": workload,
+        "slots": config.slots,
+        "step_ms": config.step_ms,
+        "kv_blocks": result.core.blocks.num_blocks,
+        "block_size": config.block_size,
+        "makespan_s": makespan,
+        "throughput_tok_s": tokens / makespan if makespan > 0 else 0.0,
+        "mean_latency_s": _mean(latencies),
+        "p50_latency_s": percentile(latencies, 50),
+        "p99_latency_s": percentile(latencies, 99),
+        "mean_ttft_s": _mean(ttfts),
+        "preemptions": result.preemptions,
+        "finished": len(done),
+        "rejected": len(rows) - len(done),
+        "requests": rows,
+    }
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_report(summary: dict[str, Any], max_rows: int = 20) -> str:
+    """A readable table of one run, with the article's figures beside ours for the
+    article's workloads and policies."""
+    name, workload = summary["scheduler"], summary["workload"]
+    key = article.article_key(name)
+    theirs = article.EXAMPLE_LATENCIES.get(name, {}) if workload == "article-example" else {}
+    lines = [
+        f"scheduler {name} | workload {workload} | {summary['slots']} slots | "
+        f"{summary['step_ms']:g} ms/step | KV {summary['kv_blocks']} x {summary['block_size']}",
+        f"{'id':<8}{'status':<10}{'arrival_s':>10}{'ttft_s':>9}{'finish_s':>10}"
+        f"{'latency_s':>11}{'tokens':>8}{'preempt':>8}" + (f"{'article_s':>11}" if theirs else ""),
+    ]
+    rows = summary["requests"]
+    for row in rows[:max_rows]:
+        ttft = None if row["first_token_s"] is None else row["first_token_s"] - row["arrival_s"]
+        line = (
+            f"{row['id']:<8}{row['status']:<10}{row['arrival_s']:>10.3f}{_num(ttft):>9}"
+            f"{_num(row['finish_s']):>10}{_num(row['latency_s']):>11}"
+            f"{row['output_tokens']:>8}{row['preemptions']:>8}"
+        )
+        lines.append(line + (f"{theirs[row['id']]:>11.1f}" if row["id"] in theirs else ""))
+    if len(rows) > max_rows:
+        lines.append(f"... {len(rows) - max_rows} more requests (--json lists all)")
+    mean = f"mean latency {_num(summary['mean_latency_s'])} s"
+    if workload == "article-example" and key:
+        mean += f" (article: {article.EXAMPLE_MEAN[key]:.1f} s)"
+    lines.append(
+        f"{mean} | p50 {_num(summary['p50_latency_s'])} s | p99 "
+        f"{_num(summary['p99_latency_s'])} s | mean TTFT {_num(summary['mean_ttft_s'])} s"
+    )
+    total = (
+        f"makespan {summary['makespan_s']:.1f} s = {summary['throughput_tok_s']:.2f} tok/s"
+        f" | preemptions {summary['preemptions']} | finished {summary['finished']}"
+        f" | rejected {summary['rejected']}"
+    )
+    if workload == "article-mix" and key:
+        span, rate = article.MIX_FIGURES[key]
+        total += f" (article: {span:.1f} s = {rate:.0f} tok/s)"
+    lines.append(total)
+    if workload == "article-mix" and key == "fcfs":
+        lines.append(article.MIX_NOTE)
+    return "\n".join(lines)

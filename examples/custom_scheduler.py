@@ -1,0 +1,41 @@
+"""A fair-share policy in about 30 lines: slots go round-robin across tenants.
+
+The tenant is the part of the request id before the first "-" ("alice-7" -> "alice").
+Load it as ``EngineConfig(scheduler="custom_scheduler:FairShareScheduler")`` with this
+directory on ``sys.path``, or register it as an entry point (see docs/schedulers.md):
+
+    [project.entry-points."aioserve.schedulers"]
+    fair_share = "custom_scheduler:FairShareScheduler"
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import ClassVar
+
+from aioserve.scheduling import RequestView, Scheduler, SchedulerOutput, SchedulerState
+
+
+def tenant(request: RequestView) -> str:
+    """The tenant a request belongs to."""
+    return request.request_id.split("-", 1)[0]
+
+
+class FairShareScheduler(Scheduler):
+    """Fill free slots one tenant at a time: the tenant with the fewest running requests
+    goes next, its oldest waiting request first. Never preempts itself; the engine
+    preempts the newest request when the KV cache runs out and checks every admission
+    against slots, the token budget and free blocks."""
+
+    name: ClassVar[str] = "fair_share"
+
+    def schedule(self, state: SchedulerState) -> SchedulerOutput:
+        load = Counter(tenant(r) for r in state.running)
+        queue = list(state.waiting)
+        admit: list[str] = []
+        for _ in range(min(state.max_num_seqs - len(state.running), len(queue))):
+            pick = min(queue, key=lambda r: load[tenant(r)])  # min keeps queue order on ties
+            queue.remove(pick)
+            load[tenant(pick)] += 1
+            admit.append(pick.request_id)
+        return SchedulerOutput(admit=admit)

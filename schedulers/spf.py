@@ -1,0 +1,58 @@
+"""Shortest-predicted-first with aging."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from aioserve.scheduling import RequestView, SchedulerOutput, SchedulerState
+from schedulers.fcfs import FCFSScheduler
+from schedulers.length_predictor import HintPredictor, LengthPredictor, predicted_remaining
+
+
+class SPFScheduler(FCFSScheduler):
+    """Admit the waiting requests with the fewest predicted output tokens left first;
+    otherwise (slots, KV blocks, the watermark, preemption of the newest under memory
+    pressure) exactly like ``fcfs``.
+
+    Aging bounds starvation (CASES.md BUG-11): a request that has waited
+    ``max_wait_s`` since it arrived goes ahead of every request that has waited less,
+    and aged requests keep arrival order. So it starts at the first slot that frees
+    after ``max_wait_s`` of waiting, unless an older aged request takes that slot: its
+    wait is at most ``max_wait_s`` plus the time until a slot frees. A preempted
+    request ages from its original arrival, so newer short jobs cannot push it back
+    forever. Requests with equal predictions keep queue order (FCFS).
+
+    Args:
+        predictor: the output-length predictor (default ``HintPredictor``: the
+            request's ``length_hint``, else ``max_tokens``).
+        max_wait_s: waiting time in seconds after which a request is served in arrival
+            order, ahead of shorter ones (default 30).
+        watermark: as ``fcfs``.
+    """
+
+    name: ClassVar[str] = "spf"
+
+    def __init__(
+        self,
+        predictor: LengthPredictor | None = None,
+        max_wait_s: float = 30.0,
+        watermark: float = 0.01,
+    ) -> None:
+        super().__init__(watermark)
+        self.predictor: LengthPredictor = predictor or HintPredictor()
+        self.max_wait_s = max_wait_s
+
+    def order(self, state: SchedulerState) -> list[RequestView]:
+        """The waiting queue in service order: aged requests by arrival, then the
+        rest by predicted remaining output (ties keep queue order)."""
+
+        def key(request: RequestView) -> tuple[int, float]:
+            if state.now - request.arrival_time >= self.max_wait_s:
+                return (0, request.arrival_time)
+            return (1, predicted_remaining(self.predictor, request))
+
+        return sorted(state.waiting, key=key)
+
+    def schedule(self, state: SchedulerState) -> SchedulerOutput:
+        return super().schedule(dataclasses.replace(state, waiting=tuple(self.order(state))))

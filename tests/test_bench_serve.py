@@ -1,0 +1,57 @@
+"""``aioserve bench serve`` against a live server, over SSE and the websocket."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from aioserve import AsyncEngine, EngineConfig
+from aioserve.bench.metrics import percentile, summarize
+from aioserve.bench.plots import plot_serving
+from aioserve.bench.serving import RequestRecord, arrival_gaps, run_serving
+from aioserve.bench.workloads import random_requests
+from aioserve.server import create_app
+
+
+@pytest.mark.parametrize("endpoint", ["auto", "completions", "ws"])
+async def test_serve_benchmark_against_real_server(model_dir, tmp_path, endpoint):
+    engine = AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=8))
+    server = TestServer(create_app(engine), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        requests = random_requests(6, (4, 16), (3, 8), vocab_size=512, seed=1)
+        records, duration, used = await run_serving(url, requests, request_rate=50.0,
+                                                    endpoint=endpoint, seed=1)
+    finally:
+        await server.close()
+    assert used == ("completions" if endpoint == "auto" else endpoint)
+    assert all(r.ok for r in records), [r.error for r in records]
+    assert [r.output_tokens for r in records] == [r.output_len for r in requests]
+    result = summarize(records, duration, used, slo_ttft_ms=1e9, slo_tpot_ms=1e9)
+    assert result.completed == 6 and result.failed == 0
+    assert result.metrics["goodput"] == pytest.approx(result.metrics["request_throughput"])
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        assert result.metrics[name]["median_ms"] >= 0
+    assert plot_serving(records, tmp_path / "serve.png").stat().st_size > 0
+
+
+def test_summary_statistics_and_slo():
+    fast = RequestRecord(4, 3, start=0.0, chunk_times=[0.1, 0.2, 0.3], output_tokens=3, end=0.3)
+    slow = RequestRecord(4, 3, start=0.0, chunk_times=[1.0, 1.5, 2.0], output_tokens=3, end=2.0)
+    failed = RequestRecord(4, 3, error="HTTP 500")
+    result = summarize([fast, slow, failed], 2.0, "ws", slo_ttft_ms=500, slo_tpot_ms=math.inf)
+    assert (result.completed, result.failed) == (2, 1)
+    assert result.metrics["ttft"]["mean_ms"] == pytest.approx(550)
+    assert result.metrics["tpot"]["median_ms"] == pytest.approx(300)
+    assert result.metrics["goodput"] == pytest.approx(0.5)
+    assert "TTFT" in result.summary()
+
+
+def test_percentile_and_arrivals():
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 99) == 5
+    assert arrival_gaps(3, math.inf, 0) == [0.0, 0.0, 0.0]
+    gaps = arrival_gaps(2000, 10.0, 0)
+    assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.1)

@@ -1,0 +1,154 @@
+"""Property-based fuzz of the HTTP API from its own OpenAPI document: bodies that follow
+the request schemas, bodies that break them, and raw bytes. Zero 5xx, every 4xx is an
+OpenAI-style JSON error, and the engine is alive and idle afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from hypothesis_jsonschema import from_schema
+from server_support import CHAT_TEMPLATE, idle, scripted_engine, serve
+
+from aioserve.server import ServerConfig
+from aioserve.server.openapi import openapi_spec
+
+SPEC = openapi_spec()
+SCHEMAS = SPEC["components"]["schemas"]
+PATHS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest"}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=10,
+)
+
+
+def broken(schema_name: str) -> st.SearchStrategy[dict]:
+    """Objects with the schema's field names but any JSON values."""
+    names = sorted(SCHEMAS[schema_name]["properties"])
+    return st.dictionaries(st.sampled_from(names), json_values, max_size=6)
+
+
+class ServerThread:
+    """The app on a scripted engine, served from its own event loop in a thread."""
+
+    def __init__(self, tokenizer) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.stop: asyncio.Event | None = None
+        self.engine = scripted_engine(tokenizer, [300, 301, 302, 2], max_model_len=64,
+                                      num_kv_blocks=512)
+        self.url = ""
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.main(),))
+
+    async def main(self) -> None:
+        self.stop = asyncio.Event()
+        config = ServerConfig(chat_template=CHAT_TEMPLATE, served_model_name="m")
+        async with serve(self.engine, config) as server:
+            self.url = f"http://127.0.0.1:{server.port}"
+            self.ready.set()
+            await self.stop.wait()
+
+    def call(self, fn):
+        return asyncio.run_coroutine_threadsafe(asyncio.to_thread(fn), self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(10)
+
+
+@dataclass
+class Response:
+    status_code: int
+    content_type: str
+    text: str
+
+    def json(self):
+        return json.loads(self.text)
+
+
+class Client:
+    """A tiny blocking HTTP client (urllib) for the fuzz thread."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def request(self, method: str, path: str, data: bytes | None = None) -> Response:
+        req = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return Response(r.status, r.headers["Content-Type"], r.read().decode())
+        except urllib.error.HTTPError as exc:
+            return Response(exc.code, exc.headers["Content-Type"], exc.read().decode())
+
+    def post(self, path: str, *, json_body=None, content: bytes | None = None) -> Response:
+        data = content if content is not None else json.dumps(json_body).encode()
+        return self.request("POST", path, data)
+
+    def get(self, path: str) -> Response:
+        return self.request("GET", path)
+
+
+@pytest.fixture(scope="module")
+def server(tokenizer) -> Iterator[tuple[ServerThread, Client]]:
+    thread = ServerThread(tokenizer)
+    thread.thread.start()
+    assert thread.ready.wait(30)
+    yield thread, Client(thread.url)
+    thread.close()
+
+
+def check(response: Response) -> None:
+    event(f"status {response.status_code}")
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert response.content_type.startswith("application/json")
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+    elif response.content_type.startswith("text/event-stream"):
+        assert response.text.rstrip().endswith("data: [DONE]")
+    else:
+        assert "choices" in response.json()
+
+
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+
+
+@FUZZ
+@given(data=st.data())
+def test_schema_bodies_never_5xx(server, data):
+    _, client = server
+    path = data.draw(st.sampled_from(sorted(PATHS)))
+    body = data.draw(from_schema(SCHEMAS[PATHS[path]]) | broken(PATHS[path]))
+    check(client.post(path, json_body=body))
+
+
+@FUZZ
+@given(path=st.sampled_from(sorted(PATHS)), raw=st.binary(max_size=64)
+       | st.text(max_size=64).map(str.encode))
+def test_raw_bodies_never_5xx(server, path, raw):
+    _, client = server
+    check(client.post(path, content=raw))
+
+
+def test_after_fuzzing_the_engine_serves_and_is_idle(server):
+    thread, client = server
+    response = client.post("/v1/completions", json_body={"prompt": "hi", "max_tokens": 3})
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
+    assert thread.call(lambda: idle(thread.engine))
+    spec = client.get("/openapi.json").json()
+    assert set(spec["paths"]) >= {"/v1/completions", "/v1/chat/completions", "/v1/models"}
+    json.dumps(spec)
