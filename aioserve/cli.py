@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"aioserve: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # e.g. a --model path that does not exist
+        model = getattr(args, "model", None)
+        print(f"aioserve: error: cannot load {model or 'a file'}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -71,3 +71,16 @@ async def test_natural_stop_on_the_models_end_of_story_token(model_dir, tokenize
     assert outputs[-1].text == ""  # the stop token adds no text
     full_text = "".join(o.text for o in outputs)
     assert full_text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_cli_reports_a_missing_model_in_one_line(tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    result = subprocess.run(
+        [sys.executable, "-m", "aioserve.cli", "generate", "hi", "--model", missing],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("aioserve: error: cannot load")
+    assert "does not exist" in result.stderr

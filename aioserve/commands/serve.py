@@ -70,12 +70,14 @@ async def serve(
     left and stop the engine. Prints ``listening on http://HOST:PORT`` once ready (and
     passes that URL to ``on_ready``)."""
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
-    await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the model loads: a stop while
+        loop.add_signal_handler(sig, stop.set)  # loading still exits cleanly (status 0)
     try:
+        await runner.setup()
+        if stop.is_set():
+            return
         site = web.TCPSite(runner, host, port)
         await site.start()
         for address in runner.addresses:

@@ -78,6 +78,9 @@ class TorchRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        local = config.model.startswith((".", "/", "~"))
+        if local and not os.path.isdir(os.path.expanduser(config.model)):
+            raise OSError(f"model directory {config.model!r} does not exist")
         name = attention.register()
         model = AutoModelForCausalLM.from_pretrained(
             config.model, dtype=self.dtype, attn_implementation=name
