@@ -238,10 +238,7 @@ class AsyncEngine:
                 if item.finished:
                     return
         finally:
-            self._streams.pop(stream.request.request_id, None)
-            if not stream.closed:
-                stream.closed = True
-                self.abort(stream.request.request_id)
+            self.release(stream)
 
     def abort(self, request_id: str) -> None:
         """Abort a request now: it leaves its queue and frees its KV blocks. Its stream

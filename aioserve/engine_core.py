@@ -229,15 +229,11 @@ class EngineCore:
         for request, count in scheduled:
             start = request.num_computed_tokens
             prompt, output = request.prompt_token_ids, request.output_token_ids
-            total = len(prompt) + len(output)
             ids.append(request.request_id)
-            if count == 1 and start == total - 1 and output:  # decoding: the last token
-                tokens.append(output[-1:])
-            else:
-                tokens.append(request.token_ids_from(start, count))
+            tokens.append(request.token_ids_from(start, count))
             starts.append(start)
             tables.append(request.block_ids)
-            sample.append(start + count == total)
+            sample.append(start + count == len(prompt) + len(output))
             params.append(request.params)
             produced.append(len(output))
             needs_history = request.params.repetition_penalty != 1.0
@@ -253,7 +249,6 @@ class EngineCore:
         now = self.clock()
         results: list[StepResult] = []
         requests, running = self.requests, RequestStatus.RUNNING
-        eos, max_len = self.eos_token_ids, self.max_model_len
         fed, sample, sampled = batch.token_ids, batch.sample, output.token_ids
         for index, request_id in enumerate(batch.request_ids):
             request = requests.get(request_id)
@@ -270,16 +265,6 @@ class EngineCore:
                 metrics.first_token_time = now
             metrics.last_token_time = now
             results.append((request, token, index))
-            params = request.params
-            # The common case (no stop id, EOS ignored or absent, room left) in a few
-            # comparisons; anything else goes through _stop_reason.
-            if (
-                len(out) < params.max_tokens
-                and len(out) + len(request.prompt_token_ids) < max_len
-                and (params.ignore_eos or token not in eos)
-                and (not params.stop_token_ids or token not in params.stop_token_ids)
-            ):
-                continue
             reason = self._stop_reason(request, token)
             if reason is not None:
                 self.finish(request, reason)

@@ -90,6 +90,8 @@ class Request:
     def token_ids_from(self, start: int, count: int) -> list[int]:
         """``count`` token ids of prompt + output starting at position ``start``."""
         n_prompt = len(self.prompt_token_ids)
+        if count == 1 and start >= n_prompt:  # decoding: one output token, no copy of the rest
+            return [self.output_token_ids[start - n_prompt]]
         if start + count <= n_prompt:
             return self.prompt_token_ids[start : start + count]
         if start >= n_prompt:

@@ -74,11 +74,4 @@ def run_hf_static(
         bar.update(len(chunk))
     elapsed = time.perf_counter() - start
     bar.close()
-    result = ThroughputResult(
-        "hf-static",
-        len(requests),
-        elapsed,
-        sum(r.prompt_len for r in requests),
-        sum(r.output_len for r in requests),
-    )
-    return result, outputs
+    return ThroughputResult.of("hf-static", requests, elapsed), outputs

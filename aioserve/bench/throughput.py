@@ -39,6 +39,12 @@ class ThroughputResult:
     prompt_tokens: int
     output_tokens: int
 
+    @classmethod
+    def of(cls, backend: str, requests: list[BenchRequest], elapsed_s: float) -> ThroughputResult:
+        """The result of running every request in ``requests`` in ``elapsed_s`` seconds."""
+        prompt = sum(r.prompt_len for r in requests)
+        return cls(backend, len(requests), elapsed_s, prompt, sum(r.output_len for r in requests))
+
     @property
     def requests_per_s(self) -> float:
         return self.num_requests / self.elapsed_s
@@ -100,14 +106,7 @@ async def run_engine(
     for request, tokens in zip(requests, outputs):
         if len(tokens) != request.output_len:
             raise RuntimeError(f"a request produced {len(tokens)} of {request.output_len} tokens")
-    result = ThroughputResult(
-        "aioserve",
-        len(requests),
-        elapsed,
-        sum(r.prompt_len for r in requests),
-        sum(r.output_len for r in requests),
-    )
-    return result, outputs
+    return ThroughputResult.of("aioserve", requests, elapsed), outputs
 
 
 def run_aioserve(
