@@ -29,6 +29,7 @@ ATTENTION_NAME = "aioserve_paged"
 
 __all__ = [
     "ATTENTION_NAME",
+    "attend_groups",
     "PagedAttentionMetadata",
     "build_metadata",
     "paged_attention",
@@ -51,12 +52,13 @@ def _attend(
     # block_size * kv_heads * head_dim values each: several times cheaper on CPU
     # than advanced indexing per slot, with the same values.
     kv_shape = k_cache.shape[1:]
-    keys = k_cache.view(-1, block_size * kv_shape.numel()).index_select(0, blocks)
-    values = v_cache.view(-1, block_size * kv_shape.numel()).index_select(0, blocks)
-    if group.query_index is None and decode_attention.usable(q, kv_shape[0]):
-        flat = (batch, num_blocks * block_size, kv_shape.numel())
+    kv_width = int(kv_shape.numel())  # a constant of the model, also while tracing
+    keys = k_cache.view(-1, block_size * kv_width).index_select(0, blocks)
+    values = v_cache.view(-1, block_size * kv_width).index_select(0, blocks)
+    if group.query_index is None and decode_attention.usable(q, int(kv_shape[0])):
         return decode_attention.decode_attention(
-            q, keys.view(flat), values.view(flat), group.mask, scaling, kv_shape[0]
+            q, keys.view(batch, -1, kv_width), values.view(batch, -1, kv_width), group.mask,
+            scaling, int(kv_shape[0]),
         )
     keys = keys.view(batch, num_blocks * block_size, *kv_shape).transpose(1, 2)
     values = values.view(batch, num_blocks * block_size, *kv_shape).transpose(1, 2)
@@ -109,15 +111,24 @@ def paged_attention(
     k_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
     v_cache.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
     q = query[0].transpose(0, 1)  # [T, q_heads, head_dim]
+    return attend_groups(q, k_cache, v_cache, meta, scaling).unsqueeze(0), None
+
+
+def attend_groups(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata, scaling: float | None,
+) -> torch.Tensor:
+    """Each group's attention over its gathered context (the step's keys and values
+    already written): ``q`` ``[T, q_heads, head_dim]`` -> ``[T, q_heads, head_dim]``."""
     size = meta.block_size
     if len(meta.groups) == 1 and meta.groups[0].token_index is None:
-        return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size).unsqueeze(0), None
-    out = q.new_empty(q.shape)
+        return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     for group in meta.groups:
         assert group.token_index is not None
         part = q.index_select(0, group.token_index)
         out.index_copy_(0, group.token_index, _attend(part, k_cache, v_cache, group, scaling, size))
-    return out.unsqueeze(0), None
+    return out
 
 
 def register() -> str:

@@ -39,7 +39,7 @@ def head_selector(
 
 def usable(q: torch.Tensor, kv_heads: int) -> bool:
     """True on the CPU for a grouped-query layout with few KV heads."""
-    heads = q.shape[1]
+    heads = int(q.shape[1])
     return q.device.type == "cpu" and kv_heads <= MAX_KV_HEADS and heads % kv_heads == 0
 
 
@@ -63,14 +63,14 @@ def decode_attention(
     Returns:
         ``[b, heads, head_dim]``.
     """
-    batch, heads, dim = q.shape
+    heads, dim = int(q.shape[1]), int(q.shape[2])  # constants of the model
     scale = scaling if scaling is not None else dim**-0.5
     selector = head_selector(heads, kv_heads, q.dtype, q.device)
-    blocks = (q.unsqueeze(2) * selector).reshape(batch, heads, kv_heads * dim)
+    blocks = (q.unsqueeze(2) * selector).flatten(2)  # [b, heads, kv_heads * head_dim]
     if mask is None:
         scores = torch.bmm(blocks, keys.transpose(1, 2)).mul_(scale)
     else:
-        scores = torch.baddbmm(mask.view(batch, 1, -1), blocks, keys.transpose(1, 2), alpha=scale)
+        scores = torch.baddbmm(mask.flatten(1, 2), blocks, keys.transpose(1, 2), alpha=scale)
     weights = torch.softmax(scores, dim=-1)
-    out = torch.bmm(weights, values).view(batch, heads, kv_heads, dim)
+    out = torch.bmm(weights, values).unflatten(2, (kv_heads, dim))
     return (out * selector).sum(2)

@@ -65,17 +65,33 @@ SPLIT_COST = 2048
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """A contiguous tensor on ``device`` holding ``array`` (no copy on the CPU)."""
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
 
 
 def block_table_array(block_tables: list[list[int]]) -> np.ndarray:
-    """``[B, W]`` int64, each row a block table padded with its own first block."""
-    width = max(len(t) for t in block_tables)
-    tables = np.empty((len(block_tables), width), dtype=np.int64)
-    for row, table in enumerate(block_tables):
-        tables[row, : len(table)] = table
-        tables[row, len(table) :] = table[0] if table else 0
-    return tables
+    """``[B, W]`` int64, each row a block table padded with its own first block (0
+    for an empty table)."""
+    width = max(map(len, block_tables))
+    flat: list[int] = []
+    for table in block_tables:
+        flat += table
+        flat += [table[0] if table else 0] * (width - len(table))
+    return np.fromiter(flat, dtype=np.int64, count=len(flat)).reshape(len(block_tables), width)
+
+
+_PREFIX_MASKS = np.zeros((1, 0), dtype=np.float32)
+
+
+def visible_prefix(lengths: np.ndarray, width: int) -> np.ndarray:
+    """``[len(lengths), width]`` float32 additive mask: row i is 0 at the first
+    ``lengths[i]`` positions and ``-inf`` after (rows of a table grown on demand)."""
+    global _PREFIX_MASKS
+    size = max(width, int(lengths.max()))
+    if _PREFIX_MASKS.shape[1] < size:
+        table = np.triu(np.full((size + 1, size), -np.inf, dtype=np.float32))
+        _PREFIX_MASKS = table  # row i: -inf from column i on
+    return _PREFIX_MASKS[np.minimum(lengths, width), :width]
 
 
 def _group(
@@ -95,13 +111,14 @@ def _group(
     seq_lens = starts + counts
     num_blocks = -(-int(seq_lens.max()) // block_size)
     blocks = tables[rows, :num_blocks]
-    context = np.arange(num_blocks * block_size)
-    in_context = context[None, :] < seq_lens[:, None]
+    width = num_blocks * block_size
     max_new = int(counts.max())
     query_index = query_valid = None
+    mask_array: np.ndarray | None
     if max_new == 1:
         token_index = offsets
-        allowed = in_context[:, None, None, :]
+        short = always_mask or int(seq_lens.min()) < width
+        mask_array = visible_prefix(seq_lens, width)[:, None, None, :] if short else None
     else:
         token_index = np.concatenate([np.arange(o, o + c) for o, c in zip(offsets, counts)])
         j = np.arange(max_new)
@@ -110,11 +127,14 @@ def _group(
         padded = np.minimum(local[:, None] + j, counts.sum() - 1)
         query_index = to_device(padded.reshape(-1), device)
         query_valid = to_device(np.flatnonzero(valid), device)
+        context = np.arange(width)
+        in_context = context[None, :] < seq_lens[:, None]
         causal = context[None, None, :] <= (starts[:, None] + j)[:, :, None]
         allowed = (causal & in_context[:, None, :])[:, None]
-    mask = None
-    if always_mask or not allowed.all():
-        mask = to_device(np.where(allowed, np.float32(0.0), np.float32(-np.inf)), device).to(dtype)
+        mask_array = None
+        if always_mask or not allowed.all():
+            mask_array = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
+    mask = None if mask_array is None else to_device(mask_array, device).to(dtype)
     return AttentionGroup(
         None if everything else to_device(token_index, device),
         to_device(blocks, device),

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from aioserve.config import EngineConfig
-from aioserve.runners import attention
+from aioserve.runners import attention, step_split
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.sampler import Sampler
+from aioserve.runners.step_split import StepPart
 from aioserve.runners.traced import TracedDecode, trace_enabled
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -94,16 +95,24 @@ class TorchRunner:
         self.num_kv_blocks = self._num_blocks(config, text_config)
         self.kv_caches = self._allocate_cache(text_config)
         self.sampler = Sampler(self.device, config.seed)
-        self._forward_started = threading.Event()
+        self._part_started = threading.Semaphore(0)
         self.traced: TracedDecode | None = None
         if trace_enabled(self.device):
             traced = TracedDecode(self.model, self.kv_caches, self.block_size, self.device)
             self.traced = traced if traced.prepare() else None
-        self.num_threads = cpu_threads(self.device)
+        self.step_parts = step_split.step_parts(self.device) if self.traced is not None else 1
+        threads = cpu_threads(self.device)
+        self.num_threads = None if threads is None else max(1, threads // self.step_parts)
         self._saved_threads = torch.get_num_threads()
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="aioserve-runner", initializer=self._init_thread
         )
+        self._helpers: ThreadPoolExecutor | None = None
+        if self.step_parts > 1:
+            self._helpers = ThreadPoolExecutor(
+                max_workers=self.step_parts - 1, thread_name_prefix="aioserve-runner-part",
+                initializer=self._init_thread,
+            )
 
     def _init_thread(self) -> None:
         if self.num_threads is not None:
@@ -143,84 +152,111 @@ class TorchRunner:
         ]
 
     def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
-        """Start :meth:`execute` in the runner's worker thread now; returns its future
-        (the engine does its bookkeeping while the step runs).
+        """Prepare the step's inputs here, then start it in the runner's threads; returns
+        its future (the engine does its bookkeeping while the step runs).
 
-        With the traced decode step, the caller then waits (at most 2 ms, GIL released)
-        until the worker has prepared its inputs and entered the forward, which runs
-        without the GIL: otherwise the worker's first Python lines wait for the GIL
-        behind the engine's fan-out (up to the 5 ms switch interval per hand-over).
+        The inputs are built on the calling thread, while the runner's threads are idle,
+        rather than in them while the caller's fan-out holds the GIL. With the traced
+        forward the caller then waits (at most 2 ms, GIL released) until every part
+        has entered its forward, which runs without the GIL: otherwise a part's first
+        Python lines wait behind the fan-out (up to the 5 ms switch interval).
         """
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self.execute, batch)
+        try:
+            parts = self.plan(batch)
+        except Exception as exc:  # reported through the future, like a failed forward
+            failed: asyncio.Future[RunnerOutput] = loop.create_future()
+            failed.set_exception(exc)
+            return failed
+        future = loop.run_in_executor(self._executor, self.execute, batch, parts)
         if self.traced is not None:
-            self._forward_started.wait(0.002)
-            self._forward_started.clear()
+            deadline = time.monotonic() + 0.002
+            for _ in range(sum(part.traced_args is not None for part in parts)):
+                if not self._part_started.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    break
         return future
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
-        """Run :meth:`execute` in the runner's worker thread."""
+        """Run :meth:`execute` in the runner's worker threads."""
         return await self.submit(batch)
 
-    @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
-        """One forward pass over the packed batch, then sampling (blocking)."""
-        self.sampler.release(batch.released_ids)
+    def plan(self, batch: ScheduledBatch) -> list[StepPart]:
+        """The step's parts with their prepared inputs: one part, or on the CPU with
+        the traced forward, a big enough step cut in parts of about equal work (see
+        :mod:`~aioserve.runners.step_split`)."""
         if not batch.request_ids:
+            return []
+        groups = None
+        if self._helpers is not None:
+            counts = [len(t) for t in batch.token_ids]
+            groups = step_split.split_rows(counts, batch.start_positions, self.step_parts)
+        return [
+            StepPart.of(batch, rows, self.traced, self.device)
+            for rows in groups or [list(range(len(batch.request_ids)))]
+        ]
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch, parts: list[StepPart] | None = None) -> RunnerOutput:
+        """One step: the forward of each part (side by side), then sampling (blocking).
+
+        Args:
+            batch: the step.
+            parts: its :meth:`plan` (made here when None).
+        """
+        parts = self.plan(batch) if parts is None else parts
+        self.sampler.release(batch.released_ids)
+        if not parts:
             return RunnerOutput(token_ids=[])
-        counts = [len(t) for t in batch.token_ids]
-        rows = [i for i, s in enumerate(batch.sample) if s]
-        ends = np.cumsum(counts) - 1
-        keep = torch.from_numpy(ends[rows] if rows else ends[:1]).to(self.device)
-        if self.traced is not None and len(counts) == sum(counts):  # pure decode
-            flat = [tokens[0] for tokens in batch.token_ids]
-            args = self.traced.inputs(flat, batch.start_positions, batch.block_tables, keep)
-            self._forward_started.set()
-            logits = self.traced(*args)[0]
-        else:
-            args = None
-            if self.traced is not None and self.traced.has_mixed:
-                args = self.traced.mixed_inputs(
-                    batch.token_ids, batch.start_positions, batch.block_tables, keep
-                )
-            self._forward_started.set()
-            logits = self._forward(batch, counts, keep) if args is None else self.traced(*args)[0]
-        tokens = [-1] * len(counts)
+        assert self._helpers is not None or len(parts) == 1
+        others = [self._helpers.submit(self._forward_part, p) for p in parts[1:]]  # type: ignore[union-attr]
+        logits = [self._forward_part(parts[0]), *(future.result() for future in others)]
+        tokens = [-1] * len(batch.request_ids)
+        rows = [i for i, sample in enumerate(batch.sample) if sample]
         if not rows:
             return RunnerOutput(token_ids=tokens)
+        merged = step_split.merge_logits([p.rows for p in parts], logits, batch.sample)
         sampled, logprobs = self.sampler.sample(
-            logits.float(),
+            merged.float(),
             [batch.request_ids[i] for i in rows],
             [batch.sampling_params[i] for i in rows],
             [batch.penalty_token_ids[i] for i in rows],
         )
-        per_request = [None] * len(counts) if logprobs is not None else None
+        per_request = [None] * len(tokens) if logprobs is not None else None
         for row, token, index in zip(range(len(rows)), sampled, rows):
             tokens[index] = token
             if per_request is not None and logprobs is not None:
                 per_request[index] = logprobs[row]
         return RunnerOutput(token_ids=tokens, logprobs=per_request)
 
-    def _forward(
-        self, batch: ScheduledBatch, counts: list[int], keep: torch.Tensor
-    ) -> torch.Tensor:
-        """The eager forward over a packed batch; logits ``[K, vocab]`` of the kept rows."""
+    @torch.inference_mode()
+    def _forward_part(self, part: StepPart) -> torch.Tensor:
+        """Logits ``[k, vocab]`` of one part's kept rows: its traced forward, or the
+        eager one (signalling :meth:`submit` before a traced forward starts)."""
+        if part.traced_args is None:
+            return self._forward(part)
+        self._part_started.release()
+        return self.traced(*part.traced_args)[0]  # type: ignore[misc]
+
+    def _forward(self, part: StepPart) -> torch.Tensor:
+        """The eager forward over a part; logits ``[K, vocab]`` of its kept rows."""
         meta, positions = attention.build_metadata(
-            self.kv_caches, batch.start_positions, counts, batch.block_tables,
-            self.block_size, self.device,
+            self.kv_caches, part.start_positions, [len(t) for t in part.token_ids],
+            part.block_tables, self.block_size, self.device,
         )
-        flat = [token for tokens in batch.token_ids for token in tokens]
+        flat = [token for tokens in part.token_ids for token in tokens]
         input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device).unsqueeze(0)
         return self.model(
             input_ids=input_ids,
             position_ids=positions.unsqueeze(0),
             use_cache=False,
-            logits_to_keep=keep,
+            logits_to_keep=part.keep,
             paged_metadata=meta,
         ).logits[0]
 
     def close(self) -> None:
-        """Stop the worker thread and restore torch's thread count."""
+        """Stop the worker threads and restore torch's thread count."""
         self._executor.shutdown(wait=True)
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True)
         if self.num_threads is not None:
             torch.set_num_threads(self._saved_threads)

@@ -8,7 +8,8 @@ given) and replays them without the Python, and without holding the GIL, so the
 event loop's work overlaps the step. The ops and their order are unchanged, so the
 logits are bitwise those of the eager forward. Any model runs: each trace is checked
 against the eager forward at two shapes when it is made, and a model whose trace
-fails or differs keeps the eager path. Prefill and mixed steps always run eagerly.
+fails or differs keeps the eager path. Mixed (decode + prefill) and prefill-only
+steps have traces of their own; other layouts run eagerly.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from aioserve.runners import paged_metadata
+from aioserve.runners import lean_llama, paged_metadata
+from aioserve.runners.lean_llama import LeanLlama
 from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
 
 logger = logging.getLogger(__name__)
@@ -32,11 +34,38 @@ NO_SPLIT = 1 << 62
 #: Structure key of the mixed trace: one decode group and one prefill group.
 MIXED = 3
 
+#: Structure key of the prefill trace: one prefill group holding every row.
+PREFILL = 4
+
+#: Structure of a traced forward, by its number of arguments.
+_STRUCTURE_OF_ARITY = {6: 1, 10: 2, 12: MIXED, 8: PREFILL}
+
+
+class GroupLayout:
+    """Turns a traced forward's group tensors into attention groups, for one structure:
+    one (gather_blocks, mask) pair for a single decode group, (token_index,
+    gather_blocks, mask) triples for several, the mixed layout (a decode triple, then
+    a prefill group's five tensors), or a lone prefill group's (gather_blocks, mask,
+    query_index, query_valid)."""
+
+    def __init__(self, structure: int) -> None:
+        self.structure = structure
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...]) -> tuple[AttentionGroup, ...]:
+        if self.structure == 1:
+            return (AttentionGroup(None, tensors[0], tensors[1], None, None),)
+        if self.structure == MIXED:
+            return (AttentionGroup(*tensors[:3], None, None), AttentionGroup(*tensors[3:]))
+        if self.structure == PREFILL:
+            return (AttentionGroup(None, *tensors),)
+        return tuple(
+            AttentionGroup(*tensors[i : i + 3], None, None) for i in range(0, len(tensors), 3)
+        )
+
 
 class _DecodeForward(torch.nn.Module):
-    """The model's forward over plain tensors (what ``torch.jit.trace`` can record):
-    after the inputs, one (gather_blocks, mask) pair for a single group, or
-    (token_index, gather_blocks, mask) triples for several."""
+    """The model's own forward over plain tensors (what ``torch.jit.trace`` can
+    record); the group tensors follow :class:`GroupLayout`."""
 
     def __init__(
         self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -47,23 +76,13 @@ class _DecodeForward(torch.nn.Module):
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.num_groups = num_groups
+        self.make_groups = GroupLayout(num_groups)
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
         slot_mapping: torch.Tensor, *group_tensors: torch.Tensor,
     ) -> torch.Tensor:
-        if self.num_groups == 1:
-            groups: tuple[AttentionGroup, ...] = (
-                AttentionGroup(None, group_tensors[0], group_tensors[1], None, None),
-            )
-        elif self.num_groups == MIXED:  # decode (index, blocks, mask) + prefill (… + q, valid)
-            groups = (AttentionGroup(*group_tensors[:3], None, None),
-                      AttentionGroup(*group_tensors[3:]))
-        else:
-            groups = tuple(
-                AttentionGroup(*group_tensors[i : i + 3], None, None)
-                for i in range(0, len(group_tensors), 3)
-            )
+        groups = self.make_groups(group_tensors)
         meta = PagedAttentionMetadata(self.kv_caches, slot_mapping, groups, self.block_size)
         return self.model(
             input_ids=input_ids, position_ids=position_ids, use_cache=False,
@@ -99,6 +118,8 @@ class TracedDecode:
         self._device = device
         self._traced: dict[int, Any] = {}
         self.ready = False
+        self.use_lean = lean_llama.supports(model) and os.environ.get("AIOSERVE_LEAN", "1") != "0"
+        self.lean: dict[int, bool] = {}
 
     def inputs(
         self, token_ids: list[int], start_positions: list[int], block_tables: list[list[int]],
@@ -126,29 +147,43 @@ class TracedDecode:
         self, token_ids: list[list[int]], start_positions: list[int],
         block_tables: list[list[int]], keep: torch.Tensor,
     ) -> tuple[torch.Tensor, ...] | None:
-        """Arguments of the mixed trace (decode rows and prefill rows, unsplit), or None
-        when the batch is not mixed."""
+        """Arguments of the mixed trace (decode rows and prefill rows, unsplit) or of
+        the prefill trace (prefill rows only), or None when no trace fits the batch."""
+        structure, args = self._prefill_args(token_ids, start_positions, block_tables, keep)
+        return args if structure in self._traced else None
+
+    def _prefill_args(
+        self, token_ids: list[list[int]], start_positions: list[int],
+        block_tables: list[list[int]], keep: torch.Tensor,
+    ) -> tuple[int | None, tuple[torch.Tensor, ...]]:
+        """(MIXED or PREFILL, the trace's arguments), or (None, ()) for other layouts."""
         counts = [len(t) for t in token_ids]
         meta, positions = build_metadata(
             self._kv_caches, start_positions, counts, block_tables, self._block_size,
             self._device, split_cost=NO_SPLIT, always_mask=True,
         )
-        if len(meta.groups) != 2 or meta.groups[0].query_index is not None:
-            return None
-        decode, prefill = meta.groups
         flat = [t for tokens in token_ids for t in tokens]
         ids = torch.tensor(flat, dtype=torch.int64, device=self._device).unsqueeze(0)
-        return (
-            ids, positions.unsqueeze(0), keep, meta.slot_mapping,
-            decode.token_index, decode.gather_blocks, decode.mask,
+        head = (ids, positions.unsqueeze(0), keep, meta.slot_mapping)
+        groups = meta.groups
+        if len(groups) == 1 and groups[0].query_index is not None:
+            only = groups[0]
+            tail: tuple[Any, ...] = (only.gather_blocks, only.mask, only.query_index,
+                                     only.query_valid)
+            return PREFILL, (*head, *tail)
+        if len(groups) != 2 or groups[0].query_index is not None:
+            return None, ()
+        decode, prefill = groups
+        return MIXED, (
+            *head, decode.token_index, decode.gather_blocks, decode.mask,
             prefill.token_index, prefill.gather_blocks, prefill.mask,
             prefill.query_index, prefill.query_valid,
-        )  # type: ignore[return-value]
+        )
 
     @property
     def has_mixed(self) -> bool:
-        """True when mixed decode + prefill steps can use a trace."""
-        return MIXED in self._traced
+        """True when mixed decode + prefill steps and prefill-only steps can use a trace."""
+        return MIXED in self._traced and PREFILL in self._traced
 
     def prepare(self) -> bool:
         """Trace and check each structure at two shapes (writing only to KV blocks
@@ -177,42 +212,67 @@ class TracedDecode:
         hf_logging.set_verbosity_error()  # transformers' notes while tracing are noise here
         try:
             for groups, cases in probes.items():
-                eager = _DecodeForward(self._model, self._kv_caches, size, groups)
                 args = [self.inputs(t, s, b, torch.tensor(k), split_cost=0) for t, s, b, k in cases]
-                traced = self._trace(eager, args)
+                traced = self._trace(groups, args)
                 if traced is None:
                     break
                 self._traced[groups] = traced
             if 1 in self._traced:
-                eager = _DecodeForward(self._model, self._kv_caches, size, MIXED)
-                args = [self.mixed_inputs(*mixed) for mixed in (
+                self._trace_prefill(MIXED, [
                     mixed_case([size + 1, 0], [1, 3], [0, 1]),
                     mixed_case([2, 3, 2 * size + 2], [4, 1, 1], [0, 1, 2]),
-                )]
-                traced = self._trace(eager, args) if all(a is not None for a in args) else None
-                if traced is not None:
-                    self._traced[MIXED] = traced
+                ])
+                self._trace_prefill(PREFILL, [
+                    mixed_case([0, size + 1], [3, 2], [2, 4]),
+                    mixed_case([2, 0, 5], [4, size + 3, 2], [3, size + 6, size + 8]),
+                ])
         finally:
             hf_logging.set_verbosity(verbosity)
         self.ready = 1 in self._traced
         return self.ready
 
+    def _trace_prefill(self, structure: int, cases: list[Any]) -> None:
+        """Trace the MIXED or PREFILL structure, checked on ``cases``."""
+        made = [self._prefill_args(*case) for case in cases]
+        if all(kind == structure for kind, _ in made):
+            traced = self._trace(structure, [args for _, args in made])
+            if traced is not None:
+                self._traced[structure] = traced
+
+    def _trace(self, structure: int, probes: list[tuple[torch.Tensor, ...]]) -> Any:
+        """The first candidate forward for ``structure`` whose trace gives the model's
+        eager logits bit for bit on every probe (:class:`LeanLlama` where supported,
+        then the model's own forward), or None."""
+        eager = _DecodeForward(self._model, self._kv_caches, self._block_size, structure)
+        candidates: list[torch.nn.Module] = [eager]
+        if self.use_lean:
+            layout = GroupLayout(structure)
+            candidates.insert(0, LeanLlama(self._model, self._kv_caches, self._block_size, layout))
+        for candidate in candidates:
+            traced = self._trace_one(candidate, eager, probes)
+            if traced is not None:
+                self.lean[structure] = isinstance(candidate, LeanLlama)
+                return traced
+        return None
+
     @staticmethod
-    def _trace(eager: _DecodeForward, probes: list[tuple[torch.Tensor, ...]]) -> Any:
+    def _trace_one(
+        candidate: torch.nn.Module, eager: _DecodeForward, probes: list[tuple[torch.Tensor, ...]]
+    ) -> Any:
+        name = type(candidate).__name__
         try:
             with torch.inference_mode(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                traced = torch.jit.trace(eager, probes[0], check_trace=False, strict=False)
+                traced = torch.jit.trace(candidate, probes[0], check_trace=False, strict=False)
                 for args in probes + probes:  # twice: past the profiling runs
                     if not torch.equal(traced(*args), eager(*args)):
-                        logger.info("traced decode (%d groups) differs", eager.num_groups)
+                        logger.info("traced %s (structure %d) differs", name, eager.num_groups)
                         return None
         except Exception as exc:  # any model the tracer cannot record stays eager
-            logger.info("cannot trace the decode step (%s); using eager", exc)
+            logger.info("cannot trace %s (%s)", name, exc)
             return None
         return traced
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
         """Logits ``[1, K, vocab]`` for the arguments from :meth:`inputs`."""
-        groups = {6: 1, 10: 2, 12: MIXED}[len(args)]
-        return self._traced[groups](*args)
+        return self._traced[_STRUCTURE_OF_ARITY[len(args)]](*args)
