@@ -16,14 +16,15 @@ draws in the same order as for an unsplit step.
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from aioserve.runners.base import ScheduledBatch
+from aioserve.runners.decode_metadata import int64_tensor
 
 if TYPE_CHECKING:
     from aioserve.runners.traced import TracedDecode
@@ -56,7 +57,7 @@ def step_parts(device: torch.device) -> int:
 
 
 def split_rows(
-    counts: list[int], start_positions: list[int], num_parts: int, min_cost: int = MIN_SPLIT_COST
+    counts: list[int], start_positions: list[int], num_parts: int, min_cost: int | None = None
 ) -> list[list[int]] | None:
     """Assign the batch's rows to parts of about equal work.
 
@@ -67,14 +68,15 @@ def split_rows(
         counts: new tokens per row.
         start_positions: position of each row's first new token.
         num_parts: most parts wanted.
-        min_cost: least total work for each extra part.
+        min_cost: least total work for each extra part (default ``MIN_SPLIT_COST``).
 
     Returns:
         Row indices per part (two or more non-empty parts), or None when the step
         is too small or has a single row.
     """
-    costs = [row_cost(c, s + c) for c, s in zip(counts, start_positions)]
-    parts = min(num_parts, len(counts), sum(costs) // min_cost + 1)
+    costs = [TOKEN_COST * c + s + c for c, s in zip(counts, start_positions)]  # row_cost
+    least = MIN_SPLIT_COST if min_cost is None else max(1, min_cost)
+    parts = min(num_parts, len(counts), sum(costs) // least + 1)
     if parts < 2:
         return None
     members: list[list[int]] = [[] for _ in range(parts)]
@@ -141,13 +143,12 @@ class StepPart:
         token_ids = [batch.token_ids[i] for i in rows]
         starts = [batch.start_positions[i] for i in rows]
         tables = [batch.block_tables[i] for i in rows]
-        counts = [len(t) for t in token_ids]
-        ends = np.cumsum(counts) - 1
-        kept = [j for j, i in enumerate(rows) if batch.sample[i]]
-        keep = torch.from_numpy(ends[kept] if kept else ends[:1]).to(device)
+        ends = list(itertools.accumulate(len(t) for t in token_ids))  # past each row's last
+        kept = [ends[j] - 1 for j, i in enumerate(rows) if batch.sample[i]]
+        keep = int64_tensor(kept or [ends[0] - 1]).to(device)
         args = None
         if traced is not None:
-            if len(counts) == ends[-1] + 1:  # pure decode: one token per row
+            if len(rows) == ends[-1]:  # pure decode: one token per row
                 args = traced.inputs([t[0] for t in token_ids], starts, tables, keep)
             else:
                 args = traced.mixed_inputs(token_ids, starts, tables, keep)

@@ -23,6 +23,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from aioserve.runners import lean_llama, paged_metadata
+from aioserve.runners.decode_metadata import decode_metadata, int64_tensor
 from aioserve.runners.lean_llama import LeanLlama
 from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
 
@@ -130,18 +131,15 @@ class TracedDecode:
         :func:`~aioserve.runners.paged_metadata.split_by_length` decides for the cost."""
         if split_cost is None:
             split_cost = paged_metadata.SPLIT_COST if 2 in self._traced else NO_SPLIT
-        meta, positions = build_metadata(
-            self._kv_caches, start_positions, [1] * len(token_ids), block_tables,
-            self._block_size, self._device, split_cost=split_cost, always_mask=True,
+        positions, slot_mapping, groups = decode_metadata(
+            start_positions, block_tables, self._block_size, self._kv_caches[0][0].dtype,
+            split_cost,
         )
-        ids = torch.tensor(token_ids, dtype=torch.int64, device=self._device).unsqueeze(0)
-        head = (ids, positions.unsqueeze(0), keep, meta.slot_mapping)
-        if len(meta.groups) == 1:
-            group = meta.groups[0]
-            return (*head, group.gather_blocks, group.mask)
-        return head + tuple(
-            t for g in meta.groups for t in (g.token_index, g.gather_blocks, g.mask)
-        )
+        ids = int64_tensor(token_ids).unsqueeze(0)
+        head = (ids, positions.unsqueeze(0), keep, slot_mapping)
+        if len(groups) == 1:
+            return (*head, groups[0].gather_blocks, groups[0].mask)
+        return head + tuple(t for g in groups for t in (g.token_index, g.gather_blocks, g.mask))
 
     def mixed_inputs(
         self, token_ids: list[list[int]], start_positions: list[int],
