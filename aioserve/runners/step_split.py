@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,10 +40,10 @@ MIN_SPLIT_COST = 2_400
 
 
 def row_cost(new_tokens: int, seq_len: int) -> int:
-    """Estimated work of one sequence's step: ``TOKEN_COST`` per new token plus its
-    context length in tokens (the prefill attention of a chunk grows as new tokens x
-    context, which the linear layers dominate at the lengths a CPU serves)."""
-    return TOKEN_COST * new_tokens + seq_len
+    """Estimated work of one sequence's step, padded to a context of ``seq_len``:
+    per new token, ``TOKEN_COST`` (the linear layers) plus one unit per context
+    position it attends."""
+    return (TOKEN_COST + seq_len) * new_tokens
 
 
 def step_parts(device: torch.device) -> int:
@@ -59,10 +60,12 @@ def step_parts(device: torch.device) -> int:
 def split_rows(
     counts: list[int], start_positions: list[int], num_parts: int, min_cost: int | None = None
 ) -> list[list[int]] | None:
-    """Assign the batch's rows to parts of about equal work.
+    """Cut the batch's rows into parts of about equal work, by context length.
 
-    Rows are placed heaviest first, each on the part with the least work so far
-    (longest-processing-time rule, Graham 1969); each part keeps batch order.
+    Rows are sorted by context length and the run is cut where the costlier side is
+    cheapest (then the costliest part again, up to ``num_parts``), so each part holds
+    sequences of similar length: its attention pads each context to the part's
+    longest (see :func:`row_cost`), and short and long contexts do not share a pad.
 
     Args:
         counts: new tokens per row.
@@ -71,21 +74,30 @@ def split_rows(
         min_cost: least total work for each extra part (default ``MIN_SPLIT_COST``).
 
     Returns:
-        Row indices per part (two or more non-empty parts), or None when the step
-        is too small or has a single row.
+        Row indices per part, each in batch order (two or more non-empty parts), or
+        None when the step is too small or has a single row.
     """
-    costs = [TOKEN_COST * c + s + c for c, s in zip(counts, start_positions)]  # row_cost
+    lens = [s + c for c, s in zip(counts, start_positions)]
     least = MIN_SPLIT_COST if min_cost is None else max(1, min_cost)
-    parts = min(num_parts, len(counts), sum(costs) // least + 1)
+    total = sum(row_cost(c, n) for c, n in zip(counts, lens))
+    parts = min(num_parts, len(counts), total // least + 1)
     if parts < 2:
         return None
-    members: list[list[int]] = [[] for _ in range(parts)]
-    loads = [0] * parts
-    for row in sorted(range(len(costs)), key=costs.__getitem__, reverse=True):
-        lightest = loads.index(min(loads))
-        members[lightest].append(row)
-        loads[lightest] += costs[row]
-    return [sorted(rows) for rows in members]
+    order = sorted(range(len(counts)), key=lens.__getitem__)
+    tokens = [0, *itertools.accumulate(counts[row] for row in order)]
+
+    def cost(lo: int, hi: int) -> int:  # rows order[lo:hi], padded to the longest
+        return (TOKEN_COST + lens[order[hi - 1]]) * (tokens[hi] - tokens[lo])
+
+    segments = [(0, len(order))]
+    while len(segments) < parts:
+        lo, hi = max(segments, key=lambda seg: cost(*seg) if seg[1] - seg[0] > 1 else -1)
+        if hi - lo < 2:
+            break
+        cut = min(range(lo + 1, hi), key=lambda k: max(cost(lo, k), cost(k, hi)))
+        at = segments.index((lo, hi))
+        segments[at : at + 1] = [(lo, cut), (cut, hi)]
+    return [sorted(order[lo:hi]) for lo, hi in segments]
 
 
 def merge_logits(
@@ -153,3 +165,29 @@ class StepPart:
             else:
                 args = traced.mixed_inputs(token_ids, starts, tables, keep)
         return cls(rows, token_ids, starts, tables, keep, args)
+
+
+class StartLatch:
+    """Counts a step's parts down as they enter their forward; :meth:`wait` returns
+    once all have (or at the timeout), so the waiting thread wakes once per step."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._left = 0
+
+    def reset(self, count: int) -> None:
+        """Expect ``count`` arrivals (before the parts start)."""
+        with self._condition:
+            self._left = count
+
+    def arrive(self) -> None:
+        """One part is about to enter its forward."""
+        with self._condition:
+            self._left -= 1
+            if self._left <= 0:
+                self._condition.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Block (GIL released) until every expected part arrived; False on timeout."""
+        with self._condition:
+            return self._condition.wait_for(lambda: self._left <= 0, timeout)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -15,7 +13,7 @@ from aioserve.config import EngineConfig
 from aioserve.runners import attention, step_split
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.sampler import Sampler
-from aioserve.runners.step_split import StepPart
+from aioserve.runners.step_split import StartLatch, StepPart
 from aioserve.runners.traced import TracedDecode, trace_enabled
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -95,7 +93,7 @@ class TorchRunner:
         self.num_kv_blocks = self._num_blocks(config, text_config)
         self.kv_caches = self._allocate_cache(text_config)
         self.sampler = Sampler(self.device, config.seed)
-        self._part_started = threading.Semaphore(0)
+        self._started = StartLatch()
         self.traced: TracedDecode | None = None
         if trace_enabled(self.device):
             traced = TracedDecode(self.model, self.kv_caches, self.block_size, self.device)
@@ -156,10 +154,11 @@ class TorchRunner:
         its future (the engine does its bookkeeping while the step runs).
 
         The inputs are built on the calling thread, while the runner's threads are idle,
-        rather than in them while the caller's fan-out holds the GIL. With the traced
-        forward the caller then waits (at most 2 ms, GIL released) until every part
-        has entered its forward, which runs without the GIL: otherwise a part's first
-        Python lines wait behind the fan-out (up to the 5 ms switch interval).
+        rather than in them while the caller's fan-out holds the GIL; every part is
+        started from here. With the traced forward the caller then waits (at most 2 ms,
+        GIL released) until the last part has entered its forward, which runs without
+        the GIL: otherwise a part's first Python lines wait behind the fan-out (up to
+        the 5 ms switch interval).
         """
         loop = asyncio.get_running_loop()
         try:
@@ -168,12 +167,12 @@ class TorchRunner:
             failed: asyncio.Future[RunnerOutput] = loop.create_future()
             failed.set_exception(exc)
             return failed
-        future = loop.run_in_executor(self._executor, self.execute, batch, parts)
-        if self.traced is not None:
-            deadline = time.monotonic() + 0.002
-            for _ in range(sum(part.traced_args is not None for part in parts)):
-                if not self._part_started.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                    break
+        traced_parts = sum(part.traced_args is not None for part in parts)
+        self._started.reset(traced_parts)
+        others = self._start_helpers(parts)
+        future = loop.run_in_executor(self._executor, self.execute, batch, parts, others)
+        if traced_parts:
+            self._started.wait(0.002)
         return future
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
@@ -195,20 +194,33 @@ class TorchRunner:
             for rows in groups or [list(range(len(batch.request_ids)))]
         ]
 
+    def _start_helpers(self, parts: list[StepPart]) -> list[Future[torch.Tensor]]:
+        """Start every part but the first in the helper threads."""
+        if len(parts) < 2:
+            return []
+        assert self._helpers is not None
+        return [self._helpers.submit(self._forward_part, part) for part in parts[1:]]
+
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch, parts: list[StepPart] | None = None) -> RunnerOutput:
+    def execute(
+        self, batch: ScheduledBatch, parts: list[StepPart] | None = None,
+        others: list[Future[torch.Tensor]] | None = None,
+    ) -> RunnerOutput:
         """One step: the forward of each part (side by side), then sampling (blocking).
 
         Args:
             batch: the step.
             parts: its :meth:`plan` (made here when None).
+            others: the futures of ``parts[1:]`` already started in the helper
+                threads (started here when None).
         """
-        parts = self.plan(batch) if parts is None else parts
+        if parts is None:
+            parts = self.plan(batch)
+        if others is None:
+            others = self._start_helpers(parts)
         self.sampler.release(batch.released_ids)
         if not parts:
             return RunnerOutput(token_ids=[])
-        assert self._helpers is not None or len(parts) == 1
-        others = [self._helpers.submit(self._forward_part, p) for p in parts[1:]]  # type: ignore[union-attr]
         logits = [self._forward_part(parts[0]), *(future.result() for future in others)]
         tokens = [-1] * len(batch.request_ids)
         rows = [i for i, sample in enumerate(batch.sample) if sample]
@@ -234,7 +246,7 @@ class TorchRunner:
         eager one (signalling :meth:`submit` before a traced forward starts)."""
         if part.traced_args is None:
             return self._forward(part)
-        self._part_started.release()
+        self._started.arrive()
         return self.traced(*part.traced_args)[0]  # type: ignore[misc]
 
     def _forward(self, part: StepPart) -> torch.Tensor:
