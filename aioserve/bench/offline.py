@@ -20,14 +20,15 @@ class OfflineReport:
 
     Attributes:
         workload: the workload's parameters.
-        threads: torch intra-op threads both backends ran with (None: torch's default).
+        threads: compute threads of each backend: transformers' intra-op threads, and
+            aioserve's thread budget (its step parts share it).
         runs: backend -> one result per run.
         mismatches: requests whose aioserve output differed from a solo ``generate()``
             (None when not checked).
     """
 
     workload: dict[str, Any]
-    threads: int | None
+    threads: dict[str, int]
     runs: dict[str, list[ThroughputResult]] = field(default_factory=dict)
     mismatches: int | None = None
 
@@ -96,8 +97,10 @@ def run_offline(
     progress: bool = False,
 ) -> OfflineReport:
     """Run the workload ``runs`` times through aioserve (and hf-static when
-    ``compare == "hf-static"``), alternating backends, both at ``threads`` torch threads
-    (default: the runner's own choice on the CPU, one core left to the event loop).
+    ``compare == "hf-static"``), alternating backends. ``threads`` is each backend's
+    compute threads: transformers' intra-op threads and aioserve's thread budget
+    (``AIOSERVE_NUM_THREADS``); default: each backend's own default (torch's thread
+    count, every core; aioserve's :func:`~aioserve.runners.step_split.cpu_layout`).
 
     Raises:
         ValueError: bad sizes or an unknown ``compare``. OSError: the model cannot load.
@@ -114,15 +117,16 @@ def run_offline(
         "output_len": list(output_len), "seed": seed, "max_num_seqs": config.max_num_seqs,
         "scheduler": config.scheduler, "hf_batch_size": hf_batch_size,
     }
-    from aioserve.runners.torch_runner import cpu_threads, resolve_device
+    from aioserve.runners.step_split import cpu_layout
+    from aioserve.runners.torch_runner import resolve_device
 
-    if threads is None:
-        threads = cpu_threads(resolve_device(config.device))
-    report = OfflineReport(workload, threads)
     saved = torch.get_num_threads()
     saved_env = os.environ.get("AIOSERVE_NUM_THREADS")
     if threads is not None:
         os.environ["AIOSERVE_NUM_THREADS"] = str(threads)
+    parts, per_part = cpu_layout(resolve_device(config.device), can_split=True)
+    hf_threads = threads or saved
+    report = OfflineReport(workload, {"hf-static": hf_threads, "aioserve": parts * (per_part or 1)})
     hf_model = None
     if compare or check:
         from transformers import AutoModelForCausalLM
@@ -134,7 +138,7 @@ def run_offline(
             if compare and hf_model is not None:
                 from aioserve.bench.hf_static import run_hf_static
 
-                torch.set_num_threads(threads or saved)
+                torch.set_num_threads(hf_threads)
                 result, _ = run_hf_static(
                     hf_model, requests, batch_size=hf_batch_size, progress=progress
                 )
@@ -143,7 +147,7 @@ def run_offline(
             result, outputs = run_aioserve(config, requests, progress=progress)
             report.runs.setdefault("aioserve", []).append(result)
         if check and hf_model is not None:
-            torch.set_num_threads(threads or saved)
+            torch.set_num_threads(hf_threads)
             report.mismatches = check_exact(hf_model, requests, outputs)
     finally:
         torch.set_num_threads(saved)

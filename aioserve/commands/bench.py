@@ -38,7 +38,9 @@ def _add_throughput(sub: Any) -> None:
     p.add_argument("--hf-batch-size", type=int, default=32)
     p.add_argument("--runs", type=int, default=1, help="runs per backend; medians reported")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads for both backends (default: cores - 1)")
+                   help="compute threads of each backend: transformers' intra-op threads and "
+                        "aioserve's budget, shared by its step parts (default: each "
+                        "backend's own, every core)")
     p.add_argument("--check", action="store_true",
                    help="compare every output with a solo transformers generate()")
     p.add_argument("--no-progress", action="store_true")
@@ -100,7 +102,8 @@ def _throughput(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict()))
         return 0
     print(f"{args.num_prompts} requests, prompt {args.input_len}, output {args.output_len}, "
-          f"{args.max_num_seqs} slots, torch threads {report.threads}")
+          f"{args.max_num_seqs} slots, compute threads "
+          + ", ".join(f"{name} {count}" for name, count in report.threads.items()))
     for backend, results in report.runs.items():
         for result in results:
             print(result.summary())

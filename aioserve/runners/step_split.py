@@ -46,15 +46,27 @@ def row_cost(new_tokens: int, seq_len: int) -> int:
     return (TOKEN_COST + seq_len) * new_tokens
 
 
-def step_parts(device: torch.device) -> int:
-    """How many parts a CPU step is cut into: ``AIOSERVE_STEP_PARTS``, else 2 on a
-    machine with at least 2 cores, else 1 (no split). Always 1 off the CPU."""
+def cpu_layout(device: torch.device, can_split: bool) -> tuple[int, int | None]:
+    """(parts a step is cut into, intra-op threads of each part's forward).
+
+    The model's thread budget is ``AIOSERVE_NUM_THREADS``, else the machine's cores.
+    With the traced forward (``can_split``), a step runs in ``AIOSERVE_STEP_PARTS``
+    parts, else in ``min(2, budget)``, sharing the budget. Without it, one forward uses
+    the budget, one core less by default: the event loop keeps that core, as OpenMP
+    threads waiting at a barrier for a descheduled one cost milliseconds per tiny op.
+    Off the CPU: one part, torch's own thread setting (None).
+    """
     if device.type != "cpu":
-        return 1
-    env = os.environ.get("AIOSERVE_STEP_PARTS")
-    if env:
-        return max(1, int(env))
-    return 2 if (os.cpu_count() or 1) >= 2 else 1
+        return 1, None
+    cores = os.cpu_count() or 1
+    env_threads = os.environ.get("AIOSERVE_NUM_THREADS")
+    budget = max(1, int(env_threads)) if env_threads else None
+    if not can_split:
+        return 1, budget or max(1, cores - 1)
+    env_parts = os.environ.get("AIOSERVE_STEP_PARTS")
+    total = budget or cores
+    parts = max(1, int(env_parts)) if env_parts else min(2, total)
+    return parts, max(1, total // parts)
 
 
 def split_rows(

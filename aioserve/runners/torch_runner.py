@@ -41,30 +41,19 @@ def eos_token_ids(model_path: str, generation_config: GenerationConfig | None) -
     return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
 
-def cpu_threads(device: torch.device) -> int | None:
-    """Intra-op threads for the model on the CPU (None: leave torch's setting).
-
-    ``AIOSERVE_NUM_THREADS`` wins; otherwise one core is left to the event loop (its
-    bookkeeping runs while the worker computes), so 2 cores give 1 thread: tiny ops
-    gain nothing from a second thread, and an OpenMP barrier waiting for a thread the
-    OS descheduled costs milliseconds. ``torch.set_num_threads`` is process-wide; the
-    runner restores the previous value on :meth:`TorchRunner.close`.
-    """
-    if device.type != "cpu":
-        return None
-    env = os.environ.get("AIOSERVE_NUM_THREADS")
-    if env:
-        return max(1, int(env))
-    return max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) - 1))
-
-
 class TorchRunner:
     """Runs a transformers causal LM over packed batches with a paged KV cache.
 
     The KV cache is, per layer, K and V tensors of shape
     ``[num_kv_blocks * block_size, num_kv_heads, head_dim]`` (the model's dtype),
-    indexed by the engine's block ids. The forward pass runs in one worker thread so
-    the event loop stays free.
+    indexed by the engine's block ids. The forward pass runs in a worker thread so
+    the event loop stays free; on the CPU with the traced forward, a big enough step
+    is cut into parts that run side by side in their own threads
+    (:mod:`~aioserve.runners.step_split`).
+
+    Attributes:
+        step_parts: most parts a step is cut into (1: never cut).
+        num_threads: intra-op threads of each part's forward (None: torch's setting).
 
     Args:
         config: the engine configuration (model, dtype, device, cache size).
@@ -98,9 +87,9 @@ class TorchRunner:
         if trace_enabled(self.device):
             traced = TracedDecode(self.model, self.kv_caches, self.block_size, self.device)
             self.traced = traced if traced.prepare() else None
-        self.step_parts = step_split.step_parts(self.device) if self.traced is not None else 1
-        threads = cpu_threads(self.device)
-        self.num_threads = None if threads is None else max(1, threads // self.step_parts)
+        self.step_parts, self.num_threads = step_split.cpu_layout(
+            self.device, can_split=self.traced is not None
+        )
         self._saved_threads = torch.get_num_threads()
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="aioserve-runner", initializer=self._init_thread
