@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-
+from aioserve.delta_queue import DeltaQueue
 from aioserve.detokenizer import IncrementalDetokenizer
 from aioserve.outputs import RequestOutput, TokenLogprob
 from aioserve.request import FinishReason, Request
@@ -20,7 +19,7 @@ class RequestStream:
 
     def __init__(self, request: Request, detokenizer: IncrementalDetokenizer | None) -> None:
         self.request = request
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.queue: DeltaQueue[RequestOutput | BaseException] = DeltaQueue()
         self.detokenizer = detokenizer
         self.closed = False
 
