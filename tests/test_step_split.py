@@ -113,3 +113,19 @@ def test_lean_forward_is_used_for_the_test_model(model_dir):
         assert runner.traced.lean == {1: True, 2: True, 3: True, 4: True}
     finally:
         runner.close()
+
+
+def test_cpu_layout_shares_the_thread_budget(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("AIOSERVE_NUM_THREADS", raising=False)
+    monkeypatch.delenv("AIOSERVE_STEP_PARTS", raising=False)
+    monkeypatch.setattr(step_split.os, "cpu_count", lambda: 2)
+    assert step_split.cpu_layout(cpu, can_split=True) == (2, 1)
+    assert step_split.cpu_layout(cpu, can_split=False) == (1, 1)  # a core left to the loop
+    monkeypatch.setattr(step_split.os, "cpu_count", lambda: 16)
+    assert step_split.cpu_layout(cpu, can_split=True) == (2, 7)
+    monkeypatch.setenv("AIOSERVE_NUM_THREADS", "1")
+    assert step_split.cpu_layout(cpu, can_split=True) == (1, 1)
+    monkeypatch.setenv("AIOSERVE_STEP_PARTS", "3")
+    assert step_split.cpu_layout(cpu, can_split=True) == (3, 1)
+    assert step_split.cpu_layout(torch.device("meta"), can_split=True) == (1, None)

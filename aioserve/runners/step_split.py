@@ -51,10 +51,11 @@ def cpu_layout(device: torch.device, can_split: bool) -> tuple[int, int | None]:
 
     The model's thread budget is ``AIOSERVE_NUM_THREADS``, else the machine's cores.
     With the traced forward (``can_split``), a step runs in ``AIOSERVE_STEP_PARTS``
-    parts, else in ``min(2, budget)``, sharing the budget. Without it, one forward uses
-    the budget, one core less by default: the event loop keeps that core, as OpenMP
-    threads waiting at a barrier for a descheduled one cost milliseconds per tiny op.
-    Off the CPU: one part, torch's own thread setting (None).
+    parts, else in ``min(2, budget)``; the parts share the budget less one thread for
+    the event loop, at least one thread each (on 2 cores: 2 parts of 1 thread). Without
+    it, one forward uses the budget, one core less by default. The event loop keeps a
+    core because OpenMP threads waiting at a barrier for a descheduled one cost
+    milliseconds per tiny op. Off the CPU: one part, torch's own threads (None).
     """
     if device.type != "cpu":
         return 1, None
@@ -66,7 +67,7 @@ def cpu_layout(device: torch.device, can_split: bool) -> tuple[int, int | None]:
     env_parts = os.environ.get("AIOSERVE_STEP_PARTS")
     total = budget or cores
     parts = max(1, int(env_parts)) if env_parts else min(2, total)
-    return parts, max(1, total // parts)
+    return parts, max(1, (total - 1) // parts)
 
 
 def split_rows(
