@@ -3,14 +3,16 @@ decode metadata fast path: same tokens as transformers generate() run alone."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
 
 import numpy as np
 import pytest
 import torch
 from test_perf_exactness import mixed_workload, run_staggered
 
-from aioserve import AsyncEngine, EngineConfig
+from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.runners import step_split
 from aioserve.runners.decode_metadata import decode_metadata
 from aioserve.runners.paged_metadata import build_metadata, visible_prefix
@@ -129,3 +131,35 @@ def test_cpu_layout_shares_the_thread_budget(monkeypatch):
     monkeypatch.setenv("AIOSERVE_STEP_PARTS", "3")
     assert step_split.cpu_layout(cpu, can_split=True) == (3, 1)
     assert step_split.cpu_layout(torch.device("meta"), can_split=True) == (1, None)
+
+
+async def test_a_failing_part_fails_its_step_and_the_engine_keeps_serving(
+    model_dir, solo_greedy, monkeypatch
+):
+    from aioserve.errors import EngineError
+
+    monkeypatch.setenv("AIOSERVE_STEP_PARTS", "2")
+    monkeypatch.setattr(step_split, "MIN_SPLIT_COST", 1)
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    prompts = [[1, 20 + i, 30 + i] for i in range(4)]
+    async with AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=4)) as engine:
+        runner = engine.runner
+        real = runner._forward_part
+        failures = []
+
+        def flaky(part):
+            if not failures and threading.current_thread().name.startswith("aioserve-runner-part"):
+                failures.append(part.rows)
+                raise RuntimeError("injected part failure")
+            return real(part)
+
+        monkeypatch.setattr(runner, "_forward_part", flaky)
+
+        async def one(prompt):
+            return [t async for out in engine.generate(prompt, params) for t in out.token_ids]
+
+        first = await asyncio.gather(*(one(p) for p in prompts), return_exceptions=True)
+        assert failures and all(isinstance(r, EngineError) for r in first)
+        assert engine.core.blocks.num_free_blocks == engine.core.blocks.num_blocks
+        again = await asyncio.gather(*(one(p) for p in prompts))
+    assert again == [solo_greedy(p, 5) for p in prompts]

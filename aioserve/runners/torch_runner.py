@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -210,7 +211,11 @@ class TorchRunner:
         self.sampler.release(batch.released_ids)
         if not parts:
             return RunnerOutput(token_ids=[])
-        logits = [self._forward_part(parts[0]), *(future.result() for future in others)]
+        try:
+            first = self._forward_part(parts[0])
+        finally:  # even a failed step ends only when every part has (they share the cache)
+            wait_all(others)
+        logits = [first, *(future.result() for future in others)]
         tokens = [-1] * len(batch.request_ids)
         rows = [i for i, sample in enumerate(batch.sample) if sample]
         if not rows:
