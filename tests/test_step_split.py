@@ -163,3 +163,13 @@ async def test_a_failing_part_fails_its_step_and_the_engine_keeps_serving(
         assert engine.core.blocks.num_free_blocks == engine.core.blocks.num_blocks
         again = await asyncio.gather(*(one(p) for p in prompts))
     assert again == [solo_greedy(p, 5) for p in prompts]
+
+
+def test_bad_thread_settings_name_the_variable(monkeypatch):
+    monkeypatch.setenv("AIOSERVE_STEP_PARTS", "two")
+    with pytest.raises(ValueError, match="AIOSERVE_STEP_PARTS must be a positive integer"):
+        step_split.cpu_layout(torch.device("cpu"), can_split=True)
+    monkeypatch.setenv("AIOSERVE_STEP_PARTS", "2")
+    monkeypatch.setenv("AIOSERVE_NUM_THREADS", "0")
+    with pytest.raises(ValueError, match="AIOSERVE_NUM_THREADS"):
+        step_split.cpu_layout(torch.device("cpu"), can_split=False)

@@ -119,12 +119,14 @@ def run_offline(
     }
     from aioserve.runners.step_split import cpu_layout
     from aioserve.runners.torch_runner import resolve_device
+    from aioserve.runners.traced import trace_enabled
 
     saved = torch.get_num_threads()
     saved_env = os.environ.get("AIOSERVE_NUM_THREADS")
     if threads is not None:
         os.environ["AIOSERVE_NUM_THREADS"] = str(threads)
-    parts, per_part = cpu_layout(resolve_device(config.device), can_split=True)
+    device = resolve_device(config.device)
+    parts, per_part = cpu_layout(device, can_split=trace_enabled(device))
     hf_threads = threads or saved
     report = OfflineReport(workload, {"hf-static": hf_threads, "aioserve": parts * (per_part or 1)})
     hf_model = None

@@ -60,14 +60,26 @@ def cpu_layout(device: torch.device, can_split: bool) -> tuple[int, int | None]:
     if device.type != "cpu":
         return 1, None
     cores = os.cpu_count() or 1
-    env_threads = os.environ.get("AIOSERVE_NUM_THREADS")
-    budget = max(1, int(env_threads)) if env_threads else None
+    budget = env_count("AIOSERVE_NUM_THREADS")
     if not can_split:
         return 1, budget or max(1, cores - 1)
-    env_parts = os.environ.get("AIOSERVE_STEP_PARTS")
     total = budget or cores
-    parts = max(1, int(env_parts)) if env_parts else min(2, total)
+    parts = env_count("AIOSERVE_STEP_PARTS") or min(2, total)
     return parts, max(1, (total - 1) // parts)
+
+
+def env_count(name: str) -> int | None:
+    """A positive integer from the environment variable ``name`` (None when unset).
+
+    Raises:
+        ValueError: the value is not a positive integer (the message names the variable).
+    """
+    value = os.environ.get(name)
+    if not value:
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def split_rows(
