@@ -20,6 +20,8 @@ projection biases, SiLU activation and a static rotary embedding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -60,7 +62,8 @@ class LeanLlama(torch.nn.Module):
 
     def __init__(
         self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        block_size: int, make_groups: object,
+        block_size: int,
+        make_groups: Callable[[tuple[torch.Tensor, ...]], tuple[AttentionGroup, ...]],
     ) -> None:
         super().__init__()
         config = model.config
@@ -117,7 +120,7 @@ class LeanLlama(torch.nn.Module):
         slot_mapping: torch.Tensor, *group_tensors: torch.Tensor,
     ) -> torch.Tensor:
         """Logits ``[1, K, vocab]`` of the kept tokens (arguments: see TracedDecode)."""
-        groups: tuple[AttentionGroup, ...] = self.make_groups(group_tensors)  # type: ignore[operator]
+        groups = self.make_groups(group_tensors)
         meta = PagedAttentionMetadata(self.kv_caches, slot_mapping, groups, self.block_size)
         x = F.embedding(input_ids[0], self.embed)  # [T, hidden]
         cos, sin = self._rope(position_ids[0], x.dtype)

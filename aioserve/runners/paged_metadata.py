@@ -85,12 +85,11 @@ _PREFIX_MASKS = np.zeros((1, 0), dtype=np.float32)
 
 def visible_prefix(lengths: np.ndarray, width: int) -> np.ndarray:
     """``[len(lengths), width]`` float32 additive mask: row i is 0 at the first
-    ``lengths[i]`` positions and ``-inf`` after (rows of a table grown on demand)."""
+    ``lengths[i]`` positions (all of them past ``width``) and ``-inf`` after (rows
+    of a table grown on demand)."""
     global _PREFIX_MASKS
-    size = max(width, int(lengths.max()))
-    if _PREFIX_MASKS.shape[1] < size:
-        table = np.triu(np.full((size + 1, size), -np.inf, dtype=np.float32))
-        _PREFIX_MASKS = table  # row i: -inf from column i on
+    if _PREFIX_MASKS.shape[1] < width:  # row i: -inf from column i on
+        _PREFIX_MASKS = np.triu(np.full((width + 1, width), -np.inf, dtype=np.float32))
     return _PREFIX_MASKS[np.minimum(lengths, width), :width]
 
 

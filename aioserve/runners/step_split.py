@@ -149,7 +149,7 @@ def merge_logits(
     rank = sorted(range(len(order)), key=order.__getitem__)
     if rank == list(range(len(order))):
         return merged
-    return merged.index_select(0, torch.tensor(rank, device=merged.device))
+    return merged.index_select(0, int64_tensor(rank).to(merged.device))
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class StepPart:
         rows: indices into the batch, in batch order.
         token_ids, start_positions, block_tables: those rows' entries of the batch.
         keep: ``[k]`` int64, packed-token index of each sampled row's last new token
-            (the first token's when no row is sampled: one unused row of logits).
+            (the first row's last token when no row is sampled: one unused row of logits).
         traced_args: the traced forward's arguments, or None for the eager forward.
     """
 

@@ -160,8 +160,7 @@ class TracedDecode:
             self._kv_caches, start_positions, counts, block_tables, self._block_size,
             self._device, split_cost=NO_SPLIT, always_mask=True,
         )
-        flat = [t for tokens in token_ids for t in tokens]
-        ids = torch.tensor(flat, dtype=torch.int64, device=self._device).unsqueeze(0)
+        ids = int64_tensor([t for tokens in token_ids for t in tokens]).unsqueeze(0)
         head = (ids, positions.unsqueeze(0), keep, meta.slot_mapping)
         groups = meta.groups
         if len(groups) == 1 and groups[0].query_index is not None:
