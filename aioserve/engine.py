@@ -20,6 +20,7 @@ from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduler_registry import load_scheduler
 from aioserve.scheduling import Scheduler
+from aioserve.step_snapshot import EngineListener, SnapshotBuilder, StepSnapshot
 from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ class AsyncEngine:
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
+        self._listeners: list[EngineListener] = []
+        self._step_listeners: dict[EngineListener, tuple[float, float]] = {}  # interval, due
+        self._snapshots: SnapshotBuilder | None = None
 
     async def start(self) -> None:
         """Load the model and tokenizer and start the step loop.
@@ -129,6 +133,59 @@ class AsyncEngine:
             "num_preemptions": core.num_preemptions,
             "num_steps": core.step_count,
         }
+
+    def add_listener(self, listener: EngineListener, *, step_interval: float | None = 0.0) -> None:
+        """Call ``listener.on_finish`` for every request that ends and, unless
+        ``step_interval`` is None, ``listener.on_step(snapshot)`` after a step at most
+        once per ``step_interval`` seconds of the engine clock (0: every step). Both run
+        in the step loop: they must not block. Works before or after :meth:`start`.
+
+        Raises:
+            ValueError: ``step_interval`` is negative.
+        """
+        if step_interval is not None and step_interval < 0:
+            raise ValueError(f"step_interval must be >= 0 seconds, got {step_interval}")
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+        if step_interval is not None:
+            self._step_listeners[listener] = (step_interval, float("-inf"))
+
+    def remove_listener(self, listener: EngineListener) -> None:
+        """Stop calling ``listener``; unknown listeners are ignored."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+        self._step_listeners.pop(listener, None)
+
+    def snapshot(self) -> StepSnapshot:
+        """The engine's slots, queue and KV cache now (what listeners receive).
+
+        Raises:
+            EngineNotRunningError: the engine is not running.
+        """
+        return self._snapshot_builder().build()
+
+    def _snapshot_builder(self) -> SnapshotBuilder:
+        core = self._require_core()
+        if self._snapshots is None or self._snapshots.core is not core:
+            self._snapshots = SnapshotBuilder(core)
+        return self._snapshots
+
+    def _publish_step(self, num_tokens: int, force: bool = False) -> None:
+        """Count sampled tokens and hand a snapshot to the listeners that are due
+        (all of them with ``force``, e.g. when the engine goes idle)."""
+        builder = self._snapshot_builder()
+        builder.count_tokens(num_tokens)
+        now = builder.core.clock()
+        snapshot = None
+        for listener, (interval, due) in list(self._step_listeners.items()):
+            if now < due and not force:
+                continue
+            snapshot = snapshot or builder.build()
+            self._step_listeners[listener] = (interval, now + interval)
+            try:
+                listener.on_step(snapshot)
+            except Exception:
+                logger.exception("listener %r failed in on_step", listener)
 
     def _require_core(self) -> EngineCore:
         if self.core is None or not self.is_running:
@@ -254,6 +311,8 @@ class AsyncEngine:
         while True:
             if future is None:
                 if not core.has_work:
+                    if self._step_listeners:  # the idle picture, unthrottled
+                        self._publish_step(0, force=True)
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
@@ -278,6 +337,8 @@ class AsyncEngine:
             batch, future = self._start_step() if core.has_work else (None, None)
             self._fan_out(output, results)
             self._flush_finished()
+            if self._step_listeners:
+                self._publish_step(len(results))
 
     def _start_step(self) -> tuple[ScheduledBatch | None, Awaitable[RunnerOutput] | None]:
         """Schedule the next batch and start the runner on it (None: nothing to run)."""
@@ -311,6 +372,11 @@ class AsyncEngine:
 
     def _on_finish(self, request: Request) -> None:
         self._finished.append(request)
+        for listener in self._listeners:
+            try:
+                listener.on_finish(request)
+            except Exception:
+                logger.exception("listener %r failed in on_finish", listener)
 
     def _flush_finished(self) -> None:
         finished, self._finished = self._finished, []

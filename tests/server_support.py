@@ -85,3 +85,24 @@ def metric(text: str, name: str, labels: str = "") -> float:
         if line.startswith(key + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+class GatedRunner(ScriptedRunner):
+    """A scripted runner whose steps wait while ``gate`` is closed, so a test can hold
+    the engine still (``at_gate`` is True while a step waits) with requests running.
+    Each step takes ``delay`` seconds (simulated compute, so load builds up)."""
+
+    def __init__(self, *args: Any, delay: float = 0.002, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.delay = delay
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.at_gate = False
+
+    async def step(self, batch: Any) -> Any:
+        if not self.gate.is_set():
+            self.at_gate = True
+            await self.gate.wait()
+            self.at_gate = False
+        await asyncio.sleep(self.delay)
+        return await super().step(batch)

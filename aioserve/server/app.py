@@ -1,7 +1,8 @@
 """The aiohttp application factory; the engine lives as long as the app.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, ``GET /openapi.json`` and the websocket ``GET /ws``.
+``GET /health``, ``GET /metrics``, ``GET /openapi.json``, the websocket ``GET /ws``, the
+dashboard ``GET /`` (also ``/dashboard``) and its frames websocket ``GET /ws/stats``.
 Every error is OpenAI-style JSON (see :mod:`aioserve.server.errors`).
 """
 
@@ -15,8 +16,9 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from aioserve.config import EngineConfig
+from aioserve.dashboard import live_page
 from aioserve.engine import AsyncEngine
-from aioserve.server import openapi, websocket
+from aioserve.server import openapi, stats_feed, websocket
 from aioserve.server.errors import error_middleware
 from aioserve.server.metrics import ServerMetrics
 from aioserve.server.openai_chat import create_chat_completion
@@ -52,6 +54,12 @@ async def list_models(request: web.Request) -> web.Response:
 _STARTED_KEY: web.AppKey[float] = web.AppKey("started", float)
 
 
+async def dashboard(request: web.Request) -> web.Response:
+    """``GET /`` and ``GET /dashboard``: the live dashboard page."""
+    title = f"aioserve · {served_model_name(request.app)}"
+    return web.Response(text=live_page(title), content_type="text/html")
+
+
 def create_app(
     engine: AsyncEngine | EngineConfig,
     config: ServerConfig | None = None,
@@ -82,11 +90,16 @@ def create_app(
     metrics = ServerMetrics(engine)
     app[METRICS_KEY] = metrics
     app[websocket.SOCKETS_KEY] = weakref.WeakSet()
+    feed = stats_feed.StatsFeed(engine, config.served_model_name or engine.config.model,
+                                interval=config.stats_interval)
+    app[stats_feed.STATS_FEED_KEY] = feed
 
     async def engine_lifetime(app: web.Application) -> AsyncIterator[None]:
         await engine.start()
         metrics.attach()
+        feed.attach()
         yield
+        feed.detach()
         metrics.detach()
         await engine.shutdown()
 
@@ -99,4 +112,7 @@ def create_app(
     app.router.add_get("/metrics", metrics.handle)
     app.router.add_get("/openapi.json", openapi.handle)
     app.router.add_get("/ws", websocket.handle)
+    app.router.add_get("/ws/stats", stats_feed.handle)
+    app.router.add_get("/", dashboard)
+    app.router.add_get("/dashboard", dashboard)
     return app

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from aioserve.engine import AsyncEngine
 from aioserve.request import Request, RequestMetrics
+from aioserve.step_snapshot import StepSnapshot
 
 PREFIX = "aioserve:"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -97,8 +98,8 @@ class ServerMetrics:
     one process do not collide).
 
     Args:
-        engine: the engine whose requests are measured; call :meth:`attach` after it
-            has started.
+        engine: the engine whose requests are measured; :meth:`attach` listens to it
+            (before or after it starts).
     """
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -131,18 +132,16 @@ class ServerMetrics:
         r.register(_EngineCollector(self))
 
     def attach(self) -> None:
-        """Hook into the started engine's finish callback (chained, not replaced)."""
-        core = self.engine.core
-        if core is None:
-            raise RuntimeError("start the engine before attaching metrics")
-        previous = core.on_finish
+        """Listen to the engine's finished requests (:meth:`AsyncEngine.add_listener`;
+        no step snapshots are asked for)."""
+        self.engine.add_listener(self, step_interval=None)
 
-        def on_finish(request: Request) -> None:
-            if previous is not None:
-                previous(request)
-            self.record_finished(request)
+    def on_step(self, snapshot: StepSnapshot) -> None:
+        """Unused: gauges are read from the engine when scraped."""
 
-        core.on_finish = on_finish
+    def on_finish(self, request: Request) -> None:
+        """Engine listener: record a finished request."""
+        self.record_finished(request)
 
     def record_finished(self, request: Request) -> None:
         """Count a finished request's tokens and observe its latencies."""
@@ -161,7 +160,9 @@ class ServerMetrics:
                 self.itl.observe(lat.time_per_output_token)
 
     def detach(self) -> None:
-        """Keep the last preemption count for scrapes after the engine stops."""
+        """Stop listening; keep the last preemption count for scrapes after the engine
+        stops."""
+        self.engine.remove_listener(self)
         if self.engine.core is not None:
             self.last_preemptions = self.engine.core.num_preemptions
 

@@ -26,6 +26,8 @@ class ServerConfig:
             before its requests are aborted and the socket closed with 1008.
         ws_send_buffer_bytes: bytes the transport of one websocket buffers before
             sending waits for the client.
+        stats_interval: least seconds between two dashboard frames on ``/ws/stats``
+            (0.1: at most 10 a second; 0: every engine step).
     """
 
     served_model_name: str | None = None
@@ -34,6 +36,7 @@ class ServerConfig:
     ws_max_pending: int = 256
     ws_stall_timeout: float = 5.0
     ws_send_buffer_bytes: int = 64 * 1024
+    stats_interval: float = 0.1
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
@@ -42,6 +45,8 @@ class ServerConfig:
             raise ValueError(f"ws_max_pending must be >= 1, got {self.ws_max_pending}")
         if not self.ws_stall_timeout > 0:
             raise ValueError(f"ws_stall_timeout must be > 0, got {self.ws_stall_timeout}")
+        if not self.stats_interval >= 0:
+            raise ValueError(f"stats_interval must be >= 0 seconds, got {self.stats_interval}")
         if self.ws_send_buffer_bytes < 1024:
             raise ValueError(
                 f"ws_send_buffer_bytes must be >= 1024, got {self.ws_send_buffer_bytes}"

@@ -200,7 +200,7 @@ class Connection:
         await asyncio.gather(self.writer, *(t for t, _ in entries), return_exceptions=True)
 
 
-def _bound_send_buffer(request: web.Request, size: int) -> None:
+def bound_send_buffer(request: web.Request, size: int) -> None:
     """Bound what one socket buffers for a slow client: the transport's high-water mark
     and the kernel's send buffer (which would otherwise grow to megabytes)."""
     transport = request.transport
@@ -218,7 +218,7 @@ async def handle(request: web.Request) -> web.WebSocketResponse:
     config = request.app[CONFIG_KEY]
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=config.max_body_bytes)
     await ws.prepare(request)
-    _bound_send_buffer(request, config.ws_send_buffer_bytes)
+    bound_send_buffer(request, config.ws_send_buffer_bytes)
     request.app[SOCKETS_KEY].add(ws)
     connection = Connection(request.app, ws)
     try:

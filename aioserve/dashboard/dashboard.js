@@ -1,0 +1,157 @@
+// aioserve dashboard: draws frames (see aioserve/dashboard/frames.py), live from
+// /ws/stats or replayed from an embedded list. No dependencies, no build step.
+"use strict";
+const AIOSERVE = (() => {
+  const $ = (id) => document.getElementById(id);
+  const history = [];  // tokens/s of recent frames, for the sparkline
+
+  function hue(id) {
+    let h = 0;
+    for (let i = 0; i < id.length; i++) h = (h * 31 + id.charCodeAt(i)) >>> 0;
+    return (h * 137.508) % 360;
+  }
+  const colour = (id) => `hsl(${hue(id).toFixed(0)}, 70%, 60%)`;
+  const ms = (s) => (s * 1000).toFixed(s < 0.01 ? 2 : 0);
+  const pcts = (p) => (p ? `${ms(p.p50)} / ${ms(p.p90)} / ${ms(p.p99)} ms` : "–");
+
+  function ensureSlots(n) {
+    const box = $("slots");
+    while (box.children.length > n) box.lastChild.remove();
+    while (box.children.length < n) {
+      const row = document.createElement("div");
+      row.className = "slot";
+      row.dataset.slot = String(box.children.length);
+      row.innerHTML = `<span class="name">slot ${box.children.length}</span>` +
+        `<div class="track"><div class="bar"></div><div class="pre"></div></div>` +
+        `<span class="info"></span>`;
+      box.appendChild(row);
+    }
+  }
+
+  function drawSlot(row, s) {
+    const bar = row.querySelector(".bar"), pre = row.querySelector(".pre");
+    const info = row.querySelector(".info");
+    if (!s) {
+      row.dataset.requestId = ""; row.dataset.phase = "free";
+      row.classList.remove("was-preempted");
+      bar.style.width = "0"; pre.style.width = "0"; info.textContent = "free";
+      return;
+    }
+    const [id, phase, prompt, output, computed, maxTokens, blocks, preempted] = s;
+    const total = Math.max(1, prompt + maxTokens);
+    row.dataset.requestId = id; row.dataset.phase = phase;
+    row.classList.toggle("was-preempted", preempted > 0);
+    bar.style.background = colour(id);
+    bar.style.width = `${(100 * Math.min(computed + 1, prompt + output)) / total}%`;
+    pre.style.width = phase === "prefill" ? `${(100 * prompt) / total}%` : "0";
+    info.innerHTML = "";
+    const tag = document.createElement("span");
+    tag.className = `phase ${phase}`; tag.textContent = phase;
+    info.append(tag, `${id}  out ${output}/${maxTokens}  kv ${blocks}b `);
+    if (preempted > 0) {
+      const mark = document.createElement("span");
+      mark.className = "preempted"; mark.textContent = `⟲${preempted}`;
+      info.append(mark);
+    }
+  }
+
+  function drawQueue(frame) {
+    const box = $("queue");
+    box.innerHTML = "";
+    for (const [id, , , , , , , preempted] of frame.waiting) {
+      const chip = document.createElement("span");
+      chip.className = "queued" + (preempted > 0 ? " was-preempted" : "");
+      chip.dataset.requestId = id; chip.style.background = colour(id);
+      chip.textContent = preempted > 0 ? `${id} ⟲${preempted}` : id;
+      box.appendChild(chip);
+    }
+    const more = frame.num_waiting - frame.waiting.length;
+    if (more > 0) {
+      const tail = document.createElement("span");
+      tail.id = "more"; tail.textContent = `+${more} more`;
+      box.appendChild(tail);
+    }
+  }
+
+  function drawSpark(tps) {
+    history.push(tps);
+    if (history.length > 120) history.shift();
+    const top = Math.max(1, ...history);
+    const pts = history.map((v, i) => `${i},${(28 - (26 * v) / top).toFixed(1)}`);
+    $("spark-line").setAttribute("points", pts.join(" "));
+  }
+
+  function render(frame) {
+    const running = frame.slots.filter((s) => s).length;
+    const body = document.body;
+    body.dataset.frames = String(Number(body.dataset.frames) + 1);
+    body.dataset.step = String(frame.step);
+    body.dataset.scheduler = frame.scheduler;
+    $("model").textContent = frame.model;
+    $("scheduler").textContent = frame.scheduler;
+    $("step").textContent = frame.step;
+    $("running").textContent = running;
+    $("num-slots").textContent = frame.slots.length;
+    $("waiting").textContent = frame.num_waiting;
+    $("queue-count").textContent = frame.num_waiting;
+    $("preemptions").textContent = frame.num_preemptions;
+    const kv = frame.kv_total_blocks ? frame.kv_used_blocks / frame.kv_total_blocks : 0;
+    $("kv").textContent = `${(100 * kv).toFixed(1)}%`;
+    $("kv-bar").style.width = `${100 * kv}%`;
+    $("kv-blocks").textContent =
+      `${frame.kv_used_blocks} / ${frame.kv_total_blocks} blocks × ${frame.block_size} tokens`;
+    $("tps").textContent = frame.tokens_per_s.toFixed(1);
+    $("ttft").textContent = pcts(frame.ttft);
+    $("itl").textContent = pcts(frame.itl);
+    drawSpark(frame.tokens_per_s);
+    ensureSlots(frame.slots.length);
+    frame.slots.forEach((s, i) => drawSlot($("slots").children[i], s));
+    drawQueue(frame);
+  }
+
+  function setStatus(ok, text) {
+    document.body.dataset.connected = String(ok);
+    $("status").className = ok ? "ok" : "down";
+    $("status").textContent = text;
+  }
+
+  function live() {
+    const key = new URLSearchParams(location.search).get("api_key");
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const url = `${proto}//${location.host}/ws/stats` +
+      (key ? `?api_key=${encodeURIComponent(key)}` : "");
+    const ws = new WebSocket(url);
+    ws.onopen = () => setStatus(true, "live");
+    ws.onmessage = (event) => {
+      const frame = JSON.parse(event.data);
+      if (frame.type === "frame") render(frame);
+    };
+    ws.onclose = () => { setStatus(false, "disconnected, retrying…"); setTimeout(live, 1000); };
+  }
+
+  function replay(frames) {
+    document.body.classList.add("replay");
+    setStatus(true, `replay of ${frames.length} steps`);
+    const slider = $("slider");
+    let timer = null;
+    slider.max = String(Math.max(0, frames.length - 1));
+    const show = (i) => {
+      const frame = frames[i];
+      $("clock").textContent = `${frame.time.toFixed(3)} s`;
+      render(frame);
+    };
+    slider.oninput = () => show(Number(slider.value));
+    $("play").onclick = () => {
+      if (timer) { clearInterval(timer); timer = null; $("play").textContent = "▶ play"; return; }
+      $("play").textContent = "❚❚ pause";
+      timer = setInterval(() => {
+        const next = Number(slider.value) + 1;
+        if (next >= frames.length) { clearInterval(timer); timer = null; return; }
+        slider.value = String(next); show(next);
+      }, 100);
+    };
+    if (frames.length) show(0);
+  }
+
+  return { render, live, replay };
+})();

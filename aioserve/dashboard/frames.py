@@ -1,0 +1,103 @@
+"""Dashboard frames: a step snapshot plus tokens/s and latency percentiles, as the
+JSON the page draws (live over ``/ws/stats``, or replayed by ``simulate --html``)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from aioserve.request import Request
+from aioserve.step_snapshot import StepSnapshot
+
+#: Percentiles the page shows.
+PERCENTILES = (50, 90, 99)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0–100) of non-empty ``values``, nearest rank."""
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+class LatencyWindow:
+    """TTFT and inter-token latency (seconds) of the last ``size`` finished requests.
+
+    Args:
+        size: requests kept.
+    """
+
+    def __init__(self, size: int = 500) -> None:
+        self.ttft: deque[float] = deque(maxlen=size)
+        self.itl: deque[float] = deque(maxlen=size)
+
+    def record(self, request: Request) -> None:
+        """Take a finished request's latencies (those it has: an aborted request may
+        have no first token)."""
+        m = request.metrics
+        if m.first_token_time is not None:
+            self.ttft.append(max(0.0, m.first_token_time - m.arrival_time))
+        n = request.num_output_tokens
+        if n > 1 and m.first_token_time is not None and m.last_token_time is not None:
+            self.itl.append(max(0.0, m.last_token_time - m.first_token_time) / (n - 1))
+
+    def summary(self) -> dict[str, dict[str, float] | None]:
+        """``{"ttft": {"p50": s, "p90": s, "p99": s} | None, "itl": ...}`` in seconds."""
+        def of(values: deque[float]) -> dict[str, float] | None:
+            if not values:
+                return None
+            data = list(values)
+            return {f"p{q}": round(percentile(data, q), 6) for q in PERCENTILES}
+
+        return {"ttft": of(self.ttft), "itl": of(self.itl)}
+
+
+class RateMeter:
+    """Output tokens per second over the last ``window`` seconds of the engine clock.
+
+    Args:
+        window: seconds averaged over.
+    """
+
+    def __init__(self, window: float = 2.0) -> None:
+        self.window = window
+        self._points: deque[tuple[float, int]] = deque()
+
+    def add(self, time: float, tokens: int) -> float:
+        """Add a (clock, cumulative tokens) point; returns the rate in tokens/s (0
+        until two points span some time)."""
+        points = self._points
+        if points and tokens < points[-1][1]:
+            points.clear()  # the counter restarted (a new engine)
+        points.append((time, tokens))
+        while len(points) > 2 and points[1][0] <= time - self.window:
+            points.popleft()
+        (t0, n0), (t1, n1) = points[0], points[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class FrameMaker:
+    """Turns snapshots into dashboard frames.
+
+    Args:
+        model: the model name shown on the page.
+    """
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.latencies = LatencyWindow()
+        self.rate = RateMeter()
+
+    def record_finished(self, request: Request) -> None:
+        """Add a finished request to the latency window."""
+        self.latencies.record(request)
+
+    def frame(self, snapshot: StepSnapshot) -> dict[str, Any]:
+        """The frame of one snapshot (call in time order: it advances the rate)."""
+        frame = snapshot.to_json()
+        frame["type"] = "frame"
+        frame["model"] = self.model
+        frame["tokens_per_s"] = round(
+            self.rate.add(snapshot.time, snapshot.num_generated_tokens), 3)
+        frame.update(self.latencies.summary())
+        return frame

@@ -1,0 +1,158 @@
+"""A compact, read-only picture of the engine after one step, and the listener hook
+that receives it.
+
+:meth:`AsyncEngine.add_listener` takes an :class:`EngineListener`; the engine builds
+a :class:`StepSnapshot` only when a listener is due (never when none listens), so the
+step loop pays nothing for an unwatched engine. The simulator builds the same
+snapshots from its :class:`EngineCore` (``aioserve simulate --html``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aioserve.request import Request
+
+if TYPE_CHECKING:
+    from aioserve.engine_core import EngineCore
+
+#: Most waiting requests a snapshot lists by name (``num_waiting`` counts them all).
+MAX_WAITING_LISTED = 64
+
+
+class EngineListener(Protocol):
+    """Receives engine events in the step loop; both methods must return quickly and
+    never block (queue work elsewhere). An exception is logged and ignored."""
+
+    def on_step(self, snapshot: StepSnapshot) -> None:
+        """After a step (at most once per the listener's ``step_interval``)."""
+
+    def on_finish(self, request: Request) -> None:
+        """A request ended (any reason: stop, length, abort, error)."""
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """The request holding one slot.
+
+    Attributes:
+        request_id: the request.
+        phase: ``"prefill"`` (prompt or recompute still being fed) or ``"decode"``.
+        num_prompt_tokens, num_output_tokens, num_computed_tokens: tokens.
+        max_tokens: the request's output limit in tokens.
+        num_blocks: KV blocks held.
+        num_preemptions: times this request was preempted.
+    """
+
+    request_id: str
+    phase: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_computed_tokens: int
+    max_tokens: int
+    num_blocks: int
+    num_preemptions: int
+
+    @classmethod
+    def of(cls, request: Request) -> SlotState:
+        """The state of a running (or waiting) request."""
+        behind = request.num_tokens - request.num_computed_tokens
+        return cls(request.request_id, "prefill" if behind > 1 else "decode",
+                   request.num_prompt_tokens, request.num_output_tokens,
+                   request.num_computed_tokens, request.params.max_tokens,
+                   len(request.block_ids), request.metrics.num_preemptions)
+
+
+@dataclass(frozen=True)
+class StepSnapshot:
+    """The engine after a step.
+
+    Attributes:
+        step: steps run so far.
+        time: the engine clock in seconds (monotonic, or the simulator's virtual clock).
+        scheduler: the active policy's name.
+        slots: ``max_num_seqs`` entries; a request keeps its slot index while it
+            runs; None is a free slot.
+        waiting: the first :data:`MAX_WAITING_LISTED` waiting requests, in queue order.
+        num_waiting: all waiting requests.
+        kv_used_blocks, kv_total_blocks, block_size: the KV cache, in blocks and
+            tokens per block.
+        num_preemptions: preemptions so far.
+        num_generated_tokens: output tokens sampled so far (the tokens/s counter).
+    """
+
+    step: int
+    time: float
+    scheduler: str
+    slots: tuple[SlotState | None, ...]
+    waiting: tuple[SlotState, ...]
+    num_waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+    block_size: int
+    num_preemptions: int
+    num_generated_tokens: int
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict; slots and waiting entries are compact lists:
+        ``[id, phase, prompt, output, computed, max_tokens, blocks, preemptions]``."""
+
+        def row(s: SlotState) -> list[Any]:
+            return [s.request_id, s.phase, s.num_prompt_tokens, s.num_output_tokens,
+                    s.num_computed_tokens, s.max_tokens, s.num_blocks, s.num_preemptions]
+
+        return {
+            "step": self.step, "time": round(self.time, 6), "scheduler": self.scheduler,
+            "slots": [None if s is None else row(s) for s in self.slots],
+            "waiting": [row(s) for s in self.waiting], "num_waiting": self.num_waiting,
+            "kv_used_blocks": self.kv_used_blocks, "kv_total_blocks": self.kv_total_blocks,
+            "block_size": self.block_size, "num_preemptions": self.num_preemptions,
+            "num_generated_tokens": self.num_generated_tokens,
+        }
+
+
+def scheduler_name(scheduler: object) -> str:
+    """A policy's display name: its ``name`` attribute, else its class name."""
+    name = getattr(scheduler, "name", None)
+    return name if isinstance(name, str) and name else type(scheduler).__name__
+
+
+class SnapshotBuilder:
+    """Builds snapshots of one :class:`EngineCore`, keeping each running request in
+    the same slot from one snapshot to the next.
+
+    Args:
+        core: the engine core to picture.
+    """
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self._slot_of: dict[str, int] = {}
+        self.num_generated_tokens = 0
+
+    def count_tokens(self, n: int) -> None:
+        """Add ``n`` sampled output tokens to the counter (the engine calls this)."""
+        self.num_generated_tokens += n
+
+    def build(self) -> StepSnapshot:
+        """The core's state now."""
+        core = self.core
+        slots: list[SlotState | None] = [None] * core.max_num_seqs
+        running = {r.request_id: r for r in core.running}
+        self._slot_of = {k: i for k, i in self._slot_of.items() if k in running}
+        free = [i for i in range(core.max_num_seqs) if i not in self._slot_of.values()]
+        for request_id, request in running.items():
+            index = self._slot_of.get(request_id)
+            if index is None and free:
+                index = self._slot_of[request_id] = free.pop(0)
+            if index is not None:
+                slots[index] = SlotState.of(request)
+        waiting = tuple(SlotState.of(r) for _, r in zip(range(MAX_WAITING_LISTED), core.waiting))
+        blocks = core.blocks
+        return StepSnapshot(
+            core.step_count, core.clock(), scheduler_name(core.scheduler), tuple(slots),
+            waiting, len(core.waiting), blocks.num_blocks - blocks.num_free_blocks,
+            blocks.num_blocks, blocks.block_size, core.num_preemptions,
+            self.num_generated_tokens,
+        )
