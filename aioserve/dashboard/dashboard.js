@@ -12,6 +12,7 @@ const AIOSERVE = (() => {
   }
   const colour = (id) => `hsl(${hue(id).toFixed(0)}, 70%, 60%)`;
   const ms = (s) => (s * 1000).toFixed(s < 0.01 ? 2 : 0);
+  const short = (id) => (id.length > 16 ? `${id.slice(0, 5)}…${id.slice(-9)}` : id);
   const pcts = (p) => (p ? `${ms(p.p50)} / ${ms(p.p90)} / ${ms(p.p99)} ms` : "–");
 
   function ensureSlots(n) {
@@ -47,12 +48,13 @@ const AIOSERVE = (() => {
     info.innerHTML = "";
     const tag = document.createElement("span");
     tag.className = `phase ${phase}`; tag.textContent = phase;
-    info.append(tag, `${id}  out ${output}/${maxTokens}  kv ${blocks}b `);
+    info.append(tag, `${short(id)}  out ${output}/${maxTokens}  kv ${blocks}b `);
     if (preempted > 0) {
       const mark = document.createElement("span");
       mark.className = "preempted"; mark.textContent = `⟲${preempted}`;
       info.append(mark);
     }
+    info.title = id;
   }
 
   function drawQueue(frame) {
@@ -62,7 +64,8 @@ const AIOSERVE = (() => {
       const chip = document.createElement("span");
       chip.className = "queued" + (preempted > 0 ? " was-preempted" : "");
       chip.dataset.requestId = id; chip.style.background = colour(id);
-      chip.textContent = preempted > 0 ? `${id} ⟲${preempted}` : id;
+      chip.textContent = preempted > 0 ? `${short(id)} ⟲${preempted}` : short(id);
+      chip.title = id;
       box.appendChild(chip);
     }
     const more = frame.num_waiting - frame.waiting.length;

@@ -1,0 +1,101 @@
+"""Issue 13: the dashboard in a real browser (headless Chromium driven by Playwright)
+against a real server on 127.0.0.1 under load: the slots it shows are the engine's.
+
+Skipped, with the reason, only where Chromium or Playwright cannot be found. Set
+``AIOSERVE_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to save the page as it shows the
+held engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+
+import aiohttp
+import pytest
+from server_support import GatedRunner, base_url, idle, serve, wait_until
+
+from aioserve import AsyncEngine, EngineConfig
+from aioserve.server import ServerConfig
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+SLOTS = 6
+
+
+def chromium_path() -> str:
+    """Debian's chromium (or $AIOSERVE_CHROMIUM); skips the test when there is none."""
+    path = os.environ.get("AIOSERVE_CHROMIUM") or shutil.which("chromium") or (
+        shutil.which("chromium-browser"))
+    if not path:
+        pytest.skip("chromium not found: install Debian's 'chromium' package "
+                    "(apt-get install -y chromium) or set AIOSERVE_CHROMIUM")
+    return path
+
+
+async def page_shows(page, ready, timeout: float = 10.0) -> dict:
+    """Poll what the page shows until ``ready(shown)`` holds; returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = await page.evaluate("""() => ({
+            step: Number(document.body.dataset.step),
+            scheduler: document.body.dataset.scheduler,
+            slots: [...document.querySelectorAll('#slots .slot')].map(r => ({
+                slot: Number(r.dataset.slot), id: r.dataset.requestId || null,
+                phase: r.dataset.phase})),
+            queue: [...document.querySelectorAll('#queue .queued')].map(c => c.dataset.requestId),
+            running: document.getElementById('running').textContent,
+        })""")
+        if ready(shown):
+            return shown
+        assert time.monotonic() < deadline, f"page stuck at step {shown['step']}"
+        await asyncio.sleep(0.02)
+
+
+async def test_dashboard_in_chromium_shows_the_engines_slots(tokenizer):
+    executable = chromium_path()
+    playwright_api = pytest.importorskip("playwright.async_api",
+                                         reason="pip install playwright (the dev extra)")
+    runner = GatedRunner([300, 301, 302], num_kv_blocks=128, delay=0.005)
+    engine = AsyncEngine(EngineConfig(model="scripted", max_num_seqs=SLOTS), runner=runner,
+                         tokenizer=tokenizer)
+    body = {"model": "scripted", "prompt": "Once upon a time, a little girl",
+            "max_tokens": 400, "ignore_eos": True}
+    async with serve(engine, ServerConfig(stats_interval=0.0)) as server, \
+            aiohttp.ClientSession() as http, playwright_api.async_playwright() as pw:
+        url = base_url(server)
+        browser = await pw.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 640})
+            await page.goto(url + "/")
+            await page.wait_for_selector("body[data-connected=true]", timeout=10_000)
+            load = [asyncio.create_task(http.post(url + "/v1/completions", json=body))
+                    for _ in range(SLOTS + 3)]
+            await wait_until(lambda: engine.stats()["num_waiting"] == 3, timeout=10)
+            await wait_until(lambda: engine.core.step_count >= 20, timeout=10)
+            runner.gate.clear()
+            await wait_until(lambda: runner.at_gate, timeout=10)  # quiescent
+            now = engine.snapshot()
+            shown = await page_shows(page, lambda shown: shown["step"] == now.step)
+            assert shown["scheduler"] == "fcfs" and len(shown["slots"]) == SLOTS
+            assert [s["id"] for s in shown["slots"]] == [s and s.request_id for s in now.slots]
+            assert {s["id"] for s in shown["slots"]} == {r.request_id for r in engine.core.running}
+            assert [s["phase"] for s in shown["slots"]] == [s.phase for s in now.slots]
+            assert shown["queue"] == [r.request_id for r in engine.core.waiting]
+            assert shown["running"] == str(SLOTS)
+            shot = os.environ.get("AIOSERVE_DASHBOARD_SCREENSHOT")
+            if shot:
+                await page.screenshot(path=shot, full_page=True)
+            for task in load:
+                task.cancel()
+            runner.gate.set()
+            await asyncio.gather(*load, return_exceptions=True)
+            await wait_until(lambda: idle(engine), timeout=10)
+            shown = await page_shows(page, lambda shown: shown["running"] == "0")
+            assert all(s["id"] is None and s["phase"] == "free" for s in shown["slots"])
+            assert shown["queue"] == [] and shown["step"] == engine.snapshot().step
+        finally:
+            await browser.close()
