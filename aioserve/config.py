@@ -23,6 +23,9 @@ class EngineConfig:
         kv_cache_memory_bytes: memory budget for the KV cache in bytes, used when
             ``num_kv_blocks`` is None. The cache never holds more blocks than
             ``max_num_seqs * max_model_len`` tokens need.
+        kv_cache_memory_fraction: when set (0 < f <= 1), the KV budget is this fraction
+            of the device's free memory when the engine starts (GPU: free device
+            memory; CPU: available RAM), instead of ``kv_cache_memory_bytes``.
         max_model_len: context length in tokens; ``None`` reads the model config.
         dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), ``"float32"``,
             ``"bfloat16"`` or ``"float16"``.
@@ -41,6 +44,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int = 4 * 1024**3
+    kv_cache_memory_fraction: float | None = None
     max_model_len: int | None = None
     dtype: str = "auto"
     device: str = "auto"
@@ -60,6 +64,10 @@ class EngineConfig:
         for name, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        fraction = self.kv_cache_memory_fraction
+        if fraction is not None and not 0 < fraction <= 1:
+            raise ValueError(
+                f"EngineConfig.kv_cache_memory_fraction must be in (0, 1], got {fraction!r}")
         if not self.model:
             raise ValueError("EngineConfig.model must name a model directory or hub id")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from aioserve.config import EngineConfig
+from aioserve.memory_size import parse_memory
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +16,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=32, help="slots (default 32)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks")
+    parser.add_argument("--num-kv-blocks", type=int, default=None,
+                        help="KV cache size in blocks (overrides --kv-cache-memory)")
+    parser.add_argument("--kv-cache-memory", default="4GiB", metavar="SIZE",
+                        help="KV cache budget: a size (2GiB, 512MiB) or a fraction of free "
+                        "memory (0.9 or 90%%; GPU: free device memory). Default 4GiB; never "
+                        "more blocks than max-num-seqs x max-model-len need")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
@@ -28,8 +34,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     """EngineConfig from parsed engine options.
 
     Raises:
-        ValueError: an option is out of range.
+        ValueError: an option is out of range (the message names it).
     """
+    try:
+        budget = parse_memory(args.kv_cache_memory)
+    except ValueError as exc:
+        raise ValueError(f"--kv-cache-memory: {exc}") from None
     return EngineConfig(
         model=args.model,
         tokenizer=args.tokenizer,
@@ -38,6 +48,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_bytes=budget.bytes or EngineConfig.kv_cache_memory_bytes,
+        kv_cache_memory_fraction=budget.fraction,
         max_model_len=args.max_model_len,
         dtype=args.dtype,
         device=args.device,

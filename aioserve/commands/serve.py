@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from aiohttp import web
 
 from aioserve.commands.common import add_engine_options, engine_config
 from aioserve.server import ServerConfig, create_app
+from aioserve.server.operator_log import StatsLogger, startup_summary
+from aioserve.server.state import ENGINE_KEY
 
 logger = logging.getLogger("aioserve.serve")
 
@@ -37,6 +40,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="seconds a websocket may not read before its requests are aborted")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    parser.add_argument("--api-key", default=os.environ.get("AIOSERVE_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1/* and the "
+                        "websockets (default: $AIOSERVE_API_KEY; /health, /metrics open)")
+    parser.add_argument("--allowed-origins", default="", metavar="ORIGINS",
+                        help="comma-separated origins browsers may call from (CORS), "
+                        "or '*' for any (default: none)")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"], help="stderr log level")
+    parser.add_argument("--stats-log-interval", type=float, default=10.0, metavar="SECONDS",
+                        help="a stats line at most this often while busy (0: never)")
     return parser
 
 
@@ -58,6 +71,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_body_bytes=args.max_body_bytes,
         ws_max_pending=args.ws_max_pending,
         ws_stall_timeout=args.ws_stall_timeout,
+        api_key=args.api_key or None,
+        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
     )
 
 
@@ -94,10 +109,36 @@ async def serve(
     logger.info("stopped")
 
 
+def add_operator_log(app: web.Application, stats_interval: float) -> None:
+    """Log the start-up summary once the engine runs, and a stats line at most every
+    ``stats_interval`` seconds while it works (0: none)."""
+    engine = app[ENGINE_KEY]
+    stats = StatsLogger(engine, stats_interval) if stats_interval > 0 else None
+
+    async def on_startup(app: web.Application) -> None:
+        logger.info("engine ready:\n%s", startup_summary(engine))
+        if stats is not None:
+            stats.attach()
+
+    async def on_cleanup(app: web.Application) -> None:
+        if stats is not None:
+            stats.detach()
+
+    app.on_startup.append(on_startup)  # after the engine's start (cleanup_ctx runs first)
+    app.on_cleanup.insert(0, on_cleanup)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully; exit status 0."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    """Serve until SIGINT/SIGTERM, then shut down gracefully; exit status 0.
+
+    Raises:
+        ValueError: an option is out of range (the message names it).
+    """
+    if args.stats_log_interval < 0:
+        raise ValueError(f"--stats-log-interval must be >= 0, got {args.stats_log_interval}")
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(engine_config(args), server_config(args))
+    add_operator_log(app, args.stats_log_interval)
     asyncio.run(serve(app, args.host, args.port, args.shutdown_timeout))
     return 0

@@ -42,6 +42,14 @@ def eos_token_ids(model_path: str, generation_config: GenerationConfig | None) -
     return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
 
+def free_memory_bytes(device: torch.device) -> int:
+    """Free memory of ``device`` in bytes: the GPU's free memory, or the RAM available
+    to new allocations on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 class TorchRunner:
     """Runs a transformers causal LM over packed batches with a paged KV cache.
 
@@ -80,6 +88,7 @@ class TorchRunner:
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size
+        self.kv_block_bytes = self.kv_bytes_per_block(text_config)
         self.num_kv_blocks = self._num_blocks(config, text_config)
         self.kv_caches = self._allocate_cache(text_config)
         self.sampler = Sampler(self.device, config.seed)
@@ -121,7 +130,10 @@ class TorchRunner:
     def _num_blocks(self, config: EngineConfig, text_config: object) -> int:
         if config.num_kv_blocks is not None:
             return config.num_kv_blocks
-        by_memory = config.kv_cache_memory_bytes // self.kv_bytes_per_block(text_config)
+        budget = config.kv_cache_memory_bytes
+        if config.kv_cache_memory_fraction is not None:
+            budget = int(free_memory_bytes(self.device) * config.kv_cache_memory_fraction)
+        by_memory = budget // self.kv_bytes_per_block(text_config)
         by_need = -(-config.max_num_seqs * self.max_model_len // self.block_size)
         blocks = min(by_memory, by_need)
         if blocks <= 0:

@@ -18,7 +18,7 @@ from aiohttp import web
 from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
 from aioserve.engine import AsyncEngine
-from aioserve.server import openapi, stats_feed, websocket
+from aioserve.server import access, openapi, stats_feed, websocket
 from aioserve.server.errors import error_middleware
 from aioserve.server.metrics import ServerMetrics
 from aioserve.server.openai_chat import create_chat_completion
@@ -83,7 +83,10 @@ def create_app(
     config = config or ServerConfig()
     if client_max_size is not None:
         config = dataclasses.replace(config, max_body_bytes=client_max_size)
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
+    middlewares = [error_middleware]
+    if config.api_key is not None:
+        middlewares.append(access.api_key_middleware(config.api_key))
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[ENGINE_KEY] = engine
     app[CONFIG_KEY] = config
     app[_STARTED_KEY] = time.time()
@@ -115,4 +118,6 @@ def create_app(
     app.router.add_get("/ws/stats", stats_feed.handle)
     app.router.add_get("/", dashboard)
     app.router.add_get("/dashboard", dashboard)
+    if config.allowed_origins:
+        access.enable_cors(app, config.allowed_origins)
     return app

@@ -87,7 +87,8 @@ class ChatTemplate:
             raise RequestFieldError(
                 "messages",
                 "this model has no chat template; start the server with --chat-template "
-                "FILE, or use /v1/completions",
+                "FILE (examples/chat_template.jinja in the aioserve repository is one to "
+                "start from), or use /v1/completions",
             )
         from jinja2 import TemplateError
 

@@ -28,6 +28,10 @@ class ServerConfig:
             sending waits for the client.
         stats_interval: least seconds between two dashboard frames on ``/ws/stats``
             (0.1: at most 10 a second; 0: every engine step).
+        api_key: when set, ``/v1/*`` and the websockets need ``Authorization: Bearer
+            <api_key>`` (see :mod:`aioserve.server.access`).
+        allowed_origins: origins browsers may call the API from (CORS); ``"*"``: any;
+            empty: no CORS headers.
     """
 
     served_model_name: str | None = None
@@ -37,6 +41,8 @@ class ServerConfig:
     ws_stall_timeout: float = 5.0
     ws_send_buffer_bytes: int = 64 * 1024
     stats_interval: float = 0.1
+    api_key: str | None = None
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
@@ -45,6 +51,8 @@ class ServerConfig:
             raise ValueError(f"ws_max_pending must be >= 1, got {self.ws_max_pending}")
         if not self.ws_stall_timeout > 0:
             raise ValueError(f"ws_stall_timeout must be > 0, got {self.ws_stall_timeout}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty or blank")
         if not self.stats_interval >= 0:
             raise ValueError(f"stats_interval must be >= 0 seconds, got {self.stats_interval}")
         if self.ws_send_buffer_bytes < 1024:

@@ -1,0 +1,98 @@
+"""What ``aioserve serve`` tells its operator on stderr: a start-up summary of the
+engine, and a one-line stats log at most every ``interval`` seconds while it works
+(as vLLM's ``Avg generation throughput: ...`` lines)."""
+
+from __future__ import annotations
+
+import logging
+
+from aioserve.engine import AsyncEngine
+from aioserve.errors import EngineNotRunningError
+from aioserve.memory_size import format_bytes
+from aioserve.request import Request
+from aioserve.step_snapshot import StepSnapshot, scheduler_name
+
+logger = logging.getLogger("aioserve.serve")
+
+
+def startup_summary(engine: AsyncEngine) -> str:
+    """One line per setting of a started engine: model, device, dtype, context length,
+    slots, KV blocks and their memory, scheduler and threads.
+
+    Raises:
+        EngineNotRunningError: the engine has not started.
+    """
+    core = engine.core
+    if core is None or not engine.is_running:
+        raise EngineNotRunningError("start the engine before summarising it")
+    runner, config = engine.runner, engine.config
+    blocks, block_size = core.blocks.num_blocks, core.blocks.block_size
+    block_bytes = getattr(runner, "kv_block_bytes", None)
+    memory = f", {format_bytes(blocks * block_bytes)}" if block_bytes else ""
+    budget = (f"{config.kv_cache_memory_fraction:.0%} of free memory"
+              if config.kv_cache_memory_fraction is not None
+              else format_bytes(config.kv_cache_memory_bytes))
+    if config.num_kv_blocks is not None:
+        budget = "--num-kv-blocks"
+    parts = getattr(runner, "step_parts", 1)
+    threads = getattr(runner, "num_threads", None)
+    rows = (
+        ("model", config.model),
+        ("device", str(getattr(runner, "device", "n/a"))),
+        ("dtype", str(getattr(runner, "dtype", "n/a")).removeprefix("torch.")),
+        ("context length", f"{core.max_model_len} tokens"),
+        ("slots", f"{core.max_num_seqs} (max_num_seqs), "
+                  f"{core.max_num_batched_tokens} tokens per step"),
+        ("KV cache", f"{blocks} blocks x {block_size} tokens = {blocks * block_size} tokens"
+                     f"{memory} (budget: {budget})"),
+        ("scheduler", scheduler_name(core.scheduler)),
+        ("threads", f"{parts} step part(s) x "
+                    f"{threads if threads is not None else 'torch default'} thread(s)"),
+    )
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+class StatsLogger:
+    """An engine listener logging ``running, waiting, KV %, tokens/s`` at most once per
+    ``interval`` seconds, and only while the engine steps (silent when idle).
+
+    Args:
+        engine: the engine to watch.
+        interval: least seconds between two lines.
+    """
+
+    def __init__(self, engine: AsyncEngine, interval: float = 10.0) -> None:
+        self.engine = engine
+        self.interval = interval
+        self._last: StepSnapshot | None = None
+
+    def attach(self) -> None:
+        """Start logging."""
+        self.engine.add_listener(self, step_interval=self.interval)
+
+    def detach(self) -> None:
+        """Stop logging."""
+        self.engine.remove_listener(self)
+
+    def on_step(self, snapshot: StepSnapshot) -> None:
+        """Engine listener: log a line when ``interval`` has passed since the last."""
+        last = self._last
+        if last is not None and snapshot.time - last.time < self.interval:
+            return  # the engine's unthrottled idle snapshot
+        if last is None or snapshot.step == last.step:
+            self._last = snapshot
+            return
+        seconds = snapshot.time - last.time
+        rate = (snapshot.num_generated_tokens - last.num_generated_tokens) / seconds
+        running = sum(s is not None for s in snapshot.slots)
+        kv = snapshot.kv_used_blocks / snapshot.kv_total_blocks
+        logger.info(
+            "running: %d reqs, waiting: %d reqs, KV cache: %.1f%%, generation: %.1f tokens/s "
+            "(last %.1f s: %d steps, %d preemptions)", running, snapshot.num_waiting, 100 * kv,
+            rate, seconds, snapshot.step - last.step,
+            snapshot.num_preemptions - last.num_preemptions)
+        self._last = snapshot
+
+    def on_finish(self, request: Request) -> None:
+        """Unused."""
