@@ -95,8 +95,9 @@ class StepSnapshot:
     num_generated_tokens: int
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict; slots and waiting entries are compact lists:
-        ``[id, phase, prompt, output, computed, max_tokens, blocks, preemptions]``."""
+        """A JSON-ready dict; slots are compact lists ``[id, phase, prompt, output,
+        computed, max_tokens, blocks, preemptions]`` (None: free), waiting requests
+        ``[id, preemptions]``."""
 
         def row(s: SlotState) -> list[Any]:
             return [s.request_id, s.phase, s.num_prompt_tokens, s.num_output_tokens,
@@ -105,7 +106,8 @@ class StepSnapshot:
         return {
             "step": self.step, "time": round(self.time, 6), "scheduler": self.scheduler,
             "slots": [None if s is None else row(s) for s in self.slots],
-            "waiting": [row(s) for s in self.waiting], "num_waiting": self.num_waiting,
+            "waiting": [[s.request_id, s.num_preemptions] for s in self.waiting],
+            "num_waiting": self.num_waiting,
             "kv_used_blocks": self.kv_used_blocks, "kv_total_blocks": self.kv_total_blocks,
             "block_size": self.block_size, "num_preemptions": self.num_preemptions,
             "num_generated_tokens": self.num_generated_tokens,

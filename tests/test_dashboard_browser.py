@@ -15,9 +15,11 @@ import time
 
 import aiohttp
 import pytest
+import pytest_asyncio
 from server_support import GatedRunner, base_url, idle, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig
+from aioserve.cli import main
 from aioserve.server import ServerConfig
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -55,47 +57,77 @@ async def page_shows(page, ready, timeout: float = 10.0) -> dict:
         await asyncio.sleep(0.02)
 
 
-async def test_dashboard_in_chromium_shows_the_engines_slots(tokenizer):
+@pytest_asyncio.fixture
+async def browser():
+    """Headless Chromium, driven by Playwright."""
     executable = chromium_path()
     playwright_api = pytest.importorskip("playwright.async_api",
                                          reason="pip install playwright (the dev extra)")
+    async with playwright_api.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def test_dashboard_in_chromium_shows_the_engines_slots(tokenizer, browser):
     runner = GatedRunner([300, 301, 302], num_kv_blocks=128, delay=0.005)
     engine = AsyncEngine(EngineConfig(model="scripted", max_num_seqs=SLOTS), runner=runner,
                          tokenizer=tokenizer)
     body = {"model": "scripted", "prompt": "Once upon a time, a little girl",
             "max_tokens": 400, "ignore_eos": True}
     async with serve(engine, ServerConfig(stats_interval=0.0)) as server, \
-            aiohttp.ClientSession() as http, playwright_api.async_playwright() as pw:
+            aiohttp.ClientSession() as http:
         url = base_url(server)
-        browser = await pw.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
-        try:
-            page = await browser.new_page(viewport={"width": 1200, "height": 640})
-            await page.goto(url + "/")
-            await page.wait_for_selector("body[data-connected=true]", timeout=10_000)
-            load = [asyncio.create_task(http.post(url + "/v1/completions", json=body))
-                    for _ in range(SLOTS + 3)]
-            await wait_until(lambda: engine.stats()["num_waiting"] == 3, timeout=10)
-            await wait_until(lambda: engine.core.step_count >= 20, timeout=10)
-            runner.gate.clear()
-            await wait_until(lambda: runner.at_gate, timeout=10)  # quiescent
-            now = engine.snapshot()
-            shown = await page_shows(page, lambda shown: shown["step"] == now.step)
-            assert shown["scheduler"] == "fcfs" and len(shown["slots"]) == SLOTS
-            assert [s["id"] for s in shown["slots"]] == [s and s.request_id for s in now.slots]
-            assert {s["id"] for s in shown["slots"]} == {r.request_id for r in engine.core.running}
-            assert [s["phase"] for s in shown["slots"]] == [s.phase for s in now.slots]
-            assert shown["queue"] == [r.request_id for r in engine.core.waiting]
-            assert shown["running"] == str(SLOTS)
-            shot = os.environ.get("AIOSERVE_DASHBOARD_SCREENSHOT")
-            if shot:
-                await page.screenshot(path=shot, full_page=True)
-            for task in load:
-                task.cancel()
-            runner.gate.set()
-            await asyncio.gather(*load, return_exceptions=True)
-            await wait_until(lambda: idle(engine), timeout=10)
-            shown = await page_shows(page, lambda shown: shown["running"] == "0")
-            assert all(s["id"] is None and s["phase"] == "free" for s in shown["slots"])
-            assert shown["queue"] == [] and shown["step"] == engine.snapshot().step
-        finally:
-            await browser.close()
+        page = await browser.new_page(viewport={"width": 1200, "height": 640})
+        await page.goto(url + "/")
+        await page.wait_for_selector("body[data-connected=true]", timeout=10_000)
+        load = [asyncio.create_task(http.post(url + "/v1/completions", json=body))
+                for _ in range(SLOTS + 3)]
+        await wait_until(lambda: engine.stats()["num_waiting"] == 3, timeout=10)
+        await wait_until(lambda: engine.core.step_count >= 20, timeout=10)
+        runner.gate.clear()
+        await wait_until(lambda: runner.at_gate, timeout=10)  # quiescent
+        now = engine.snapshot()
+        shown = await page_shows(page, lambda shown: shown["step"] == now.step)
+        assert shown["scheduler"] == "fcfs" and len(shown["slots"]) == SLOTS
+        assert [s["id"] for s in shown["slots"]] == [s and s.request_id for s in now.slots]
+        assert {s["id"] for s in shown["slots"]} == {r.request_id for r in engine.core.running}
+        assert [s["phase"] for s in shown["slots"]] == [s.phase for s in now.slots]
+        assert shown["queue"] == [r.request_id for r in engine.core.waiting]
+        assert shown["running"] == str(SLOTS)
+        shot = os.environ.get("AIOSERVE_DASHBOARD_SCREENSHOT")
+        if shot:
+            await page.screenshot(path=shot, full_page=True)
+        for task in load:
+            task.cancel()
+        runner.gate.set()
+        await asyncio.gather(*load, return_exceptions=True)
+        await wait_until(lambda: idle(engine), timeout=10)
+        shown = await page_shows(page, lambda shown: shown["running"] == "0")
+        assert all(s["id"] is None and s["phase"] == "free" for s in shown["slots"])
+        assert shown["queue"] == [] and shown["step"] == engine.snapshot().step
+
+
+async def test_simulate_html_replays_and_switches_policy_in_chromium(tmp_path, browser):
+    path = tmp_path / "report.html"
+    argv = ["simulate", "--scheduler", "fcfs,spf", "--workload", "article-mix",
+            "--kv-blocks", "12", "--html", str(path)]
+    assert await asyncio.to_thread(main, argv) == 0  # main runs its own event loop
+    page = await browser.new_page(viewport={"width": 1200, "height": 640})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    await page.goto(path.as_uri())
+    shown = await page_shows(page, lambda shown: shown["step"] == 1)
+    assert shown["scheduler"] == "fcfs" and len(shown["slots"]) == 4
+    assert all(s["id"] for s in shown["slots"])  # the article's burst fills every slot
+    last = int(await page.get_attribute("#slider", "max"))
+    await page.evaluate("""(v) => { const s = document.getElementById('slider');
+        s.value = v; s.dispatchEvent(new Event('input')); }""", str(last))
+    shown = await page_shows(page, lambda shown: shown["step"] == last + 1)
+    assert all(s["phase"] == "free" for s in shown["slots"])
+    await page.select_option("#policy", "spf")
+    shown = await page_shows(page, lambda shown: shown["scheduler"] == "spf")
+    assert await page.evaluate("document.body.dataset.policy") == "spf"
+    assert errors == []

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from aioserve.sim.replay import FrameRecorder, write_html
 from aioserve.sim.report import format_report, summarize
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
 from aioserve.sim.workloads import load_workload
@@ -81,6 +82,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="FILE.png",
         help="slot timeline per scheduler, plus a latency CDF for several",
     )
+    parser.add_argument(
+        "--html",
+        default=None,
+        metavar="FILE.html",
+        help="a self-contained page replaying each run's slots step by step "
+        "(time slider; a policy selector when comparing several)",
+    )
     return parser
 
 
@@ -104,10 +112,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--scheduler: give at least one policy")
     results: list[SimResult] = []
     summaries: list[dict[str, Any]] = []
+    recorders: dict[str, FrameRecorder] = {}
     for name in names:
-        result = asyncio.run(simulate(workload, name, config))
+        recorder = FrameRecorder(f"simulated: {args.workload}") if args.html else None
+        result = asyncio.run(simulate(workload, name, config, listener=recorder))
         results.append(result)
         summaries.append(summarize(result, args.workload))
+        if recorder is not None:
+            recorders[result.scheduler] = recorder
+    if args.html:
+        title = f"aioserve simulate: {args.workload}"
+        print(f"html: {write_html(recorders, args.html, title)}", file=sys.stderr)
     if args.plot:
         from aioserve.sim.plots import plot
 

@@ -26,8 +26,10 @@ def live_page(title: str = "aioserve dashboard") -> str:
     return _page(title, "AIOSERVE.live();")
 
 
-def replay_page(frames: list[dict[str, Any]], title: str = "aioserve simulation") -> str:
-    """A self-contained page replaying ``frames`` (see :class:`FrameMaker`) with a time
-    slider."""
-    data = json.dumps(frames, separators=(",", ":")).replace("</", "<\\/")
+def replay_page(runs: dict[str, list[dict[str, Any]]],
+                title: str = "aioserve simulation") -> str:
+    """A self-contained page replaying recorded frames (see :class:`FrameMaker`) with a
+    time slider; ``runs`` maps a policy name to its frames, and the page switches
+    between policies at the same moment of virtual time."""
+    data = json.dumps(runs, separators=(",", ":")).replace("</", "<\\/")
     return _page(title, f"AIOSERVE.replay({data});")

@@ -60,7 +60,7 @@ const AIOSERVE = (() => {
   function drawQueue(frame) {
     const box = $("queue");
     box.innerHTML = "";
-    for (const [id, , , , , , , preempted] of frame.waiting) {
+    for (const [id, preempted] of frame.waiting) {
       const chip = document.createElement("span");
       chip.className = "queued" + (preempted > 0 ? " was-preempted" : "");
       chip.dataset.requestId = id; chip.style.background = colour(id);
@@ -132,28 +132,47 @@ const AIOSERVE = (() => {
     ws.onclose = () => { setStatus(false, "disconnected, retrying…"); setTimeout(live, 1000); };
   }
 
-  function replay(frames) {
+  // runs: {policy name: [frame, ...]}; the slider moves through the chosen policy's
+  // steps, and switching policy keeps the moment of virtual time.
+  function replay(runs) {
     document.body.classList.add("replay");
-    setStatus(true, `replay of ${frames.length} steps`);
-    const slider = $("slider");
-    let timer = null;
-    slider.max = String(Math.max(0, frames.length - 1));
+    const names = Object.keys(runs);
+    const slider = $("slider"), select = $("policy");
+    let frames = runs[names[0]] || [], timer = null;
+    for (const name of names) select.add(new Option(`${name} (${runs[name].length} steps)`, name));
     const show = (i) => {
       const frame = frames[i];
-      $("clock").textContent = `${frame.time.toFixed(3)} s`;
+      if (!frame) return;
+      document.body.dataset.policy = select.value;
+      $("clock").textContent = `t = ${frame.time.toFixed(3)} s`;
       render(frame);
     };
+    const choose = (name) => {
+      const time = frames.length ? frames[Number(slider.value)].time : 0;
+      frames = runs[name];
+      history.length = 0;
+      slider.max = String(Math.max(0, frames.length - 1));
+      let i = frames.findIndex((f) => f.time >= time);
+      if (i < 0) i = frames.length - 1;
+      slider.value = String(Math.max(0, i));
+      setStatus(true, `replay: ${name}`);
+      show(Number(slider.value));
+    };
+    select.onchange = () => choose(select.value);
     slider.oninput = () => show(Number(slider.value));
     $("play").onclick = () => {
       if (timer) { clearInterval(timer); timer = null; $("play").textContent = "▶ play"; return; }
       $("play").textContent = "❚❚ pause";
       timer = setInterval(() => {
         const next = Number(slider.value) + 1;
-        if (next >= frames.length) { clearInterval(timer); timer = null; return; }
+        if (next >= frames.length) {
+          clearInterval(timer); timer = null; $("play").textContent = "▶ play"; return;
+        }
         slider.value = String(next); show(next);
       }, 100);
     };
-    if (frames.length) show(0);
+    slider.value = "0";
+    if (names.length) choose(names[0]);
   }
 
   return { render, live, replay };

@@ -25,6 +25,7 @@ from aioserve.sampling_params import SamplingParams
 from aioserve.scheduler_registry import load_scheduler
 from aioserve.scheduling import Scheduler
 from aioserve.sim.workloads import WorkloadRequest
+from aioserve.step_snapshot import EngineListener, SnapshotBuilder
 
 #: Called after every step with the engine core and the batch it ran.
 StepHook = Callable[[EngineCore, ScheduledBatch], None]
@@ -153,6 +154,7 @@ async def simulate(
     scheduler: str | Scheduler,
     config: SimConfig | None = None,
     on_step: StepHook | None = None,
+    listener: EngineListener | None = None,
 ) -> SimResult:
     """Run ``workload`` to completion under ``scheduler`` on a virtual clock.
 
@@ -161,6 +163,8 @@ async def simulate(
         scheduler: a registered name, ``"package.module:Class"`` or an instance.
         config: the simulated engine (default ``SimConfig()``).
         on_step: called after every step (for invariant checks).
+        listener: gets a snapshot after every step and every finished request, as an
+            :meth:`AsyncEngine.add_listener` listener does (e.g. ``simulate --html``).
 
     Raises:
         ValueError: unknown scheduler.
@@ -171,7 +175,14 @@ async def simulate(
     name = scheduler if isinstance(scheduler, str) else (policy.name or type(policy).__name__)
     core, runner = _make_core(workload, policy, config)
     result = SimResult(name, config, list(workload), core, runner)
-    core.on_finish = lambda request: result.finished.__setitem__(request.request_id, request)
+    snapshots = SnapshotBuilder(core) if listener is not None else None
+
+    def finished(request: Request) -> None:
+        result.finished[request.request_id] = request
+        if listener is not None:
+            listener.on_finish(request)
+
+    core.on_finish = finished
     pending = deque(sorted(workload, key=lambda r: (r.arrival_ns, r.after_start)))
     stalls = 0
     while pending or core.has_work:
@@ -196,10 +207,13 @@ async def simulate(
             continue
         stalls = 0
         output = await runner.step(batch)
-        core.update(batch, output)
+        sampled = core.update(batch, output)
         result.steps.append(
             StepRecord(start / NS_PER_S, runner.clock(), tuple(batch.request_ids), batch.num_tokens)
         )
         if on_step is not None:
             on_step(core, batch)
+        if snapshots is not None and listener is not None:
+            snapshots.count_tokens(len(sampled))
+            listener.on_step(snapshots.build())
     return result
