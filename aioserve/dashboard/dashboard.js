@@ -48,12 +48,13 @@ const AIOSERVE = (() => {
     info.innerHTML = "";
     const tag = document.createElement("span");
     tag.className = `phase ${phase}`; tag.textContent = phase;
-    info.append(tag, `${short(id)}  out ${output}/${maxTokens}  kv ${blocks}b `);
+    info.append(tag, `out ${output}/${maxTokens}  kv ${blocks}b `);
     if (preempted > 0) {
       const mark = document.createElement("span");
-      mark.className = "preempted"; mark.textContent = `⟲${preempted}`;
+      mark.className = "preempted"; mark.textContent = `⟲${preempted} `;
       info.append(mark);
     }
+    info.append(short(id));
     info.title = id;
   }
 
