@@ -41,34 +41,19 @@ class FairShareScheduler(Scheduler):
         return SchedulerOutput(admit=admit)
 
 
-def _demo() -> None:
-    """Run alone: compare this policy with FCFS on a simulated two-tenant burst (no
-    model needed) and print each tenant's mean latency."""
+
+if __name__ == "__main__":  # run alone: this policy beside FCFS on a simulated burst
     import asyncio
-    from statistics import mean
 
     from aioserve.sim.simulator import SimConfig, simulate
     from aioserve.sim.workloads import WorkloadRequest
 
-    # alice floods the queue at t=0; bob's three requests arrive 10 ms later.
-    workload = [WorkloadRequest(f"alice-{i}", 0.0, 8, 20) for i in range(12)]
-    workload += [WorkloadRequest(f"bob-{i}", 0.01, 8, 20) for i in range(3)]
-    config = SimConfig(slots=4, step_ms=50.0)
-    print("4 slots, 50 ms steps; alice sends 12 requests at t=0, bob 3 at t=10 ms "
-          "(20 output tokens each)\n")
-    print(f"{'policy':<12} {'alice mean latency':>20} {'bob mean latency':>18}")
+    burst = [WorkloadRequest(f"alice-{i}", 0.0, 8, 20) for i in range(12)]
+    burst += [WorkloadRequest(f"bob-{i}", 0.01, 8, 20) for i in range(3)]
+    print("alice sends 12 requests at t=0, bob 3 at t=10 ms; 4 slots, 50 ms steps")
     for policy in ("fcfs", FairShareScheduler()):
-        result = asyncio.run(simulate(workload, policy, config))
-        latency: dict[str, list[float]] = {}
-        for request in result.finished.values():
-            m = request.metrics
-            assert m.finished_time is not None
-            latency.setdefault(tenant(request), []).append(m.finished_time - m.arrival_time)
-        print(f"{result.scheduler:<12} {mean(latency['alice']):>18.2f} s "
-              f"{mean(latency['bob']):>16.2f} s")
-    print("\nServe with it: aioserve serve --model MODEL "
-          "--scheduler custom_scheduler:FairShareScheduler  (this directory on PYTHONPATH)")
-
-
-if __name__ == "__main__":
-    _demo()
+        result = asyncio.run(simulate(burst, policy, SimConfig(slots=4)))
+        for who in ("alice", "bob"):
+            ends = [r.metrics.finished_time - r.arrival_time for r in result.finished.values()
+                    if tenant(r) == who]
+            print(f"{result.scheduler:>10} {who:>5}: mean latency {sum(ends) / len(ends):.2f} s")

@@ -130,7 +130,10 @@ const AIOSERVE = (() => {
       const frame = JSON.parse(event.data);
       if (frame.type === "frame") render(frame);
     };
-    ws.onclose = () => { setStatus(false, "disconnected, retrying…"); setTimeout(live, 1000); };
+    ws.onclose = () => {  // a server started with --api-key needs /?api_key=KEY
+      setStatus(false, key ? "disconnected, retrying…" : "disconnected (API key? open /?api_key=KEY), retrying…");
+      setTimeout(live, 1000);
+    };
   }
 
   // runs: {policy name: [frame, ...]}; the slider moves through the chosen policy's
