@@ -178,8 +178,8 @@ class AsyncEngine:
         now = builder.core.clock()
         snapshot = None
         for listener, (interval, due) in list(self._step_listeners.items()):
-            if now < due and not force:
-                continue
+            if (now < due and not force) or listener not in self._step_listeners:
+                continue  # not due, or removed by an earlier listener just now
             snapshot = snapshot or builder.build()
             self._step_listeners[listener] = (interval, now + interval)
             try:

@@ -4,6 +4,7 @@ server on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 from server_support import GatedRunner, base_url, idle, serve, wait_until
@@ -12,7 +13,7 @@ from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.runners.scripted import ScriptedRunner
 from aioserve.runners.simulated import SimulatedRunner
 from aioserve.server import ServerConfig
-from aioserve.server.stats_feed import STATS_FEED_KEY
+from aioserve.server.stats_feed import STATS_FEED_KEY, StatsFeed
 
 LOAD = {"model": "scripted", "prompt": "Once upon a time", "max_tokens": 400,
         "ignore_eos": True}
@@ -152,3 +153,18 @@ async def test_dashboard_page_is_served(tokenizer):
                 assert response.content_type == "text/html"
                 page = await response.text()
                 assert "AIOSERVE.live()" in page and 'id="slots"' in page
+
+
+async def test_the_feed_sends_at_most_ten_frames_a_second_of_engine_time():
+    engine = AsyncEngine(EngineConfig(model="sim", max_num_seqs=4),
+                         runner=SimulatedRunner(step_ms=20.0))
+    feed = StatsFeed(engine, "sim", queue_size=10_000)  # default interval: 0.1 s
+    async with engine:
+        feed.attach()
+        frames = feed.subscribe()
+        await run_requests(engine, 6, 40)
+        await wait_until(lambda: idle(engine))
+    times = [json.loads(frames.get_nowait())["time"] for _ in range(frames.qsize())]
+    first, *ticks, idle_time = times  # the frame on subscribing, then ticks, then idle
+    assert len(ticks) >= 5 and idle_time >= ticks[-1]
+    assert all(b - a >= 0.1 - 1e-9 for a, b in zip(ticks, ticks[1:]))
