@@ -81,8 +81,10 @@ async def test_dashboard_in_chromium_shows_the_engines_slots(tokenizer, browser)
             aiohttp.ClientSession() as http:
         url = base_url(server)
         page = await browser.new_page(viewport={"width": 1200, "height": 640})
-        await page.goto(url + "/")
-        await page.wait_for_selector("body[data-connected=true]", timeout=10_000)
+        other = await browser.new_page()  # a second viewer of the same server
+        for viewer in (page, other):
+            await viewer.goto(url + "/dashboard")
+            await viewer.wait_for_selector("body[data-connected=true]", timeout=10_000)
         load = [asyncio.create_task(http.post(url + "/v1/completions", json=body))
                 for _ in range(SLOTS + 3)]
         await wait_until(lambda: engine.stats()["num_waiting"] == 3, timeout=10)
@@ -91,6 +93,7 @@ async def test_dashboard_in_chromium_shows_the_engines_slots(tokenizer, browser)
         await wait_until(lambda: runner.at_gate, timeout=10)  # quiescent
         now = engine.snapshot()
         shown = await page_shows(page, lambda shown: shown["step"] == now.step)
+        assert await page_shows(other, lambda shown: shown["step"] == now.step) == shown
         assert shown["scheduler"] == "fcfs" and len(shown["slots"]) == SLOTS
         assert [s["id"] for s in shown["slots"]] == [s and s.request_id for s in now.slots]
         assert {s["id"] for s in shown["slots"]} == {r.request_id for r in engine.core.running}

@@ -188,3 +188,14 @@ async def test_custom_scheduler_example_run_alone_compares_policies():
     for policy in ("fcfs", "fair_share"):
         for who in ("alice", "bob"):
             assert re.search(rf"^\s*{policy}\s+{who}: mean latency [\d.]+ s$", text, re.M), text
+
+
+def test_kv_cache_memory_budget_sets_the_block_count(model_dir):
+    from aioserve.runners.torch_runner import TorchRunner, free_memory_bytes
+
+    runner = TorchRunner(EngineConfig(model=model_dir, kv_cache_memory_bytes=1 << 20))
+    try:
+        assert runner.num_kv_blocks == (1 << 20) // runner.kv_block_bytes
+    finally:
+        runner.close()
+    assert free_memory_bytes(runner.device) > 0
