@@ -46,9 +46,9 @@ class RequestStream:
         request = self.request
         finished = request.is_finished
         if finished:
-            self.closed = True
             if self.detokenizer is not None and request.finish_reason is not None:
-                text += self.detokenizer.finish()
+                text += self.detokenizer.finish()  # may raise: the stream stays open
+            self.closed = True
         self.queue.put_nowait(
             RequestOutput(
                 request_id=request.request_id,

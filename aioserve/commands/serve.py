@@ -15,6 +15,7 @@ from aiohttp import web
 
 from aioserve.commands.common import add_engine_options, engine_config
 from aioserve.server import ServerConfig, create_app
+from aioserve.server.state import ENGINE_KEY
 
 logger = logging.getLogger("aioserve.serve")
 
@@ -61,15 +62,34 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
+#: Seconds handlers get to write their last event after the engine has stopped.
+CLOSE_GRACE = 1.0
+
+
+async def drain(app: web.Application, shutdown_timeout: float) -> None:
+    """Graceful stop of the engine, as vLLM and TGI do on SIGTERM: admit nothing more
+    (new requests get 503, ``/health`` 503), end queued requests that never started
+    with an error, let running ones finish for up to ``shutdown_timeout`` seconds,
+    then stop the engine, which ends every remaining stream with an error event (SSE
+    ``data: {"error": ...}``, websocket ``error``)."""
+    engine = app[ENGINE_KEY]
+    if not engine.is_running:
+        return
+    engine.drain()
+    if not await engine.wait_idle(shutdown_timeout):
+        logger.warning("shutdown timeout: ending the requests still running with an error")
+    await engine.shutdown()
+
+
 async def serve(
     app: web.Application, host: str, port: int, shutdown_timeout: float,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM, then stop accepting connections, give
-    in-flight requests ``shutdown_timeout`` seconds, close websockets, abort what is
-    left and stop the engine. Prints ``listening on http://HOST:PORT`` once ready (and
-    passes that URL to ``on_ready``)."""
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    """Serve ``app`` until SIGINT or SIGTERM, then :func:`drain` the engine (in-flight
+    requests get ``shutdown_timeout`` seconds), stop listening, close websockets and
+    exit, in at most ``shutdown_timeout`` + about 2 seconds. Prints ``listening on
+    http://HOST:PORT`` once ready (and passes that URL to ``on_ready``)."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=CLOSE_GRACE)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # before the model loads: a stop while
@@ -86,7 +106,9 @@ async def serve(
             if on_ready is not None:
                 on_ready(url)
         await stop.wait()
-        logger.info("shutting down: no new connections, finishing in-flight requests")
+        logger.info("shutting down: admitting nothing, finishing in-flight requests "
+                    "(at most %.1f s)", shutdown_timeout)
+        await drain(app, shutdown_timeout)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
