@@ -16,26 +16,29 @@ from aioserve.config import EngineConfig
 def _workload_options(parser: argparse.ArgumentParser, prompts: int) -> None:
     parser.add_argument("--num-prompts", type=int, default=prompts, help="requests")
     parser.add_argument("--input-len", type=parse_range, default=(8, 128),
-                        help="prompt tokens LO:HI, uniform, BOS included (default 8:128)")
+                        help="prompt tokens LO:HI, uniform, BOS included")
     parser.add_argument("--output-len", type=parse_range, default=(16, 256),
-                        help="output tokens LO:HI, uniform, EOS ignored (default 16:256)")
+                        help="output tokens LO:HI, uniform, EOS ignored")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _add_throughput(sub: Any) -> None:
     p = sub.add_parser("throughput", help="offline: every request at t=0")
-    p.add_argument("--model", required=True)
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--scheduler", default="fcfs")
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto")
+    p.add_argument("--model", required=True, help="model directory or hub id")
+    p.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
+    p.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="slots")
+    p.add_argument("--max-num-batched-tokens", type=int, default=4096,
+                   help="most tokens in one step")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     _workload_options(p, 64)
     p.add_argument("--compare", choices=["hf-static"], default=None,
                    help="also run transformers generate() static batching")
-    p.add_argument("--hf-batch-size", type=int, default=32)
+    p.add_argument("--hf-batch-size", type=int, default=32,
+                   help="transformers' static batch size (with --compare hf-static)")
     p.add_argument("--runs", type=int, default=1, help="runs per backend; medians reported")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads of each backend: transformers' intra-op threads and "
@@ -43,34 +46,37 @@ def _add_throughput(sub: Any) -> None:
                         "backend's own, every core)")
     p.add_argument("--check", action="store_true",
                    help="compare every output with a solo transformers generate()")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(bench=_throughput)
 
 
 def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="online: Poisson arrivals against a running server")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server to load")
     p.add_argument("--endpoint", choices=["auto", "completions", "ws"], default="auto",
                    help="POST /v1/completions (SSE) or GET /ws; auto probes /v1/models")
-    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--served-model-name", default=None,
+                   help="model name to send (default: the first of /v1/models)")
     p.add_argument("--vocab-size", type=int, default=512, help="prompt ids are < this")
     p.add_argument("--request-rate", type=float, default=math.inf,
-                   help="requests/s, Poisson (default inf: all at once)")
-    p.add_argument("--slo-ttft-ms", type=float, default=math.inf)
-    p.add_argument("--slo-tpot-ms", type=float, default=math.inf)
+                   help="requests/s, Poisson (inf: all at once)")
+    p.add_argument("--slo-ttft-ms", type=float, default=math.inf,
+                   help="TTFT objective in ms, for goodput")
+    p.add_argument("--slo-tpot-ms", type=float, default=math.inf,
+                   help="TPOT objective in ms, for goodput")
     p.add_argument("--plot", default=None, help="save latency plots to this file (PNG)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _workload_options(p, 100)
     p.set_defaults(bench=_serve)
 
 
 def _add_overhead(sub: Any) -> None:
     p = sub.add_parser("overhead", help="step-loop cost per step on a zero-cost runner")
-    p.add_argument("--num-requests", type=int, default=256)
-    p.add_argument("--num-steps", type=int, default=200)
+    p.add_argument("--num-requests", type=int, default=256, help="requests decoding at once")
+    p.add_argument("--num-steps", type=int, default=200, help="steps measured per run")
     p.add_argument("--tokenizer", default=None, help="include detokenization with this tokenizer")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--runs", type=int, default=3, help="runs; the median is reported")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(bench=_overhead)
 
 

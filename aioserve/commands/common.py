@@ -12,15 +12,23 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model directory or hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
     parser.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")
-    parser.add_argument("--max-num-seqs", type=int, default=32, help="slots (default 32)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=32,
+                        help="slots: most requests running at once")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=4096,
+                        help="most tokens (prefill + decode) in one step; longer prompts are "
+                             "prefilled in chunks")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks")
-    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--num-kv-blocks", type=int, default=None,
+                        help="KV cache size in blocks (default: sized from 4 GiB and the slots)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context length in tokens, at most the model's "
+                             "(default: the model's max_position_embeddings)")
     parser.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights and KV cache dtype (auto: float32 on CPU, bfloat16 on CUDA)",
     )
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when present), cpu or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without one")
 
 

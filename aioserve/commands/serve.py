@@ -24,20 +24,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``serve`` command."""
     parser = subparsers.add_parser("serve", help="serve the model over HTTP and websocket")
     add_engine_options(parser)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: the --model path)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-body-bytes", type=int, default=1024**2,
-                        help="largest request body or websocket message (default 1 MiB)")
+                        help="largest request body or websocket message in bytes")
     parser.add_argument("--ws-max-pending", type=int, default=256,
                         help="messages queued per websocket before its generations pause")
     parser.add_argument("--ws-stall-timeout", type=float, default=5.0,
                         help="seconds a websocket may not read before its requests are aborted")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
-                        help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+                        help="seconds running requests get to finish on SIGINT/SIGTERM "
+                             "(new ones get 503 meanwhile; the rest then end with an error)")
     return parser
 
 
