@@ -1,6 +1,8 @@
 """EngineCore: the synchronous heart of the step loop (queues, blocks, batches).
 
-It owns every request's state and the BlockManager. A scheduler plugin only
+It owns every request's state and the BlockManager; with prefix caching on, admission
+starts a request after its longest cached prefix, and ``update()`` offers blocks to
+the cache once they are full of computed tokens. A scheduler plugin only
 decides; ``schedule()`` checks and applies its decision, ``update()`` takes the
 runner's tokens. It never touches the model or the tokenizer, so the same core runs
 on the TorchRunner and on a simulated clock.
@@ -13,9 +15,10 @@ from collections import deque
 from collections.abc import Callable
 
 from aioserve.kv_cache import BlockManager
+from aioserve.prefix_cache import cached_prefix, register_computed
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.scheduling import Scheduler, SchedulerState
+from aioserve.scheduling import PrefixHit, RequestView, Scheduler, SchedulerState
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,8 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.step_count = 0
         self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.on_finish: Callable[[Request], None] | None = None
         self._released: list[str] = []
 
@@ -120,6 +125,7 @@ class EngineCore:
         self.running.remove(request)
         self._free_blocks(request)
         request.num_computed_tokens = 0
+        request.num_registered_blocks = 0
         request.status = RequestStatus.WAITING
         request.metrics.num_preemptions += 1
         self.waiting.appendleft(request)
@@ -137,7 +143,24 @@ class EngineCore:
             max_num_batched_tokens=self.max_num_batched_tokens,
             now=self.clock(),
             step=self.step_count,
+            prefix_hit=self._hit_memo(),
         )
+
+    def _hit_memo(self) -> Callable[[RequestView], PrefixHit]:
+        """A waiting request's cached prefix, looked up once per snapshot."""
+        memo: dict[str, PrefixHit] = {}
+        blocks, requests = self.blocks, self.requests
+
+        def hit(view: RequestView) -> PrefixHit:
+            found = memo.get(view.request_id)
+            request = requests.get(view.request_id)
+            if found is None and request is not None:
+                cached = cached_prefix(blocks, request)
+                held = len(cached) - blocks.num_unused(cached)
+                found = memo[view.request_id] = PrefixHit(len(cached) * blocks.block_size, held)
+            return found or PrefixHit(0, 0)
+
+        return hit
 
     def schedule(self) -> ScheduledBatch | None:
         """Ask the policy, apply its checked decision, and build the next batch
@@ -209,11 +232,9 @@ class EngineCore:
                 continue
             if len(self.running) >= self.max_num_seqs or budget <= 0:
                 break
-            count = min(request.num_tokens - request.num_computed_tokens, budget)
-            blocks = self.blocks.allocate(self.blocks.blocks_for_tokens(count))
-            if blocks is None:
+            if not self._allocate_first(request, budget):
                 break
-            request.block_ids = blocks
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
             self.waiting.remove(request)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -222,6 +243,28 @@ class EngineCore:
                 request.metrics.first_scheduled_step = self.step_count
             scheduled.append((request, count))
             budget -= count
+
+    def _allocate_first(self, request: Request, budget: int) -> bool:
+        """Give a waiting request its cached prefix (shared blocks, counted as
+        computed) and new blocks for its first chunk; False (and nothing taken) when
+        too few blocks are available."""
+        pool = self.blocks
+        cached = cached_prefix(pool, request)
+        start = len(cached) * pool.block_size
+        count = min(request.num_tokens - start, budget)
+        new = pool.blocks_for_tokens(start + count) - len(cached)
+        if new + pool.num_unused(cached) > pool.num_free_blocks:
+            return False
+        pool.share(cached)
+        request.block_ids = cached + (pool.allocate(new) or [])
+        request.num_computed_tokens = start
+        request.num_registered_blocks = len(cached)
+        if request.metrics.first_scheduled_time is None:
+            request.num_cached_tokens = start
+        if pool.enable_caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += start
+        return True
 
     def _build_batch(self, scheduled: list[tuple[Request, int]]) -> ScheduledBatch:
         released, self._released = self._released, []
@@ -250,11 +293,16 @@ class EngineCore:
         results: list[StepResult] = []
         requests, running = self.requests, RequestStatus.RUNNING
         fed, sample, sampled = batch.token_ids, batch.sample, output.token_ids
+        caching = self.blocks.block_size if self.blocks.enable_caching else 0
         for index, request_id in enumerate(batch.request_ids):
             request = requests.get(request_id)
             if request is None or request.status is not running:
                 continue  # aborted while the step ran
             request.num_computed_tokens += len(fed[index])
+            if caching and request.num_computed_tokens >= caching * (
+                request.num_registered_blocks + 1
+            ):  # a block just filled up
+                register_computed(self.blocks, request)
             if not sample[index]:
                 continue
             token = sampled[index]

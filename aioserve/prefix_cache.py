@@ -1,0 +1,78 @@
+"""Block keys of automatic prefix caching: a full block is named by its tokens and
+everything before them.
+
+The design is vLLM's automatic prefix caching (V1 ``KVCacheManager``): a block's key
+chains the hash of its parent block with its own token ids, so equal keys mean equal
+prefixes; only full blocks get a key, so a partially filled block is never shared.
+Like vLLM's ``BlockHashType`` the key also carries the block's token ids, so two
+blocks collide only if their parents' 64-bit hashes collide *and* their tokens match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aioserve.kv_cache import BlockManager
+    from aioserve.request import Request
+
+#: A full block's key: (hash chained over every block up to this one, its token ids).
+BlockKey = tuple[int, tuple[int, ...]]
+
+#: Parent hash of a request's first block.
+ROOT_HASH = 0
+
+
+def block_key(parent: BlockKey | None, tokens: Sequence[int]) -> BlockKey:
+    """The key of a full block of ``tokens`` whose predecessor has key ``parent``
+    (None for a sequence's first block)."""
+    ids = tuple(tokens)
+    return hash((parent[0] if parent is not None else ROOT_HASH, ids)), ids
+
+
+def extend_keys(
+    keys: list[BlockKey],
+    num_blocks: int,
+    block_size: int,
+    tokens_from: Callable[[int, int], Sequence[int]],
+) -> list[BlockKey]:
+    """Extend ``keys`` (a sequence's block keys, in order) in place to its first
+    ``num_blocks`` blocks, hashing only the blocks not keyed yet; returns ``keys``.
+
+    Args:
+        keys: keys already known (a prefix of the sequence's keys).
+        num_blocks: full blocks the sequence has (each ``block_size`` tokens).
+        block_size: tokens per block.
+        tokens_from: ``(start, count)`` to the token ids at those positions.
+    """
+    while len(keys) < num_blocks:
+        start = len(keys) * block_size
+        keys.append(block_key(keys[-1] if keys else None, tokens_from(start, block_size)))
+    return keys
+
+
+def cached_prefix(blocks: BlockManager, request: Request) -> list[int]:
+    """The cached blocks a waiting request can start from: the longest cached prefix
+    of its tokens (prompt, and output after a preemption) in whole blocks, stopping
+    before its last token, which must be computed to sample from. Takes no reference.
+    Empty when caching is off."""
+    if not blocks.enable_caching:
+        return []
+    limit = (request.num_tokens - 1) // blocks.block_size
+    keys = extend_keys(request.block_keys, limit, blocks.block_size, request.token_ids_from)
+    return blocks.match(keys[:limit])
+
+
+def register_computed(blocks: BlockManager, request: Request) -> None:
+    """Offer the request's blocks that are now full of computed tokens (prompt or
+    output) to the cache, each once. Call after ``num_computed_tokens`` grew."""
+    full = request.num_computed_tokens // blocks.block_size
+    done = request.num_registered_blocks
+    if full <= done or not blocks.enable_caching:
+        return
+    keys = extend_keys(request.block_keys, full, blocks.block_size, request.token_ids_from)
+    table = request.block_ids
+    for index in range(done, full):
+        blocks.cache(table[index], keys[index])
+    request.num_registered_blocks = full
