@@ -135,6 +135,15 @@ class AsyncEngine:
             "prefix_cache_hits": core.prefix_cache_hits,
         }
 
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (e.g. between benchmark runs); running requests are
+        unaffected.
+
+        Raises:
+            EngineNotRunningError: the engine is not running.
+        """
+        self._require_core().blocks.reset_cache()
+
     def _require_core(self) -> EngineCore:
         if self.core is None or not self.is_running:
             raise EngineNotRunningError(

@@ -143,6 +143,14 @@ class BlockManager:
             self._block_of[key] = block_id
             self._key_of[block_id] = key
 
+    def reset_cache(self) -> None:
+        """Forget every key (vLLM's ``reset_prefix_cache``): cached unused blocks
+        become free; blocks in use stay with their holders, no longer shareable."""
+        self._free.extend(reversed(self._evictable))
+        self._evictable.clear()
+        self._key_of.clear()
+        self._block_of.clear()
+
     def check_integrity(self, held: list[list[int]] | None = None) -> None:
         """Assert that free, cached-unused and in-use blocks partition the pool, that
         the key maps agree, and that ``held`` (each request's block table) accounts

@@ -206,3 +206,14 @@ async def test_the_simulated_prefill_cost_counts_only_uncached_tokens():
             await run_all(core)
         fed[caching] = core.runner.prefill_tokens  # type: ignore[attr-defined]
     assert fed[False] == 4 * 33 and fed[True] == 33 + 3 * 1
+
+
+def test_reset_forgets_every_key():
+    pool = BlockManager(3, 2, enable_caching=True)
+    held, idle = pool.allocate(1), pool.allocate(1)
+    pool.cache(held[0], block_key(None, [1, 2]))
+    pool.cache(idle[0], block_key(None, [3, 4]))
+    pool.free(idle)
+    pool.reset_cache()
+    pool.check_integrity(held=[held])
+    assert pool.num_cached_blocks == 0 and pool.num_free_blocks == 2
