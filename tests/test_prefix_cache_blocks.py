@@ -217,3 +217,21 @@ def test_reset_forgets_every_key():
     pool.reset_cache()
     pool.check_integrity(held=[held])
     assert pool.num_cached_blocks == 0 and pool.num_free_blocks == 2
+
+
+async def test_the_simulator_charges_prefill_only_for_uncached_tokens():
+    from aioserve.sim.simulator import SimConfig, simulate
+    from aioserve.sim.workloads import WorkloadRequest
+
+    workload = [
+        WorkloadRequest(f"r{i}", 0.5 * i, 80, 4, prefix_group="system", prefix_len=64)
+        for i in range(4)
+    ]
+    ends, fed = {}, {}
+    for caching in (True, False):
+        config = SimConfig(prefill_ms_per_token=1.0, enable_prefix_caching=caching)
+        result = await simulate(workload, "fcfs", config)
+        ends[caching] = result.runner.clock()
+        fed[caching] = result.runner.prefill_tokens
+    assert fed[False] == 4 * 80 and fed[True] == 80 + 3 * 16  # 64 cached tokens each
+    assert ends[True] < ends[False]
