@@ -15,10 +15,10 @@ from collections import deque
 from collections.abc import Callable
 
 from aioserve.kv_cache import BlockManager
-from aioserve.prefix_cache import cached_prefix, register_computed
+from aioserve.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.scheduling import PrefixHit, RequestView, Scheduler, SchedulerState
+from aioserve.scheduling import Scheduler, SchedulerState
 
 logger = logging.getLogger(__name__)
 
@@ -143,24 +143,8 @@ class EngineCore:
             max_num_batched_tokens=self.max_num_batched_tokens,
             now=self.clock(),
             step=self.step_count,
-            prefix_hit=self._hit_memo(),
+            prefix_hit=prefix_hit_lookup(self.blocks, self.requests),
         )
-
-    def _hit_memo(self) -> Callable[[RequestView], PrefixHit]:
-        """A waiting request's cached prefix, looked up once per snapshot."""
-        memo: dict[str, PrefixHit] = {}
-        blocks, requests = self.blocks, self.requests
-
-        def hit(view: RequestView) -> PrefixHit:
-            found = memo.get(view.request_id)
-            request = requests.get(view.request_id)
-            if found is None and request is not None:
-                cached = cached_prefix(blocks, request)
-                held = len(cached) - blocks.num_unused(cached)
-                found = memo[view.request_id] = PrefixHit(len(cached) * blocks.block_size, held)
-            return found or PrefixHit(0, 0)
-
-        return hit
 
     def schedule(self) -> ScheduledBatch | None:
         """Ask the policy, apply its checked decision, and build the next batch
@@ -232,8 +216,12 @@ class EngineCore:
                 continue
             if len(self.running) >= self.max_num_seqs or budget <= 0:
                 break
-            if not self._allocate_first(request, budget):
+            cached = allocate_first_chunk(self.blocks, request, budget)
+            if cached is None:
                 break
+            if self.blocks.enable_caching:
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += cached
             count = min(request.num_tokens - request.num_computed_tokens, budget)
             self.waiting.remove(request)
             self.running.append(request)
@@ -243,28 +231,6 @@ class EngineCore:
                 request.metrics.first_scheduled_step = self.step_count
             scheduled.append((request, count))
             budget -= count
-
-    def _allocate_first(self, request: Request, budget: int) -> bool:
-        """Give a waiting request its cached prefix (shared blocks, counted as
-        computed) and new blocks for its first chunk; False (and nothing taken) when
-        too few blocks are available."""
-        pool = self.blocks
-        cached = cached_prefix(pool, request)
-        start = len(cached) * pool.block_size
-        count = min(request.num_tokens - start, budget)
-        new = pool.blocks_for_tokens(start + count) - len(cached)
-        if new + pool.num_unused(cached) > pool.num_free_blocks:
-            return False
-        pool.share(cached)
-        request.block_ids = cached + (pool.allocate(new) or [])
-        request.num_computed_tokens = start
-        request.num_registered_blocks = len(cached)
-        if request.metrics.first_scheduled_time is None:
-            request.num_cached_tokens = start
-        if pool.enable_caching:
-            self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += start
-        return True
 
     def _build_batch(self, scheduled: list[tuple[Request, int]]) -> ScheduledBatch:
         released, self._released = self._released, []

@@ -10,8 +10,10 @@ blocks collide only if their parents' 64-bit hashes collide *and* their tokens m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
+
+from aioserve.scheduling import NO_HIT, PrefixHit, RequestView
 
 if TYPE_CHECKING:
     from aioserve.kv_cache import BlockManager
@@ -76,3 +78,46 @@ def register_computed(blocks: BlockManager, request: Request) -> None:
     for index in range(done, full):
         blocks.cache(table[index], keys[index])
     request.num_registered_blocks = full
+
+
+def prefix_hit_lookup(
+    blocks: BlockManager, requests: Mapping[str, Request]
+) -> Callable[[RequestView], PrefixHit]:
+    """``SchedulerState.prefix_hit`` for one snapshot: a waiting request's cached
+    prefix, looked up on first use and memoised (the pool does not change while a
+    policy decides)."""
+    memo: dict[str, PrefixHit] = {}
+
+    def hit(view: RequestView) -> PrefixHit:
+        found = memo.get(view.request_id)
+        request = requests.get(view.request_id)
+        if found is None and request is not None:
+            cached = cached_prefix(blocks, request)
+            held = len(cached) - blocks.num_unused(cached)
+            found = memo[view.request_id] = PrefixHit(len(cached) * blocks.block_size, held)
+        return found or NO_HIT
+
+    return hit
+
+
+def allocate_first_chunk(blocks: BlockManager, request: Request, budget: int) -> int | None:
+    """Give a waiting request its cached prefix (shared blocks, counted as computed)
+    and new blocks for a first chunk of up to ``budget`` tokens after it.
+
+    Returns:
+        The cached tokens it starts after (0 without a hit), or None when too few
+        blocks are available (nothing is taken).
+    """
+    cached = cached_prefix(blocks, request)
+    start = len(cached) * blocks.block_size
+    count = min(request.num_tokens - start, budget)
+    new = blocks.blocks_for_tokens(start + count) - len(cached)
+    if new + blocks.num_unused(cached) > blocks.num_free_blocks:
+        return None
+    blocks.share(cached)
+    request.block_ids = cached + (blocks.allocate(new) or [])
+    request.num_computed_tokens = start
+    request.num_registered_blocks = len(cached)
+    if request.metrics.first_scheduled_time is None:
+        request.num_cached_tokens = start
+    return start
