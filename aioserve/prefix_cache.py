@@ -1,5 +1,7 @@
-"""Block keys of automatic prefix caching: a full block is named by its tokens and
-everything before them.
+"""Automatic prefix caching: block keys, the lookup of a waiting request's cached
+prefix, its first allocation after that prefix, and the registration of blocks once
+they are full of computed tokens. A full block is named by its tokens and everything
+before them.
 
 The design is vLLM's automatic prefix caching (V1 ``KVCacheManager``): a block's key
 chains the hash of its parent block with its own token ids, so equal keys mean equal
