@@ -44,3 +44,19 @@ async def test_repeated_prompt_reports_cached_tokens(tokenizer, path, stream):
     assert second["prompt_tokens_details"] == {"cached_tokens": cached}
     assert metric(scraped, P + "prefix_cache_queries_total") == 2 * prompt
     assert metric(scraped, P + "prefix_cache_hits_total") == cached
+
+
+async def test_websocket_done_reports_cached_tokens(tokenizer):
+    engine = scripted_engine(tokenizer, [300, 301, 302])
+    usages = []
+    async with serve(engine) as server, aiohttp.ClientSession() as s, \
+            s.ws_connect(base_url(server) + "/ws") as ws:
+        for rid in ("a", "b"):
+            await ws.send_json({"type": "generate", "id": rid, "prompt": TEXT,
+                                "max_tokens": 2, "ignore_eos": True})
+            while (message := await ws.receive_json())["type"] != "done":
+                pass
+            usages.append(message["usage"])
+    prompt = usages[0]["prompt_tokens"]
+    assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [
+        0, (prompt - 1) // 16 * 16]

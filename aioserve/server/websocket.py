@@ -172,11 +172,8 @@ class Connection:
                     await self.send({"type": "token", "id": client_id, "text": out.text,
                                      "token_ids": out.token_ids})
                 if out.finished:
-                    usage = {"prompt_tokens": out.num_prompt_tokens,
-                             "completion_tokens": out.num_output_tokens,
-                             "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
                     await self.send({"type": "done", "id": client_id,
-                                     "finish_reason": out.finish_reason, "usage": usage})
+                                     "finish_reason": out.finish_reason, "usage": out.usage})
         except EngineError as exc:
             code = "engine_not_running" if isinstance(exc, EngineNotRunningError) else (
                 "engine_error")
