@@ -88,7 +88,9 @@ class AsyncEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.core = EngineCore(
             scheduler,
-            BlockManager(runner.num_kv_blocks, runner.block_size),
+            BlockManager(
+                runner.num_kv_blocks, runner.block_size, self.config.enable_prefix_caching
+            ),
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_model_len=runner.max_model_len,
@@ -172,7 +174,8 @@ class AsyncEngine:
         return self._draining
 
     def stats(self) -> dict[str, float]:
-        """Running and waiting requests, KV usage (0–1), free blocks, preemptions, steps."""
+        """Running and waiting requests, KV usage (0–1), free blocks, preemptions, steps,
+        and prefix-cache queried and hit tokens."""
         core = self._require_core()
         return {
             "num_running": len(core.running),
@@ -181,7 +184,18 @@ class AsyncEngine:
             "num_free_blocks": core.blocks.num_free_blocks,
             "num_preemptions": core.num_preemptions,
             "num_steps": core.step_count,
+            "prefix_cache_queries": core.prefix_cache_queries,
+            "prefix_cache_hits": core.prefix_cache_hits,
         }
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (e.g. between benchmark runs); running requests are
+        unaffected.
+
+        Raises:
+            EngineNotRunningError: the engine is not running.
+        """
+        self._require_core().blocks.reset_cache()
 
     def _require_core(self) -> EngineCore:
         if self.core is None or not self.is_running:

@@ -62,6 +62,7 @@ class RequestStream:
                 num_output_tokens=request.num_output_tokens,
                 logprobs=logprobs,
                 metrics=request.metrics,
+                num_cached_tokens=request.num_cached_tokens,
             )
         )
 

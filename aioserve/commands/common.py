@@ -30,6 +30,15 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto",
                         help="auto (CUDA when present), cpu or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without one")
+    add_prefix_caching_option(parser)
+
+
+def add_prefix_caching_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (default on)."""
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="reuse the KV blocks of prompt prefixes already computed (default: on)",
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -50,4 +59,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         seed=args.seed,
+        enable_prefix_caching=args.enable_prefix_caching,
     )

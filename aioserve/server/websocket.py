@@ -234,11 +234,8 @@ class Connection:
                         token["logprobs"] = logprobs.delta(out.logprobs)
                     await self.send(token)
                 if out.finished:
-                    usage = {"prompt_tokens": out.num_prompt_tokens,
-                             "completion_tokens": out.num_output_tokens,
-                             "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
                     await self.send({"type": "done", "id": client_id,
-                                     "finish_reason": out.finish_reason, "usage": usage})
+                                     "finish_reason": out.finish_reason, "usage": out.usage})
         except EngineError as exc:
             code = "engine_not_running" if isinstance(exc, EngineNotRunningError) else (
                 "engine_error")
