@@ -61,6 +61,13 @@ async def stream_tokens(session, url: str, n: int) -> int:
     return tokens
 
 
+async def silent_generation(server) -> socket.socket:
+    """A socket that starts a 50,000-token generation and never reads."""
+    return await silent_client(server.host, server.port, {
+        "type": "generate", "id": "a", "prompt": "hi", "max_tokens": 50_000,
+        "ignore_eos": True})
+
+
 PATIENT = ServerConfig(ws_max_pending=8, ws_stall_timeout=600, ws_send_buffer_bytes=1024)
 
 
@@ -70,9 +77,7 @@ async def test_bug23_a_client_that_never_reads_does_not_hold_up_others(tokenizer
     engine = scripted_engine(tokenizer, [300, 301], max_model_len=60_000, num_kv_blocks=4000)
     async with serve(engine, PATIENT) as server, aiohttp.ClientSession() as s:
         url = base_url(server)
-        sock = await silent_client(server.host, server.port, {
-            "type": "generate", "id": "a", "prompt": "hi", "max_tokens": 50_000,
-            "ignore_eos": True})
+        sock = await silent_generation(server)
         try:
             await wait_until(lambda: engine.stats()["num_running"] == 1)
             tokens = await asyncio.gather(*(stream_tokens(s, url, 300) for _ in range(4)))
@@ -87,9 +92,7 @@ async def test_bug23_a_client_that_never_reads_is_cut_off(tokenizer):
     engine = scripted_engine(tokenizer, [300, 301], max_model_len=60_000, num_kv_blocks=4000)
     async with serve(engine, CONFIG) as server, aiohttp.ClientSession() as s:
         url = base_url(server)
-        sock = await silent_client(server.host, server.port, {
-            "type": "generate", "id": "a", "prompt": "hi", "max_tokens": 50_000,
-            "ignore_eos": True})
+        sock = await silent_generation(server)
         try:
             await wait_until(lambda: engine.stats()["num_running"] == 1)
             await wait_until(lambda: idle(engine))  # A was aborted after the stall timeout
