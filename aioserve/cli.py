@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from aioserve import __version__
+
 #: Sub-command modules; each defines ``add_parser(subparsers)`` and ``run(args) -> int``.
 COMMAND_MODULES = (
     "aioserve.commands.generate",
@@ -15,14 +17,39 @@ COMMAND_MODULES = (
 )
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help already speaks of
+    its default, or there is none to show (a flag, or None explained in the text)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS, []):
+            return text
+        if not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _use_formatter(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` and every sub-parser under it :class:`DefaultsHelpFormatter`."""
+    parser.formatter_class = DefaultsHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _use_formatter(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-parser per command module."""
     parser = argparse.ArgumentParser(prog="aioserve", description="asyncio LLM serving engine")
+    parser.add_argument("--version", action="version", version=f"aioserve {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         module = importlib.import_module(name)
         sub = module.add_parser(subparsers)
         sub.set_defaults(handler=module.run)
+    _use_formatter(parser)
     return parser
 
 

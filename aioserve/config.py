@@ -31,6 +31,9 @@ class EngineConfig:
             ``"bfloat16"`` or ``"float16"``.
         device: ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda[:N]"``.
         seed: seed of the sampler used by requests that give no seed of their own.
+        enable_prefix_caching: reuse the KV blocks of prompt prefixes already computed
+            (vLLM's automatic prefix caching: full blocks keyed by a chained hash,
+            shared by reference count, evicted least recently used first).
 
     Raises:
         ValueError: a field is out of range; the message names the field.
@@ -49,6 +52,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     seed: int = 0
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         positive = {

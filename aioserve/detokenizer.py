@@ -52,6 +52,7 @@ class IncrementalDetokenizer:
         self.text = ""
         self._emitted = 0
         self.stopped = False
+        self.fallback = False
 
     def add(self, token_id: int) -> str:
         """Decode one more token; returns the text that is safe to send now.
@@ -60,7 +61,7 @@ class IncrementalDetokenizer:
         stop string (or after it, with ``include_stop_str_in_output``).
         """
         self._token_ids.append(token_id)
-        piece = self._stream.step(self._tokenizer, token_id)
+        piece = self._step(token_id)
         if not piece:
             return ""
         self.text += piece
@@ -75,12 +76,36 @@ class IncrementalDetokenizer:
                 return self._emit(len(self.text))
         return self._emit(len(self.text) - _held_back(self.text, self._stop))
 
+    def _step(self, token_id: int) -> str | None:
+        """New text after ``token_id``: the streaming decoder's, or, once it has failed
+        (``tokenizers`` raises "Invalid prefix encountered while decoding stream" on
+        some byte-fallback sequences), the difference of two full decodes. A trailing
+        U+FFFD (an incomplete UTF-8 character) is held back until :meth:`finish`."""
+        if not self.fallback:
+            try:
+                return self._stream.step(self._tokenizer, token_id)
+            except Exception:
+                self.fallback = True
+        tail = self._decoded_tail().rstrip("\ufffd")
+        if len(tail) <= len(self.text) or not tail.startswith(self.text):
+            return None
+        return tail[len(self.text) :]
+
+    def _decoded_tail(self) -> str:
+        """The decode of prompt + output minus the decode of the prompt, or the decode
+        of the output alone when the prompt's text is not a prefix of the whole (bytes
+        of a character split between prompt and output)."""
+        decode = self._tokenizer.decode
+        prompt_text = decode(self._prompt, skip_special_tokens=True)
+        full = decode(self._prompt + self._token_ids, skip_special_tokens=True)
+        if full.startswith(prompt_text):
+            return full[len(prompt_text) :]
+        return decode(self._token_ids, skip_special_tokens=True)
+
     def finish(self) -> str:
         """The text still held back, at the end of generation (not after a stop string)."""
         if not self.stopped:
-            prompt_text = self._tokenizer.decode(self._prompt, skip_special_tokens=True)
-            full = self._tokenizer.decode(self._prompt + self._token_ids, skip_special_tokens=True)
-            tail = full[len(prompt_text) :] if full.startswith(prompt_text) else ""
+            tail = self._decoded_tail()
             if tail.startswith(self.text):
                 self.text = tail
         return self._emit(len(self.text))

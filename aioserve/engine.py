@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -60,11 +61,14 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}
         self._finished: list[Request] = []
         self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._listeners: list[EngineListener] = []
         self._step_listeners: dict[EngineListener, tuple[float, float]] = {}  # interval, due
         self._snapshots: SnapshotBuilder | None = None
+        self._draining = False
+        self._closed = False
 
     async def start(self) -> None:
         """Load the model and tokenizer and start the step loop.
@@ -88,7 +92,9 @@ class AsyncEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.core = EngineCore(
             scheduler,
-            BlockManager(runner.num_kv_blocks, runner.block_size),
+            BlockManager(
+                runner.num_kv_blocks, runner.block_size, self.config.enable_prefix_caching
+            ),
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_model_len=runner.max_model_len,
@@ -97,18 +103,62 @@ class AsyncEngine:
         )
         self.core.on_finish = self._on_finish
         self._loop_task = asyncio.create_task(self._run(), name="aioserve-step-loop")
+        self._loop_task.add_done_callback(self._on_loop_done)
 
     async def shutdown(self) -> None:
         """Stop the step loop, end every open stream with EngineNotRunningError and
-        release the runner."""
+        release the runner (idempotent)."""
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
-        for stream in list(self._streams.values()):
-            stream.push_error(EngineNotRunningError("the engine was shut down"))
-        if self.runner is not None:
+        self._end_all_streams(EngineNotRunningError("the engine was shut down"))
+        if self.runner is not None and not self._closed:
+            self._closed = True
             self.runner.close()
+
+    def drain(self) -> None:
+        """Stop admitting work, as on SIGTERM: new requests raise EngineNotRunningError
+        and requests that never started end at once with that error; running (and
+        preempted) requests go on. Then :meth:`wait_idle` and :meth:`shutdown`."""
+        self._draining = True
+        core = self.core
+        if core is None:
+            return
+        error = EngineNotRunningError("the server is shutting down")
+        for request in [r for r in core.waiting if r.metrics.first_scheduled_time is None]:
+            stream = self._streams.get(request.request_id)
+            if stream is not None:
+                stream.push_error(error)
+            core.finish(request, FinishReason.ERROR)
+        self._flush_finished()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is running or waiting, at most ``timeout`` seconds;
+        True when idle."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.core is not None and self.core.has_work and self.is_running:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._idle.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), remaining)
+        return True
+
+    def _end_all_streams(self, error: EngineError) -> None:
+        for stream in list(self._streams.values()):
+            stream.push_error(error)
+
+    def _on_loop_done(self, task: asyncio.Task[None]) -> None:
+        """If the step loop died (a bug), end every open stream with an error at once:
+        nobody waits forever, and ``is_running`` (``/health``) turns false."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        logger.error("the step loop died", exc_info=exc)
+        self._end_all_streams(EngineError(f"the engine stopped: {type(exc).__name__}: {exc}"))
 
     async def __aenter__(self) -> AsyncEngine:
         await self.start()
@@ -122,8 +172,14 @@ class AsyncEngine:
         """True while the step loop runs."""
         return self._loop_task is not None and not self._loop_task.done()
 
+    @property
+    def is_draining(self) -> bool:
+        """True after :meth:`drain`: no new work is admitted."""
+        return self._draining
+
     def stats(self) -> dict[str, float]:
-        """Running and waiting requests, KV usage (0–1), free blocks, preemptions, steps."""
+        """Running and waiting requests, KV usage (0–1), free blocks, preemptions, steps,
+        and prefix-cache queried and hit tokens."""
         core = self._require_core()
         return {
             "num_running": len(core.running),
@@ -132,6 +188,8 @@ class AsyncEngine:
             "num_free_blocks": core.blocks.num_free_blocks,
             "num_preemptions": core.num_preemptions,
             "num_steps": core.step_count,
+            "prefix_cache_queries": core.prefix_cache_queries,
+            "prefix_cache_hits": core.prefix_cache_hits,
         }
 
     def add_listener(self, listener: EngineListener, *, step_interval: float | None = 0.0) -> None:
@@ -155,6 +213,15 @@ class AsyncEngine:
         if listener in self._listeners:
             self._listeners.remove(listener)
         self._step_listeners.pop(listener, None)
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (e.g. between benchmark runs); running requests are
+        unaffected.
+
+        Raises:
+            EngineNotRunningError: the engine is not running.
+        """
+        self._require_core().blocks.reset_cache()
 
     def snapshot(self) -> StepSnapshot:
         """The engine's slots, queue and KV cache now (what listeners receive).
@@ -235,9 +302,11 @@ class AsyncEngine:
         Raises:
             ValueError: bad prompt, prompt + max_tokens beyond the context length, a
                 prompt bigger than the KV cache, or a duplicate request_id.
-            EngineNotRunningError: the engine is not running.
+            EngineNotRunningError: the engine is not running, or is draining.
         """
         core = self._require_core()
+        if self._draining:
+            raise EngineNotRunningError("the server is shutting down")
         params = params if params is not None else SamplingParams()
         ids = self.encode(prompt)
         if len(ids) + params.max_tokens > core.max_model_len:
@@ -313,6 +382,7 @@ class AsyncEngine:
                 if not core.has_work:
                     if self._step_listeners:  # the idle picture, unthrottled
                         self._publish_step(0, force=True)
+                    self._idle.set()
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
@@ -329,7 +399,13 @@ class AsyncEngine:
                 self._fail(batch, exc)
                 batch = future = None
                 continue
-            results = core.update(batch, output)
+            try:
+                results = core.update(batch, output)
+            except Exception as exc:  # a bookkeeping bug: end this batch, keep serving
+                logger.exception("step bookkeeping failed")
+                self._fail(batch, exc, "step bookkeeping failed")
+                batch = future = None
+                continue
             # Start the next step before delivering this one's tokens, so that the
             # fan-out (detokenization, stream puts) runs while the runner computes. A
             # request a stop string ends here may sit in the step in flight; update()
@@ -364,11 +440,23 @@ class AsyncEngine:
             stream = self._streams.get(request.request_id)
             if stream is None:
                 continue
-            text = stream.decode(token)
-            if stream.hit_stop_string and not request.is_finished:
-                core.finish(request, FinishReason.STOP)
-            logprob = output.logprobs[index] if output.logprobs is not None else None
-            stream.put([token], text, [logprob] if logprob is not None else None)
+            try:
+                text = stream.decode(token)
+                if stream.hit_stop_string and not request.is_finished:
+                    core.finish(request, FinishReason.STOP)
+                logprob = output.logprobs[index] if output.logprobs is not None else None
+                stream.put([token], text, [logprob] if logprob is not None else None)
+            except Exception as exc:  # this request alone ends; its batch-mates go on
+                self._fail_request(request, stream, exc)
+
+    def _fail_request(self, request: Request, stream: RequestStream, exc: Exception) -> None:
+        """End one request whose delivery failed (detokenizer, stop check, queue) with
+        an error; its blocks are freed."""
+        logger.exception("delivering %s failed", request.request_id)
+        stream.push_error(EngineError(f"output processing failed: {type(exc).__name__}: {exc}"))
+        assert self.core is not None
+        if not request.is_finished:
+            self.core.finish(request, FinishReason.ERROR)
 
     def _on_finish(self, request: Request) -> None:
         self._finished.append(request)
@@ -383,7 +471,10 @@ class AsyncEngine:
         for request in finished:
             stream = self._streams.get(request.request_id)
             if stream is not None and not stream.closed:
-                stream.push_final()
+                try:
+                    stream.push_final()
+                except Exception as exc:
+                    self._fail_request(request, stream, exc)
 
     def _fail_all(self, exc: Exception) -> None:
         assert self.core is not None

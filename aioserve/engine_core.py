@@ -1,6 +1,8 @@
 """EngineCore: the synchronous heart of the step loop (queues, blocks, batches).
 
-It owns every request's state and the BlockManager. A scheduler plugin only
+It owns every request's state and the BlockManager; with prefix caching on, admission
+starts a request after its longest cached prefix, and ``update()`` offers blocks to
+the cache once they are full of computed tokens. A scheduler plugin only
 decides; ``schedule()`` checks and applies its decision, ``update()`` takes the
 runner's tokens. It never touches the model or the tokenizer, so the same core runs
 on the TorchRunner and on a simulated clock.
@@ -13,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 
 from aioserve.kv_cache import BlockManager
+from aioserve.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.scheduling import Scheduler, SchedulerState
@@ -58,6 +61,8 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.step_count = 0
         self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.on_finish: Callable[[Request], None] | None = None
         self._released: list[str] = []
 
@@ -120,6 +125,7 @@ class EngineCore:
         self.running.remove(request)
         self._free_blocks(request)
         request.num_computed_tokens = 0
+        request.num_registered_blocks = 0
         request.status = RequestStatus.WAITING
         request.metrics.num_preemptions += 1
         self.waiting.appendleft(request)
@@ -137,6 +143,7 @@ class EngineCore:
             max_num_batched_tokens=self.max_num_batched_tokens,
             now=self.clock(),
             step=self.step_count,
+            prefix_hit=prefix_hit_lookup(self.blocks, self.requests),
         )
 
     def schedule(self) -> ScheduledBatch | None:
@@ -209,11 +216,13 @@ class EngineCore:
                 continue
             if len(self.running) >= self.max_num_seqs or budget <= 0:
                 break
-            count = min(request.num_tokens - request.num_computed_tokens, budget)
-            blocks = self.blocks.allocate(self.blocks.blocks_for_tokens(count))
-            if blocks is None:
+            cached = allocate_first_chunk(self.blocks, request, budget)
+            if cached is None:
                 break
-            request.block_ids = blocks
+            if self.blocks.enable_caching:
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += cached
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
             self.waiting.remove(request)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -250,11 +259,16 @@ class EngineCore:
         results: list[StepResult] = []
         requests, running = self.requests, RequestStatus.RUNNING
         fed, sample, sampled = batch.token_ids, batch.sample, output.token_ids
+        caching = self.blocks.block_size if self.blocks.enable_caching else 0
         for index, request_id in enumerate(batch.request_ids):
             request = requests.get(request_id)
             if request is None or request.status is not running:
                 continue  # aborted while the step ran
             request.num_computed_tokens += len(fed[index])
+            if caching and request.num_computed_tokens >= caching * (
+                request.num_registered_blocks + 1
+            ):  # a block just filled up
+                register_computed(self.blocks, request)
             if not sample[index]:
                 continue
             token = sampled[index]

@@ -1,78 +1,175 @@
-"""The KV-cache block pool. Block ids index the runner's physical K/V tensors."""
+"""The KV-cache block pool. Block ids index the runner's physical K/V tensors.
+
+With prefix caching (vLLM's automatic prefix caching), a full block of computed
+tokens is registered under its :func:`~aioserve.prefix_cache.block_key`; requests
+with the same prefix share it (reference counts), and when its last holder lets go
+it stays cached, evictable least recently released first, until its memory is
+needed. A shared block is read-only: the runner writes K/V only for new tokens,
+which never lie in a full block.
+"""
 
 from __future__ import annotations
 
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+
+from aioserve.prefix_cache import BlockKey
+
 
 class BlockManager:
-    """A free list of fixed-size KV-cache blocks; allocation is all or nothing.
+    """A pool of fixed-size KV-cache blocks; allocation is all or nothing.
+
+    A block is in exactly one of three states: free (no content), in use (reference
+    count >= 1) or cached (a registered key, reference count 0, evictable). Free and
+    cached blocks both count as available (``num_free_blocks``); :meth:`allocate`
+    takes free ones first and then evicts cached ones, least recently used first.
 
     Args:
         num_blocks: blocks in the pool.
         block_size: tokens per block.
+        enable_caching: register full blocks for reuse (:meth:`cache`, :meth:`match`);
+            when False the pool is a plain free list.
 
     Raises:
         ValueError: a size is not positive.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_caching = enable_caching
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._used: set[int] = set()
+        self._ref: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._key_of: dict[int, BlockKey] = {}
+        self._block_of: dict[BlockKey, int] = {}
+        self.num_evictions = 0
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation may take: free plus cached-and-unused."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache (in use or evictable)."""
+        return len(self._block_of)
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks in use, 0–1."""
-        return len(self._used) / self.num_blocks
+        """Fraction of blocks in use by requests, 0–1 (cached unused blocks count as free)."""
+        return len(self._ref) / self.num_blocks
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
+        return num_blocks <= self.num_free_blocks
 
     def allocate(self, num_blocks: int) -> list[int] | None:
-        """Take ``num_blocks`` blocks, or none at all (returns None) if too few are free."""
-        if num_blocks > len(self._free):
+        """Take ``num_blocks`` blocks, or none at all (returns None) if too few are
+        available; evicts cached blocks (least recently used first) when free ones
+        run out."""
+        if num_blocks > self.num_free_blocks:
             return None
-        if num_blocks == 0:
-            return []
-        taken = self._free[-num_blocks:]
-        del self._free[-num_blocks:]
-        self._used.update(taken)
+        taken = self._free[-num_blocks:] if num_blocks else []
+        if taken:
+            del self._free[-len(taken) :]
+        while len(taken) < num_blocks:
+            block_id, _ = self._evictable.popitem(last=False)
+            del self._block_of[self._key_of.pop(block_id)]
+            self.num_evictions += 1
+            taken.append(block_id)
+        for block_id in taken:
+            self._ref[block_id] = 1
         return taken
 
-    def free(self, block_ids: list[int]) -> None:
-        """Return blocks to the pool.
+    def free(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference to each block. A block nobody holds becomes free, or
+        cached (evictable) when it has a key; a table's later blocks are evicted
+        before its earlier ones.
 
         Raises:
             ValueError: a block is not in use (double free or foreign id).
         """
         for block_id in block_ids:
-            if block_id not in self._used:
+            if block_id not in self._ref:
                 raise ValueError(f"block {block_id} is not allocated")
-            self._used.discard(block_id)
-        self._free.extend(reversed(block_ids))
+        for block_id in reversed(block_ids):
+            count = self._ref[block_id] - 1
+            if count:
+                self._ref[block_id] = count
+                continue
+            del self._ref[block_id]
+            if block_id in self._key_of:
+                self._evictable[block_id] = None
+            else:
+                self._free.append(block_id)
+
+    def match(self, keys: Sequence[BlockKey]) -> list[int]:
+        """The cached blocks of the longest prefix of ``keys`` (block ids in order);
+        takes no reference (see :meth:`share`)."""
+        found: list[int] = []
+        block_of = self._block_of
+        for key in keys:
+            block_id = block_of.get(key)
+            if block_id is None:
+                break
+            found.append(block_id)
+        return found
+
+    def num_unused(self, block_ids: Sequence[int]) -> int:
+        """How many of ``block_ids`` (cached blocks) nobody holds: sharing them takes
+        that many blocks from ``num_free_blocks``."""
+        return sum(1 for b in block_ids if b in self._evictable)
+
+    def share(self, block_ids: Sequence[int]) -> None:
+        """Take a reference to each cached block (from :meth:`match`)."""
+        for block_id in block_ids:
+            if block_id in self._evictable:
+                del self._evictable[block_id]
+                self._ref[block_id] = 1
+            else:
+                self._ref[block_id] += 1
+
+    def cache(self, block_id: int, key: BlockKey) -> None:
+        """Register an in-use block, now full of computed tokens, under ``key``. A key
+        already held by another block (the same prefix computed twice) or a block
+        already registered is left as it is."""
+        if self.enable_caching and key not in self._block_of and block_id not in self._key_of:
+            self._block_of[key] = block_id
+            self._key_of[block_id] = key
+
+    def reset_cache(self) -> None:
+        """Forget every key (vLLM's ``reset_prefix_cache``): cached unused blocks
+        become free; blocks in use stay with their holders, no longer shareable."""
+        self._free.extend(reversed(self._evictable))
+        self._evictable.clear()
+        self._key_of.clear()
+        self._block_of.clear()
 
     def check_integrity(self, held: list[list[int]] | None = None) -> None:
-        """Assert that free and used blocks partition the pool, and that ``held``
-        (each request's block table) is exactly the used set, with no block twice.
+        """Assert that free, cached-unused and in-use blocks partition the pool, that
+        the key maps agree, and that ``held`` (each request's block table) accounts
+        for every reference exactly, with no block twice in one table.
 
         Raises:
             AssertionError: the pool is inconsistent.
         """
-        free = set(self._free)
+        free, used, idle = set(self._free), set(self._ref), set(self._evictable)
         assert len(free) == len(self._free), "a block is free twice"
-        assert not (free & self._used), "a block is both free and used"
-        assert len(free) + len(self._used) == self.num_blocks, "blocks were lost"
+        assert not (free & used or free & idle or used & idle), "a block is in two states"
+        assert len(free) + len(used) + len(idle) == self.num_blocks, "blocks were lost"
+        assert all(count > 0 for count in self._ref.values()), "a reference count is not positive"
+        assert idle <= set(self._key_of), "an evictable block has no key"
+        assert not (free & set(self._key_of)), "a free block has a key"
+        assert all(self._block_of[k] == b for b, k in self._key_of.items()), "key maps disagree"
+        assert len(self._block_of) == len(self._key_of), "key maps differ in size"
         if held is not None:
-            flat = [b for table in held for b in table]
-            assert len(flat) == len(set(flat)), "a block is held by two requests"
-            assert set(flat) == self._used, "used blocks differ from the block tables"
+            for table in held:
+                assert len(table) == len(set(table)), "a block is twice in one table"
+            counts = Counter(b for table in held for b in table)
+            assert counts == Counter(self._ref), "references differ from the block tables"

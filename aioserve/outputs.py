@@ -32,6 +32,8 @@ class RequestOutput:
         logprobs: one entry per new token when the request asked for logprobs.
         metrics: the request's timestamps; complete when ``finished``.
         error: the error message when ``finish_reason == "error"``.
+        num_cached_tokens: prompt tokens served from the prefix cache at admission
+            (not computed for this request).
     """
 
     request_id: str
@@ -44,12 +46,14 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     metrics: RequestMetrics | None = None
     error: str | None = None
+    num_cached_tokens: int = 0
 
     @property
     def usage(self) -> dict[str, int]:
-        """OpenAI-style usage counts (tokens)."""
+        """OpenAI-style usage counts (tokens), cached prompt tokens included."""
         return {
             "prompt_tokens": self.num_prompt_tokens,
             "completion_tokens": self.num_output_tokens,
             "total_tokens": self.num_prompt_tokens + self.num_output_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens},
         }

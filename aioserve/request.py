@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from aioserve.prefix_cache import BlockKey
 from aioserve.sampling_params import SamplingParams
 
 
@@ -54,6 +55,13 @@ class Request:
         params: sampling parameters.
         output_token_ids: tokens generated so far.
         block_ids: KV-cache blocks held, in position order (the block table).
+        num_cached_tokens: prompt tokens found in the prefix cache when the request was
+            first admitted (not computed for it), as OpenAI's
+            ``usage.prompt_tokens_details.cached_tokens``.
+        block_keys: prefix-cache keys of the request's full blocks of tokens, in order,
+            each hashed once (extended as needed).
+        num_registered_blocks: leading blocks of ``block_ids`` already offered to the
+            prefix cache (full of computed tokens).
     """
 
     request_id: str
@@ -65,6 +73,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     block_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    block_keys: list[BlockKey] = field(default_factory=list)
+    num_registered_blocks: int = 0
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:

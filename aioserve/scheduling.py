@@ -7,9 +7,9 @@ cannot corrupt state. See ``docs/schedulers.md``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 from aioserve.sampling_params import SamplingParams
 
@@ -35,6 +35,27 @@ class RequestView(Protocol):
     def block_ids(self) -> Sequence[int]: ...
 
 
+class PrefixHit(NamedTuple):
+    """The cached prefix a waiting request would start from (prefix caching).
+
+    Attributes:
+        num_tokens: its leading tokens whose KV blocks are cached (a multiple of the
+            block size, always less than its ``num_tokens``: the last token is computed).
+        num_held_blocks: of those blocks, the ones running requests hold; they cost no
+            free block (the others are counted in ``num_free_blocks``).
+    """
+
+    num_tokens: int
+    num_held_blocks: int
+
+
+NO_HIT = PrefixHit(0, 0)
+
+
+def _no_hit(request: RequestView) -> PrefixHit:
+    return NO_HIT
+
+
 @dataclass(frozen=True)
 class SchedulerState:
     """The engine as a policy sees it before a step.
@@ -43,13 +64,17 @@ class SchedulerState:
         waiting: requests not running, in queue order (preempted ones first, then
             arrival order).
         running: requests holding a slot, in admission order (oldest first).
-        num_free_blocks: free KV-cache blocks.
+        num_free_blocks: KV-cache blocks an allocation may take (free, or cached and
+            held by no request: those are evicted, least recently used first).
         num_total_blocks: all KV-cache blocks.
         block_size: tokens per block.
         max_num_seqs: slots.
         max_num_batched_tokens: token budget of one step.
         now: current time in seconds (monotonic, or the simulator's virtual clock).
         step: number of steps run so far.
+        prefix_hit: a waiting request's cached prefix (engine-provided, computed on
+            first use and memoised for this snapshot); read it through
+            :meth:`cached_tokens`, :meth:`tokens_to_compute` and :meth:`blocks_needed`.
     """
 
     waiting: Sequence[RequestView]
@@ -61,17 +86,30 @@ class SchedulerState:
     max_num_batched_tokens: int
     now: float
     step: int
+    prefix_hit: Callable[[RequestView], PrefixHit] = _no_hit
+
+    def _hit(self, request: RequestView) -> PrefixHit:
+        # Only a waiting request (no blocks yet) can start from the prefix cache.
+        return self.prefix_hit(request) if not request.block_ids else NO_HIT
+
+    def cached_tokens(self, request: RequestView) -> int:
+        """Tokens of a waiting request that the prefix cache already holds, so its
+        admission skips them (0 for a running request or without prefix caching)."""
+        return self._hit(request).num_tokens
 
     def tokens_to_compute(self, request: RequestView) -> int:
         """Tokens the request still has to feed through the model (prefill or recompute
-        left, or 1 while decoding)."""
-        return request.num_tokens - request.num_computed_tokens
+        left, less its cached prefix when waiting; 1 while decoding)."""
+        return request.num_tokens - request.num_computed_tokens - self._hit(request).num_tokens
 
     def blocks_needed(self, request: RequestView, num_new_tokens: int) -> int:
-        """Blocks the request must be given before ``num_new_tokens`` more of its
-        tokens can be computed (0 when its blocks already hold them)."""
-        total = request.num_computed_tokens + num_new_tokens
-        return max(0, -(-total // self.block_size) - len(request.block_ids))
+        """Free blocks the request takes before ``num_new_tokens`` more of its tokens
+        (after its cached prefix, when waiting) can be computed (0 when its blocks
+        already hold them). Cached blocks no request holds count: sharing them takes
+        them out of ``num_free_blocks``."""
+        cached, held = self._hit(request)
+        total = request.num_computed_tokens + cached + num_new_tokens
+        return max(0, -(-total // self.block_size) - len(request.block_ids) - held)
 
 
 @dataclass(frozen=True)

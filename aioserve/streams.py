@@ -46,9 +46,9 @@ class RequestStream:
         request = self.request
         finished = request.is_finished
         if finished:
-            self.closed = True
             if self.detokenizer is not None and request.finish_reason is not None:
-                text += self.detokenizer.finish()
+                text += self.detokenizer.finish()  # may raise: the stream stays open
+            self.closed = True
         self.queue.put_nowait(
             RequestOutput(
                 request_id=request.request_id,
@@ -62,6 +62,7 @@ class RequestStream:
                 num_output_tokens=request.num_output_tokens,
                 logprobs=logprobs,
                 metrics=request.metrics,
+                num_cached_tokens=request.num_cached_tokens,
             )
         )
 

@@ -50,8 +50,9 @@ def base_url(server: TestServer) -> str:
     return str(server.make_url("")).rstrip("/")
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``condition`` (every ms) until it holds; AssertionError after ``timeout`` s."""
+async def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Poll ``condition`` (every ms) until it holds; AssertionError after ``timeout`` s
+    (a bound against hangs, far above any wait on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

@@ -11,7 +11,7 @@ from aioserve import AsyncEngine, EngineConfig
 from aioserve.bench.metrics import percentile, summarize
 from aioserve.bench.plots import plot_serving
 from aioserve.bench.serving import RequestRecord, arrival_gaps, run_serving
-from aioserve.bench.workloads import random_requests
+from aioserve.bench.workloads import prefix_repetition_requests, random_requests
 from aioserve.server import create_app
 
 
@@ -55,3 +55,20 @@ def test_percentile_and_arrivals():
     assert arrival_gaps(3, math.inf, 0) == [0.0, 0.0, 0.0]
     gaps = arrival_gaps(2000, 10.0, 0)
     assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.1)
+
+
+async def test_serve_benchmark_reports_prefix_cache_hits(model_dir):
+    engine = AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=1))  # one at a time
+    server = TestServer(create_app(engine), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        requests = prefix_repetition_requests(4, 40, 4, 1, (2, 2), vocab_size=512, seed=2)
+        records, duration, used = await run_serving(url, requests, request_rate=math.inf,
+                                                    endpoint="completions", seed=1)
+    finally:
+        await server.close()
+    assert sorted(r.cached_tokens for r in records) == [0, 32, 32, 32]  # 2 blocks of 16
+    result = summarize(records, duration, used)
+    assert result.metrics["prefix_hit_rate"] == pytest.approx(96 / (4 * 44))
+    assert "prefix cache hits" in result.summary()

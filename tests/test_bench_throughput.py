@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from aioserve.bench.workloads import parse_range, random_requests
-from aioserve.cli import main
+from aioserve.bench.workloads import parse_range, prefix_repetition_requests, random_requests
+from aioserve.cli import build_parser, main
+from aioserve.commands.common import engine_config
 
 
 def test_throughput_json_with_hf_compare_and_exactness_check(model_dir, capsys):
@@ -50,3 +51,34 @@ def test_parse_range_rejects(text):
 
 def test_parse_range_accepts():
     assert parse_range("8:128") == (8, 128) and parse_range("7") == (7, 7)
+
+
+def test_prefix_repetition_compared_with_caching_off(model_dir, capsys):
+    status = main([
+        "bench", "throughput", "--model", model_dir, "--num-prompts", "6",
+        "--dataset", "prefix-repetition", "--prefix-len", "40", "--suffix-len", "4",
+        "--num-prefixes", "2", "--output-len", "2:4", "--max-num-seqs", "2",
+        "--compare", "no-prefix-caching", "--json",
+    ])
+    assert status == 0
+    report = json.loads(capsys.readouterr().out)
+    on, off = report["median"]["aioserve"], report["median"]["no-caching"]
+    assert report["baseline"] == "no-caching" and on["output_tokens"] == off["output_tokens"]
+    assert off["prefix_hit_rate"] == 0 and on["prefix_hit_rate"] > 0
+    assert on["mean_ttft_ms"] > 0 and off["mean_ttft_ms"] > 0
+
+
+def test_prefix_repetition_workload_shares_prefixes():
+    requests = prefix_repetition_requests(8, 20, 5, 2, (3, 3), vocab_size=512, seed=1)
+    assert requests == prefix_repetition_requests(8, 20, 5, 2, (3, 3), vocab_size=512, seed=1)
+    prefixes = {tuple(r.prompt_token_ids[:20]) for r in requests}
+    assert len(prefixes) == 2 and all(r.prompt_len == 25 for r in requests)
+    assert all(p[0] == 1 for p in prefixes)
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["serve"]])
+def test_prefix_caching_flag(command):
+    parser = build_parser()
+    assert parser.parse_args([*command, "--model", "m"]).enable_prefix_caching is True
+    args = parser.parse_args([*command, "--model", "m", "--no-enable-prefix-caching"])
+    assert engine_config(args).enable_prefix_caching is False

@@ -60,3 +60,28 @@ def test_near_miss_is_released(tokenizer):
     deltas, detok = stream(tokenizer, ids, stop=("DEFGHIJ",))
     assert not detok.stopped
     assert "".join(deltas) == "ABCDEFXYZ"
+
+
+#: Prompt and output ids on which the ``tokenizers`` streaming decoder raises "Invalid
+#: prefix encountered while decoding stream" (found by a random search over this model's
+#: vocabulary; a random-weight model emits such sequences).
+PREFIX_ERROR_PROMPT, PREFIX_ERROR_OUTPUT = [1, 24], [167, 153, 296, 300, 47, 410, 2]
+
+
+def test_stream_decoder_prefix_error_falls_back_to_full_decode(tokenizer):
+    from tokenizers.decoders import DecodeStream
+
+    backend = tokenizer.backend_tokenizer
+    raw = DecodeStream(ids=PREFIX_ERROR_PROMPT, skip_special_tokens=True)
+    try:
+        for token in PREFIX_ERROR_OUTPUT:
+            raw.step(backend, token)
+        raise AssertionError("the streaming decoder no longer raises: pick other ids")
+    except Exception as exc:
+        assert "Invalid prefix" in str(exc)
+    deltas, detok = stream(tokenizer, PREFIX_ERROR_OUTPUT, PREFIX_ERROR_PROMPT)
+    assert detok.fallback
+    # the prompt ends inside a character, so the text is the output's own decode
+    assert "".join(deltas) == backend.decode(PREFIX_ERROR_OUTPUT, skip_special_tokens=True)
+    assert "".join(deltas).endswith(" sa ha, ")
+    assert "sa ha" in "".join(deltas[:-1])  # delivered while streaming, not only at the end

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 import pytest
+from server_support import wait_until
 
 from aioserve import AsyncEngine, EngineConfig, EngineNotRunningError, SamplingParams
 
@@ -58,8 +59,7 @@ async def test_queued_request_cancelled_is_never_prefilled(model_dir):
         assert first.token_ids
         queued = engine.generate("One day", LONG, request_id="queued")
         pending = asyncio.create_task(queued.__anext__())
-        await asyncio.sleep(0)  # let the queued request reach the engine's waiting queue
-        assert engine.stats()["num_waiting"] == 1
+        await wait_until(lambda: engine.stats()["num_waiting"] == 1)
         engine.abort("queued")
         final = await pending
         assert final.finished and final.finish_reason == "abort" and final.token_ids == []

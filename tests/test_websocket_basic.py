@@ -15,7 +15,7 @@ PROMPTS = {"r1": [1, 403, 407, 261, 378], "r2": [1, 300, 301], "r3": [1] + list(
 MAX_TOKENS = {"r1": 30, "r2": 12, "r3": 20}
 
 
-async def wait_until(condition, timeout: float = 5.0) -> None:
+async def wait_until(condition, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"

@@ -10,7 +10,6 @@ import json
 import os
 import socket
 import struct
-import time
 
 import aiohttp
 from server_support import base_url, idle, metric, scripted_engine, serve, wait_until
@@ -50,37 +49,58 @@ async def silent_client(host: str, port: int, message: dict) -> socket.socket:
     return sock
 
 
-async def stream_tokens(session, url: str, n: int) -> float:
-    """Run one websocket generation of ``n`` tokens; returns its duration in seconds."""
-    start = time.monotonic()
+async def stream_tokens(session, url: str, n: int) -> int:
+    """Run one websocket generation of ``n`` tokens; returns the tokens received."""
     async with session.ws_connect(url + "/ws") as ws:
         await ws.send_json({"type": "generate", "id": "b", "prompt": "hi", "max_tokens": n,
                             "ignore_eos": True})
         tokens = 0
-        while (msg := await ws.receive_json(timeout=10))["type"] == "token":
+        while (msg := await ws.receive_json(timeout=30))["type"] == "token":
             tokens += 1
-        assert msg["type"] == "done" and tokens == n
-    return time.monotonic() - start
+        assert msg["type"] == "done"
+    return tokens
 
 
-async def test_bug23_a_client_that_never_reads_is_cut_off_and_others_are_not_slowed(tokenizer):
+async def silent_generation(server) -> socket.socket:
+    """A socket that starts a 50,000-token generation and never reads."""
+    return await silent_client(server.host, server.port, {
+        "type": "generate", "id": "a", "prompt": "hi", "max_tokens": 50_000,
+        "ignore_eos": True})
+
+
+PATIENT = ServerConfig(ws_max_pending=8, ws_stall_timeout=600, ws_send_buffer_bytes=1024)
+
+
+async def test_bug23_a_client_that_never_reads_does_not_hold_up_others(tokenizer):
+    """While A does not read (and is not yet cut off), other sockets stream in full:
+    A's generation pauses, theirs do not wait for it."""
+    engine = scripted_engine(tokenizer, [300, 301], max_model_len=60_000, num_kv_blocks=4000)
+    async with serve(engine, PATIENT) as server, aiohttp.ClientSession() as s:
+        url = base_url(server)
+        sock = await silent_generation(server)
+        try:
+            await wait_until(lambda: engine.stats()["num_running"] == 1)
+            tokens = await asyncio.gather(*(stream_tokens(s, url, 300) for _ in range(4)))
+            assert tokens == [300] * 4
+            assert engine.stats()["num_running"] == 1  # A still there, paused
+        finally:
+            sock.close()
+        await wait_until(lambda: idle(engine))  # closing A's socket aborted it
+
+
+async def test_bug23_a_client_that_never_reads_is_cut_off(tokenizer):
     engine = scripted_engine(tokenizer, [300, 301], max_model_len=60_000, num_kv_blocks=4000)
     async with serve(engine, CONFIG) as server, aiohttp.ClientSession() as s:
         url = base_url(server)
-        baseline = max(await asyncio.gather(*(stream_tokens(s, url, 300) for _ in range(4))))
-        sock = await silent_client(server.host, server.port, {
-            "type": "generate", "id": "a", "prompt": "hi", "max_tokens": 50_000,
-            "ignore_eos": True})
+        sock = await silent_generation(server)
         try:
             await wait_until(lambda: engine.stats()["num_running"] == 1)
-            times = await asyncio.gather(*(stream_tokens(s, url, 300) for _ in range(4)))
-            assert max(times) < max(3 * baseline, baseline + 1.0)
-            await wait_until(lambda: idle(engine), timeout=10)  # A was aborted
+            await wait_until(lambda: idle(engine))  # A was aborted after the stall timeout
             async with s.get(url + "/metrics") as r:
                 text = await r.text()
             assert metric(text, "aioserve:request_success_total",
                           'finished_reason="abort"') == 1
-            assert metric(text, "aioserve:generation_tokens_total") < 50_000 + 8 * 300
+            assert metric(text, "aioserve:generation_tokens_total") < 50_000
         finally:
             sock.close()
 
@@ -97,7 +117,7 @@ async def test_bug23_churn_of_hard_closed_sockets_leaks_nothing(tokenizer):
                 await ws.send_json({"type": "generate", "id": "x", "prompt": "hi",
                                     "max_tokens": 400, "ignore_eos": True})
                 for _ in range(2):
-                    await ws.receive_json(timeout=5)
+                    await ws.receive_json(timeout=30)
                 ws._response.connection.transport.abort()  # hard close, no close frame
         await wait_until(lambda: idle(engine))
         await wait_until(lambda: len(asyncio.all_tasks()) <= tasks_before)

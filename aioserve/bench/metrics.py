@@ -43,7 +43,8 @@ class ServingResult:
         metrics: ``ttft``, ``tpot``, ``itl``, ``e2e`` -> :func:`latency_stats`, and the
             rates ``request_throughput`` (requests/s), ``output_throughput`` and
             ``total_token_throughput`` (tokens/s) and ``goodput`` (requests/s within
-            the SLO).
+            the SLO), and ``prefix_hit_rate``: prompt tokens served from the server's
+            prefix cache over all prompt tokens (0–1; 0 where the server reports none).
     """
 
     endpoint: str
@@ -65,7 +66,7 @@ class ServingResult:
             f"in {self.duration_s:.2f} s",
             f"request throughput {m['request_throughput']:.2f} req/s, output "
             f"{m['output_throughput']:.1f} tok/s, total {m['total_token_throughput']:.1f} tok/s, "
-            f"goodput {m['goodput']:.2f} req/s",
+            f"goodput {m['goodput']:.2f} req/s, prefix cache hits {m['prefix_hit_rate']:.1%}",
         ]
         for name in ("ttft", "tpot", "itl", "e2e"):
             s = m[name]
@@ -100,6 +101,8 @@ def summarize(
         "output_throughput": out_tokens / duration_s,
         "total_token_throughput": (out_tokens + sum(r.prompt_len for r in done)) / duration_s,
         "goodput": len(good) / duration_s,
+        "prefix_hit_rate": sum(r.cached_tokens for r in done)
+        / max(1, sum(r.prompt_len for r in done)),
         "slo_ttft_ms": slo_ttft_ms,
         "slo_tpot_ms": slo_tpot_ms,
     }

@@ -1,7 +1,9 @@
-"""``aioserve bench throughput``: aioserve against transformers static batching, one process."""
+"""``aioserve bench throughput``: aioserve against transformers static batching, or
+against itself without prefix caching, in one process."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -10,8 +12,15 @@ from typing import Any
 import torch
 
 from aioserve.bench.throughput import ThroughputResult, run_aioserve
-from aioserve.bench.workloads import BenchRequest, random_requests
+from aioserve.bench.workloads import (
+    BenchRequest,
+    prefix_repetition_requests,
+    random_requests,
+)
 from aioserve.config import EngineConfig
+
+#: ``compare`` choices: the baseline backend each one adds.
+BASELINES = {"hf-static": "hf-static", "no-prefix-caching": "no-caching"}
 
 
 @dataclass
@@ -38,12 +47,17 @@ class OfflineReport:
         return results[(len(results) - 1) // 2]
 
     @property
+    def baseline(self) -> str | None:
+        """The backend aioserve is compared with (``hf-static``, ``no-caching``), if any."""
+        return next((b for b in BASELINES.values() if b in self.runs), None)
+
+    @property
     def ratio(self) -> float | None:
-        """Median aioserve output rate over the median hf-static one (same tokens)."""
-        if "hf-static" not in self.runs:
+        """Median aioserve output rate over the baseline's median (same tokens)."""
+        if self.baseline is None:
             return None
         ours = statistics.median(r.output_tokens_per_s for r in self.runs["aioserve"])
-        theirs = statistics.median(r.output_tokens_per_s for r in self.runs["hf-static"])
+        theirs = statistics.median(r.output_tokens_per_s for r in self.runs[self.baseline])
         return ours / theirs
 
     def to_dict(self) -> dict[str, Any]:
@@ -53,6 +67,7 @@ class OfflineReport:
             "threads": self.threads,
             "runs": {k: [r.to_dict() for r in v] for k, v in self.runs.items()},
             "median": {k: self.median(k).to_dict() for k in self.runs},
+            "baseline": self.baseline,
             "ratio": self.ratio,
             "mismatches": self.mismatches,
         }
@@ -90,14 +105,18 @@ def run_offline(
     output_len: tuple[int, int],
     seed: int = 0,
     compare: str | None = None,
+    prefix: tuple[int, int, int] | None = None,
     hf_batch_size: int = 32,
     runs: int = 1,
     threads: int | None = None,
     check: bool = False,
     progress: bool = False,
 ) -> OfflineReport:
-    """Run the workload ``runs`` times through aioserve (and hf-static when
-    ``compare == "hf-static"``), alternating backends. ``threads`` is each backend's
+    """Run the workload ``runs`` times through aioserve and the ``compare`` baseline
+    (``"hf-static"``, or ``"no-prefix-caching"``: aioserve with the prefix cache off,
+    backend ``no-caching``), alternating backends. ``prefix`` = (prefix length, suffix
+    length, number of prefixes) picks the prefix-repetition workload instead of random
+    prompts (``input_len`` is then unused). ``threads`` is each backend's
     compute threads: transformers' intra-op threads and aioserve's thread budget
     (``AIOSERVE_NUM_THREADS``); default: each backend's own default (torch's thread
     count, every core; aioserve's :func:`~aioserve.runners.step_split.cpu_layout`).
@@ -105,17 +124,25 @@ def run_offline(
     Raises:
         ValueError: bad sizes or an unknown ``compare``. OSError: the model cannot load.
     """
-    if compare not in (None, "hf-static"):
-        raise ValueError(f"compare must be 'hf-static', got {compare!r}")
+    if compare not in (None, *BASELINES):
+        raise ValueError(f"compare must be one of {sorted(BASELINES)}, got {compare!r}")
     vocab, bos = model_vocab(config.model)
-    requests = random_requests(
-        num_prompts, input_len, output_len, vocab_size=vocab, seed=seed,
-        bos_token_id=bos if bos is not None else 1,
-    )
+    bos = bos if bos is not None else 1
+    if prefix is None:
+        requests = random_requests(
+            num_prompts, input_len, output_len, vocab_size=vocab, seed=seed, bos_token_id=bos
+        )
+    else:
+        requests = prefix_repetition_requests(
+            num_prompts, *prefix, output_len, vocab_size=vocab, seed=seed, bos_token_id=bos
+        )
     workload = {
         "model": config.model, "num_prompts": num_prompts, "input_len": list(input_len),
         "output_len": list(output_len), "seed": seed, "max_num_seqs": config.max_num_seqs,
         "scheduler": config.scheduler, "hf_batch_size": hf_batch_size,
+        "dataset": "random" if prefix is None else "prefix-repetition",
+        "prefix_len_suffix_len_num_prefixes": list(prefix) if prefix else None,
+        "enable_prefix_caching": config.enable_prefix_caching,
     }
     from aioserve.runners.step_split import cpu_layout
     from aioserve.runners.torch_runner import resolve_device
@@ -130,14 +157,14 @@ def run_offline(
     hf_threads = threads or saved
     report = OfflineReport(workload, {"hf-static": hf_threads, "aioserve": parts * (per_part or 1)})
     hf_model = None
-    if compare or check:
+    if compare == "hf-static" or check:
         from transformers import AutoModelForCausalLM
 
         hf_model = AutoModelForCausalLM.from_pretrained(config.model).eval()
     outputs: list[list[int]] = []
     try:
         for _ in range(runs):
-            if compare and hf_model is not None:
+            if compare == "hf-static" and hf_model is not None:
                 from aioserve.bench.hf_static import run_hf_static
 
                 torch.set_num_threads(hf_threads)
@@ -148,6 +175,10 @@ def run_offline(
                 report.runs.setdefault("hf-static", []).append(result)
             result, outputs = run_aioserve(config, requests, progress=progress)
             report.runs.setdefault("aioserve", []).append(result)
+            if compare == "no-prefix-caching":
+                off = dataclasses.replace(config, enable_prefix_caching=False)
+                result, _ = run_aioserve(off, requests, progress=progress, backend="no-caching")
+                report.runs.setdefault("no-caching", []).append(result)
         if check and hf_model is not None:
             torch.set_num_threads(hf_threads)
             report.mismatches = check_exact(hf_model, requests, outputs)

@@ -35,6 +35,8 @@ class RequestRecord:
         output_tokens: tokens received (the server's usage count when it sends one).
         end: when the response ended.
         error: why it failed, or None.
+        cached_tokens: prompt tokens the server took from its prefix cache (its usage's
+            ``prompt_tokens_details.cached_tokens``; 0 when it sends none).
     """
 
     prompt_len: int
@@ -44,6 +46,7 @@ class RequestRecord:
     output_tokens: int = 0
     end: float = 0.0
     error: str | None = None
+    cached_tokens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -106,6 +109,8 @@ async def send_completion(
                 usage = chunk.get("usage")
                 if usage:
                     record.output_tokens = int(usage.get("completion_tokens", record.output_tokens))
+                    details = usage.get("prompt_tokens_details") or {}
+                    record.cached_tokens = int(details.get("cached_tokens") or 0)
     except (aiohttp.ClientError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     finally:

@@ -31,6 +31,10 @@ class ThroughputResult:
         elapsed_s: wall time of the run in seconds (model loading excluded).
         prompt_tokens: prompt tokens of all requests.
         output_tokens: requested output tokens of all requests (EOS ignored).
+        mean_ttft_ms: mean time from the start of the run to a request's first token, in
+            milliseconds (None where not measured: hf-static).
+        cached_prompt_tokens: prompt tokens served from the prefix cache (None where
+            not measured).
     """
 
     backend: str
@@ -38,12 +42,25 @@ class ThroughputResult:
     elapsed_s: float
     prompt_tokens: int
     output_tokens: int
+    mean_ttft_ms: float | None = None
+    cached_prompt_tokens: int | None = None
 
     @classmethod
-    def of(cls, backend: str, requests: list[BenchRequest], elapsed_s: float) -> ThroughputResult:
-        """The result of running every request in ``requests`` in ``elapsed_s`` seconds."""
+    def of(
+        cls, backend: str, requests: list[BenchRequest], elapsed_s: float, **measured: Any
+    ) -> ThroughputResult:
+        """The result of running every request in ``requests`` in ``elapsed_s`` seconds;
+        ``measured``: ``mean_ttft_ms`` and ``cached_prompt_tokens``."""
         prompt = sum(r.prompt_len for r in requests)
-        return cls(backend, len(requests), elapsed_s, prompt, sum(r.output_len for r in requests))
+        output = sum(r.output_len for r in requests)
+        return cls(backend, len(requests), elapsed_s, prompt, output, **measured)
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Fraction of prompt tokens served from the prefix cache, 0–1."""
+        if self.cached_prompt_tokens is None:
+            return None
+        return self.cached_prompt_tokens / self.prompt_tokens
 
     @property
     def requests_per_s(self) -> float:
@@ -63,15 +80,21 @@ class ThroughputResult:
             "requests_per_s": self.requests_per_s,
             "output_tokens_per_s": self.output_tokens_per_s,
             "total_tokens_per_s": self.total_tokens_per_s,
+            "prefix_hit_rate": self.prefix_hit_rate,
         }
 
     def summary(self) -> str:
         """One human-readable line."""
-        return (
+        line = (
             f"{self.backend:>9}: {self.elapsed_s:7.2f} s  {self.requests_per_s:8.2f} requests/s  "
             f"{self.output_tokens_per_s:9.1f} output tokens/s  "
             f"{self.total_tokens_per_s:9.1f} total tokens/s"
         )
+        if self.mean_ttft_ms is not None:
+            line += f"  TTFT {self.mean_ttft_ms:8.1f} ms"
+        if self.prefix_hit_rate is not None:
+            line += f"  prefix hits {self.prefix_hit_rate:6.1%}"
+        return line
 
 
 def _greedy(request: BenchRequest) -> SamplingParams:
@@ -79,9 +102,14 @@ def _greedy(request: BenchRequest) -> SamplingParams:
 
 
 async def run_engine(
-    engine: AsyncEngine, requests: list[BenchRequest], *, progress: bool = False
+    engine: AsyncEngine,
+    requests: list[BenchRequest],
+    *,
+    progress: bool = False,
+    backend: str = "aioserve",
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    """Submit every request at once to a running engine and wait for all of them.
+    """Submit every request at once to a running engine and wait for all of them
+    (the result is named ``backend``).
 
     Returns:
         The result, and each request's output token ids (in request order).
@@ -92,11 +120,16 @@ async def run_engine(
     from tqdm import tqdm
 
     outputs: list[list[int]] = [[] for _ in requests]
+    ttft = [0.0 for _ in requests]
+    cached = [0 for _ in requests]
     bar = tqdm(total=len(requests), desc="aioserve", unit="req", disable=not progress)
 
     async def consume(index: int, request: BenchRequest) -> None:
         async for out in engine.generate(request.prompt_token_ids, _greedy(request)):
+            if not outputs[index]:
+                ttft[index] = time.perf_counter() - start
             outputs[index].extend(out.token_ids)
+            cached[index] = out.num_cached_tokens
         bar.update(1)
 
     start = time.perf_counter()
@@ -106,7 +139,11 @@ async def run_engine(
     for request, tokens in zip(requests, outputs):
         if len(tokens) != request.output_len:
             raise RuntimeError(f"a request produced {len(tokens)} of {request.output_len} tokens")
-    return ThroughputResult.of("aioserve", requests, elapsed), outputs
+    result = ThroughputResult.of(
+        backend, requests, elapsed, mean_ttft_ms=1000 * sum(ttft) / len(ttft),
+        cached_prompt_tokens=sum(cached),
+    )
+    return result, outputs
 
 
 def run_aioserve(
@@ -115,9 +152,11 @@ def run_aioserve(
     *,
     progress: bool = False,
     warmup: bool = True,
+    backend: str = "aioserve",
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    """Start an engine for ``config`` (not timed), warm it up on two short requests,
-    then time :func:`run_engine`.
+    """Start an engine for ``config`` (not timed), warm it up on two short requests
+    (then empty the prefix cache, so the timed run starts cold), then time
+    :func:`run_engine`.
 
     Raises:
         OSError: the model cannot be loaded. ValueError: a request does not fit the model.
@@ -128,6 +167,7 @@ def run_aioserve(
             if warmup:
                 short = [BenchRequest(r.prompt_token_ids, 4) for r in requests[:2]]
                 await run_engine(engine, short)
-            return await run_engine(engine, requests, progress=progress)
+                engine.reset_prefix_cache()
+            return await run_engine(engine, requests, progress=progress, backend=backend)
 
     return asyncio.run(main())

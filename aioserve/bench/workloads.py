@@ -1,4 +1,5 @@
-"""Synthetic benchmark workloads: random prompts with fixed output lengths."""
+"""Synthetic benchmark workloads: random prompts, or groups sharing a prefix, with fixed
+output lengths."""
 
 from __future__ import annotations
 
@@ -71,4 +72,45 @@ def random_requests(
         head = [bos_token_id] if bos_token_id is not None else []
         body = [rng.randrange(low_id, vocab_size) for _ in range(length - len(head))]
         requests.append(BenchRequest(head + body, rng.randint(*output_len)))
+    return requests
+
+
+def prefix_repetition_requests(
+    num_prompts: int,
+    prefix_len: int,
+    suffix_len: int,
+    num_prefixes: int,
+    output_len: tuple[int, int],
+    *,
+    vocab_size: int,
+    seed: int = 0,
+    bos_token_id: int | None = 1,
+    low_id: int = 3,
+) -> list[BenchRequest]:
+    """Requests in ``num_prefixes`` groups that share a prompt prefix, as vLLM's
+    ``prefix_repetition`` dataset: each prompt is a group's prefix of ``prefix_len``
+    tokens (BOS included) followed by its own ``suffix_len`` random tokens. Groups
+    take turns (request ``i`` is in group ``i % num_prefixes``) and the order is
+    shuffled; output lengths are uniform in ``output_len``. Reproducible from ``seed``.
+
+    Raises:
+        ValueError: a count or length below 1 (``suffix_len`` may be 0), or
+            ``vocab_size`` <= ``low_id``.
+    """
+    if min(num_prompts, prefix_len, num_prefixes) < 1 or suffix_len < 0:
+        raise ValueError("num_prompts, prefix_len and num_prefixes must be >= 1, suffix_len >= 0")
+    if vocab_size <= low_id:
+        raise ValueError(f"vocab_size must exceed {low_id}, got {vocab_size}")
+    rng = random.Random(seed)
+    head = [bos_token_id] if bos_token_id is not None else []
+
+    def draw(count: int) -> list[int]:
+        return [rng.randrange(low_id, vocab_size) for _ in range(count)]
+
+    prefixes = [head + draw(prefix_len - len(head)) for _ in range(num_prefixes)]
+    requests = [
+        BenchRequest(prefixes[i % num_prefixes] + draw(suffix_len), rng.randint(*output_len))
+        for i in range(num_prompts)
+    ]
+    rng.shuffle(requests)
     return requests

@@ -9,33 +9,53 @@ import math
 import sys
 from typing import Any
 
-from aioserve.bench.workloads import parse_range
+from aioserve.bench.workloads import (
+    BenchRequest,
+    parse_range,
+    prefix_repetition_requests,
+    random_requests,
+)
+from aioserve.commands.common import add_prefix_caching_option
 from aioserve.config import EngineConfig
 
 
 def _workload_options(parser: argparse.ArgumentParser, prompts: int) -> None:
     parser.add_argument("--num-prompts", type=int, default=prompts, help="requests")
     parser.add_argument("--input-len", type=parse_range, default=(8, 128),
-                        help="prompt tokens LO:HI, uniform, BOS included (default 8:128)")
+                        help="prompt tokens LO:HI, uniform, BOS included")
     parser.add_argument("--output-len", type=parse_range, default=(16, 256),
-                        help="output tokens LO:HI, uniform, EOS ignored (default 16:256)")
+                        help="output tokens LO:HI, uniform, EOS ignored")
+    parser.add_argument("--dataset", choices=["random", "prefix-repetition"], default="random",
+                        help="random prompts, or groups sharing a prefix (vLLM's "
+                             "prefix_repetition; --input-len is then unused)")
+    parser.add_argument("--prefix-len", type=int, default=256,
+                        help="prefix-repetition: shared prefix tokens, BOS included")
+    parser.add_argument("--suffix-len", type=int, default=32,
+                        help="prefix-repetition: unique tokens after the prefix")
+    parser.add_argument("--num-prefixes", type=int, default=4,
+                        help="prefix-repetition: groups, one prefix each")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _add_throughput(sub: Any) -> None:
     p = sub.add_parser("throughput", help="offline: every request at t=0")
-    p.add_argument("--model", required=True)
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--scheduler", default="fcfs")
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto")
+    p.add_argument("--model", required=True, help="model directory or hub id")
+    p.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
+    p.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="slots")
+    p.add_argument("--max-num-batched-tokens", type=int, default=4096,
+                   help="most tokens in one step")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    add_prefix_caching_option(p)
     _workload_options(p, 64)
-    p.add_argument("--compare", choices=["hf-static"], default=None,
-                   help="also run transformers generate() static batching")
-    p.add_argument("--hf-batch-size", type=int, default=32)
+    p.add_argument("--compare", choices=["hf-static", "no-prefix-caching"], default=None,
+                   help="also run transformers generate() static batching, or aioserve "
+                        "with the prefix cache off (runs alternate)")
+    p.add_argument("--hf-batch-size", type=int, default=32,
+                   help="transformers' static batch size (with --compare hf-static)")
     p.add_argument("--runs", type=int, default=1, help="runs per backend; medians reported")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads of each backend: transformers' intra-op threads and "
@@ -43,34 +63,37 @@ def _add_throughput(sub: Any) -> None:
                         "backend's own, every core)")
     p.add_argument("--check", action="store_true",
                    help="compare every output with a solo transformers generate()")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(bench=_throughput)
 
 
 def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="online: Poisson arrivals against a running server")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server to load")
     p.add_argument("--endpoint", choices=["auto", "completions", "ws"], default="auto",
                    help="POST /v1/completions (SSE) or GET /ws; auto probes /v1/models")
-    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--served-model-name", default=None,
+                   help="model name to send (default: the first of /v1/models)")
     p.add_argument("--vocab-size", type=int, default=512, help="prompt ids are < this")
     p.add_argument("--request-rate", type=float, default=math.inf,
-                   help="requests/s, Poisson (default inf: all at once)")
-    p.add_argument("--slo-ttft-ms", type=float, default=math.inf)
-    p.add_argument("--slo-tpot-ms", type=float, default=math.inf)
+                   help="requests/s, Poisson (inf: all at once)")
+    p.add_argument("--slo-ttft-ms", type=float, default=math.inf,
+                   help="TTFT objective in ms, for goodput")
+    p.add_argument("--slo-tpot-ms", type=float, default=math.inf,
+                   help="TPOT objective in ms, for goodput")
     p.add_argument("--plot", default=None, help="save latency plots to this file (PNG)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _workload_options(p, 100)
     p.set_defaults(bench=_serve)
 
 
 def _add_overhead(sub: Any) -> None:
     p = sub.add_parser("overhead", help="step-loop cost per step on a zero-cost runner")
-    p.add_argument("--num-requests", type=int, default=256)
-    p.add_argument("--num-steps", type=int, default=200)
+    p.add_argument("--num-requests", type=int, default=256, help="requests decoding at once")
+    p.add_argument("--num-steps", type=int, default=200, help="steps measured per run")
     p.add_argument("--tokenizer", default=None, help="include detokenization with this tokenizer")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--runs", type=int, default=3, help="runs; the median is reported")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(bench=_overhead)
 
 
@@ -84,24 +107,42 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _prefix(args: argparse.Namespace) -> tuple[int, int, int] | None:
+    """(prefix, suffix, groups) for the prefix-repetition dataset, else None."""
+    if args.dataset != "prefix-repetition":
+        return None
+    return args.prefix_len, args.suffix_len, args.num_prefixes
+
+
+def _requests(args: argparse.Namespace) -> list[BenchRequest]:
+    prefix = _prefix(args)
+    if prefix is None:
+        return random_requests(args.num_prompts, args.input_len, args.output_len,
+                               vocab_size=args.vocab_size, seed=args.seed)
+    return prefix_repetition_requests(args.num_prompts, *prefix, args.output_len,
+                                      vocab_size=args.vocab_size, seed=args.seed)
+
+
 def _throughput(args: argparse.Namespace) -> int:
     from aioserve.bench.offline import run_offline
 
     config = EngineConfig(
         model=args.model, tokenizer=args.tokenizer, scheduler=args.scheduler,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        dtype=args.dtype, device=args.device,
+        dtype=args.dtype, device=args.device, enable_prefix_caching=args.enable_prefix_caching,
     )
     report = run_offline(
         config, num_prompts=args.num_prompts, input_len=args.input_len,
-        output_len=args.output_len, seed=args.seed, compare=args.compare,
+        output_len=args.output_len, seed=args.seed, compare=args.compare, prefix=_prefix(args),
         hf_batch_size=args.hf_batch_size, runs=args.runs, threads=args.threads,
         check=args.check, progress=not args.no_progress and not args.json,
     )
     if args.json:
         print(json.dumps(report.to_dict()))
         return 0
-    print(f"{args.num_prompts} requests, prompt {args.input_len}, output {args.output_len}, "
+    prompt = (f"prefix {args.prefix_len} x {args.num_prefixes} + suffix {args.suffix_len}"
+              if args.dataset == "prefix-repetition" else f"prompt {args.input_len}")
+    print(f"{args.num_prompts} requests, {prompt}, output {args.output_len}, "
           f"{args.max_num_seqs} slots, compute threads "
           + ", ".join(f"{name} {count}" for name, count in report.threads.items()))
     for backend, results in report.runs.items():
@@ -110,7 +151,12 @@ def _throughput(args: argparse.Namespace) -> int:
         if len(results) > 1:
             print(f"   median  {report.median(backend).summary().strip()}")
     if report.ratio is not None:
-        print(f"aioserve / hf-static (output tokens/s, medians): {report.ratio:.2f}x")
+        print(f"aioserve / {report.baseline} (output tokens/s, medians): {report.ratio:.2f}x")
+    if report.baseline == "no-caching":
+        on, off = report.median("aioserve"), report.median("no-caching")
+        if on.mean_ttft_ms and off.mean_ttft_ms:
+            print(f"mean TTFT no-caching / aioserve (medians): "
+                  f"{off.mean_ttft_ms / on.mean_ttft_ms:.2f}x")
     if report.mismatches is not None:
         print(f"outputs differing from solo generate(): {report.mismatches}")
     return 0
@@ -119,12 +165,7 @@ def _throughput(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from aioserve.bench.metrics import summarize
     from aioserve.bench.serving import run_serving
-    from aioserve.bench.workloads import random_requests
-
-    requests = random_requests(
-        args.num_prompts, args.input_len, args.output_len, vocab_size=args.vocab_size,
-        seed=args.seed,
-    )
+    requests = _requests(args)
     import aiohttp
 
     try:

@@ -13,8 +13,11 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model directory or hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
     parser.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")
-    parser.add_argument("--max-num-seqs", type=int, default=32, help="slots (default 32)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=32,
+                        help="slots: most requests running at once")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=4096,
+                        help="most tokens (prefill + decode) in one step; longer prompts are "
+                             "prefilled in chunks")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--num-kv-blocks", type=int, default=None,
                         help="KV cache size in blocks (overrides --kv-cache-memory)")
@@ -22,12 +25,25 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="KV cache budget: a size (2GiB, 512MiB) or a fraction of free "
                         "memory (0.9 or 90%%; GPU: free device memory). Default 4GiB; never "
                         "more blocks than max-num-seqs x max-model-len need")
-    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context length in tokens, at most the model's "
+                             "(default: the model's max_position_embeddings)")
     parser.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights and KV cache dtype (auto: float32 on CPU, bfloat16 on CUDA)",
     )
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when present), cpu or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without one")
+    add_prefix_caching_option(parser)
+
+
+def add_prefix_caching_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (default on)."""
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="reuse the KV blocks of prompt prefixes already computed (default: on)",
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -54,4 +70,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         seed=args.seed,
+        enable_prefix_caching=args.enable_prefix_caching,
     )

@@ -16,22 +16,22 @@ from aioserve.sampling_params import SamplingParams
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``generate`` command."""
     parser = subparsers.add_parser("generate", help="stream a continuation of PROMPT to stdout")
-    parser.add_argument("prompt")
+    parser.add_argument("prompt", help="the text to continue")
     add_engine_options(parser)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest; 0: all")
     parser.add_argument(
         "--sampling-seed",
         "--request-seed",
         dest="request_seed",
         type=int,
         default=None,
-        help="per-request sampling seed",
+        help="per-request sampling seed (default: the engine's --seed)",
     )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
     parser.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
     return parser
 

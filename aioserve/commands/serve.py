@@ -26,20 +26,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``serve`` command."""
     parser = subparsers.add_parser("serve", help="serve the model over HTTP and websocket")
     add_engine_options(parser)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: the --model path)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-body-bytes", type=int, default=1024**2,
-                        help="largest request body or websocket message (default 1 MiB)")
+                        help="largest request body or websocket message in bytes")
     parser.add_argument("--ws-max-pending", type=int, default=256,
                         help="messages queued per websocket before its generations pause")
     parser.add_argument("--ws-stall-timeout", type=float, default=5.0,
                         help="seconds a websocket may not read before its requests are aborted")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
-                        help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+                        help="seconds running requests get to finish on SIGINT/SIGTERM "
+                             "(new ones get 503 meanwhile; the rest then end with an error)")
     parser.add_argument("--api-key", default=os.environ.get("AIOSERVE_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on /v1/* and the "
                         "websockets (default: $AIOSERVE_API_KEY; /health, /metrics open)")
@@ -76,15 +77,34 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
+#: Seconds handlers get to write their last event after the engine has stopped.
+CLOSE_GRACE = 1.0
+
+
+async def drain(app: web.Application, shutdown_timeout: float) -> None:
+    """Graceful stop of the engine, as vLLM and TGI do on SIGTERM: admit nothing more
+    (new requests get 503, ``/health`` 503), end queued requests that never started
+    with an error, let running ones finish for up to ``shutdown_timeout`` seconds,
+    then stop the engine, which ends every remaining stream with an error event (SSE
+    ``data: {"error": ...}``, websocket ``error``)."""
+    engine = app[ENGINE_KEY]
+    if not engine.is_running:
+        return
+    engine.drain()
+    if not await engine.wait_idle(shutdown_timeout):
+        logger.warning("shutdown timeout: ending the requests still running with an error")
+    await engine.shutdown()
+
+
 async def serve(
     app: web.Application, host: str, port: int, shutdown_timeout: float,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM, then stop accepting connections, give
-    in-flight requests ``shutdown_timeout`` seconds, close websockets, abort what is
-    left and stop the engine. Prints ``listening on http://HOST:PORT`` once ready (and
-    passes that URL to ``on_ready``)."""
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    """Serve ``app`` until SIGINT or SIGTERM, then :func:`drain` the engine (in-flight
+    requests get ``shutdown_timeout`` seconds), stop listening, close websockets and
+    exit, in at most ``shutdown_timeout`` + about 2 seconds. Prints ``listening on
+    http://HOST:PORT`` once ready (and passes that URL to ``on_ready``)."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=CLOSE_GRACE)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # before the model loads: a stop while
@@ -101,7 +121,9 @@ async def serve(
             if on_ready is not None:
                 on_ready(url)
         await stop.wait()
-        logger.info("shutting down: no new connections, finishing in-flight requests")
+        logger.info("shutting down: admitting nothing, finishing in-flight requests "
+                    "(at most %.1f s)", shutdown_timeout)
+        await drain(app, shutdown_timeout)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

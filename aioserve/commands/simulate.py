@@ -72,6 +72,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="token budget of one step (default 4096)",
     )
     parser.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="share cached prompt prefixes (workload prefix_group/prefix_len; default off)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object per scheduler as the last line(s)",
@@ -106,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         kv_blocks=args.kv_blocks,
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
     if not names:

@@ -42,6 +42,7 @@ class ScriptedRunner:
         self.fail_on_step = fail_on_step
         self.steps = 0
         self.prefilled_ids: list[str] = []
+        self._seen: set[str] = set()
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
         """Return each request's next scripted token (yields to the loop once)."""
@@ -49,12 +50,15 @@ class ScriptedRunner:
         step, self.steps = self.steps, self.steps + 1
         if step == self.fail_on_step:
             raise RuntimeError(f"injected failure in step {step}")
+        self._seen.difference_update(batch.released_ids)
         tokens = []
         for request_id, start, sample, produced in zip(
             batch.request_ids, batch.start_positions, batch.sample, batch.num_output_tokens
         ):
-            if start == 0:
+            # a request's first chunk (after any cached prefix), or a recompute
+            if start == 0 or request_id not in self._seen:
                 self.prefilled_ids.append(request_id)
+                self._seen.add(request_id)
             script = self._script(request_id)
             tokens.append(script[min(produced, len(script) - 1)] if sample else -1)
         return RunnerOutput(token_ids=tokens)

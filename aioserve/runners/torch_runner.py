@@ -21,10 +21,39 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"`` picks CUDA when present, else the CPU."""
+    """``"auto"`` picks CUDA when present, else the CPU.
+
+    Raises:
+        ValueError: CUDA asked for where this torch build or machine has none.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = "has no CUDA support" if torch.version.cuda is None else "sees no CUDA device"
+        raise ValueError(f"device {name!r}: this torch ({torch.__version__}) {build}; "
+                         "use --device cpu or auto")
+    return device
+
+
+def context_length(requested: int | None, text_config: object) -> int:
+    """The context length in tokens: ``requested`` or the model's
+    ``max_position_embeddings``.
+
+    Raises:
+        ValueError: ``requested`` exceeds what the model was built for (as vLLM refuses
+            it), or neither is known.
+    """
+    model_len = getattr(text_config, "max_position_embeddings", None)
+    if requested is None:
+        if model_len is None:
+            raise ValueError("max_model_len: the model config has no max_position_embeddings; "
+                             "give --max-model-len")
+        return int(model_len)
+    if model_len is not None and requested > int(model_len):
+        raise ValueError(f"max_model_len: {requested} exceeds the model's context of "
+                         f"{int(model_len)} tokens (max_position_embeddings)")
+    return requested
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -84,7 +113,7 @@ class TorchRunner:
         )
         self.model = model.to(self.device).eval()
         text_config = model.config.get_text_config()
-        self.max_model_len = config.max_model_len or int(text_config.max_position_embeddings)
+        self.max_model_len = context_length(config.max_model_len, text_config)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size

@@ -19,7 +19,7 @@ from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
 from aioserve.engine import AsyncEngine
 from aioserve.server import access, openapi, stats_feed, websocket
-from aioserve.server.errors import error_middleware
+from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
 from aioserve.server.openai_chat import create_chat_completion
 from aioserve.server.openai_completions import create_completion
@@ -29,26 +29,47 @@ METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
 
 async def health(request: web.Request) -> web.Response:
-    """``GET /health``: 200 while the engine runs, else 503."""
+    """``GET /health``: 200 while the engine runs and admits work, else 503 (also while
+    draining on shutdown)."""
     engine = request.app[ENGINE_KEY]
+    if engine.is_draining:
+        return web.json_response({"status": "shutting down"}, status=503)
     if engine.is_running:
         return web.json_response({"status": "ok"})
     return web.json_response({"status": "engine not running"}, status=503)
 
 
-async def list_models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the one served model."""
-    engine = request.app[ENGINE_KEY]
+def _model_card(app: web.Application) -> dict[str, object]:
+    engine = app[ENGINE_KEY]
     core = engine.core
-    model = {
-        "id": served_model_name(request.app),
+    return {
+        "id": served_model_name(app),
         "object": "model",
-        "created": int(request.app.get(_STARTED_KEY, time.time())),
+        "created": int(app.get(_STARTED_KEY, time.time())),
         "owned_by": "aioserve",
         "root": engine.config.model,
         "max_model_len": core.max_model_len if core is not None else None,
     }
-    return web.json_response({"object": "list", "data": [model]})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the one served model."""
+    return web.json_response({"object": "list", "data": [_model_card(request.app)]})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{model}``: the served model (the ``openai`` client's
+    ``models.retrieve``).
+
+    Raises:
+        ApiError: 404 ``model_not_found`` for any other name.
+    """
+    name = request.match_info["model"]
+    if name != served_model_name(request.app):
+        raise ApiError(404, f"model {name!r} does not exist; this server serves "
+                       f"{served_model_name(request.app)!r}", param="model",
+                       code="model_not_found")
+    return web.json_response(_model_card(request.app))
 
 
 _STARTED_KEY: web.AppKey[float] = web.AppKey("started", float)
@@ -96,6 +117,7 @@ def create_app(
     feed = stats_feed.StatsFeed(engine, config.served_model_name or engine.config.model,
                                 interval=config.stats_interval)
     app[stats_feed.STATS_FEED_KEY] = feed
+    app[websocket.CONNECTIONS_KEY] = weakref.WeakSet()
 
     async def engine_lifetime(app: web.Application) -> AsyncIterator[None]:
         await engine.start()
@@ -110,6 +132,7 @@ def create_app(
     app.on_shutdown.append(websocket.close_all)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", retrieve_model)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/metrics", metrics.handle)

@@ -52,4 +52,33 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
             f"the request body must be a JSON object, got {type(body).__name__}",
             code="invalid_json",
         )
+    check_text(body)
     return body
+
+
+def is_text(value: Any) -> bool:
+    """True when every string in a JSON value is valid Unicode text (no lone surrogate)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(body: dict[str, Any]) -> None:
+    """Refuse a JSON object holding a lone surrogate (``"\\ud800"`` escapes are valid
+    JSON but not Unicode text: no tokenizer can encode them).
+
+    Raises:
+        ApiError: 400 naming the top-level field that holds one.
+    """
+    if is_text(body):
+        return
+    for name, value in body.items():
+        if not is_text(name) or not is_text(value):
+            field = name if is_text(name) else None
+            raise bad_request(
+                f"{field or 'a field name'} contains a lone surrogate (a \\ud800-\\udfff "
+                "escape that is not part of a pair), which is not valid Unicode text",
+                field, code="invalid_encoding",
+            )

@@ -47,7 +47,7 @@ def normalize_messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(message, dict):
             raise RequestFieldError("messages", f"messages[{index}] must be an object")
         role = message.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise RequestFieldError(
                 "messages", f"messages[{index}].role must be one of {sorted(_ROLES)}"
             )

@@ -72,6 +72,11 @@ class Choices:
         """Prompt tokens of the call, each prompt counted once (not once per sample)."""
         return sum(s.request.num_prompt_tokens for s in self.streams[:: self.n])
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache, counted as :attr:`prompt_tokens`."""
+        return sum(s.request.num_cached_tokens for s in self.streams[:: self.n])
+
     async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Outputs of every choice as they come, until all have finished.
 

@@ -88,6 +88,10 @@ class _EngineCollector(Collector):
              m.finished_generation_tokens + sum(r.num_output_tokens for r in live)),
             ("num_preemptions", "Preemptions (recompute).",
              core.num_preemptions if core is not None else m.last_preemptions),
+            ("prefix_cache_queries", "Tokens looked up in the prefix cache at admission.",
+             core.prefix_cache_queries if core is not None else m.last_prefix_queries),
+            ("prefix_cache_hits", "Tokens found in the prefix cache at admission.",
+             core.prefix_cache_hits if core is not None else m.last_prefix_hits),
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
@@ -108,6 +112,8 @@ class ServerMetrics:
         self.finished_prompt_tokens = 0
         self.finished_generation_tokens = 0
         self.last_preemptions = 0
+        self.last_prefix_queries = 0
+        self.last_prefix_hits = 0
         r = self.registry
         self.request_success = Counter(
             PREFIX + "request_success", "Finished requests by finish reason.",
@@ -165,6 +171,8 @@ class ServerMetrics:
         self.engine.remove_listener(self)
         if self.engine.core is not None:
             self.last_preemptions = self.engine.core.num_preemptions
+            self.last_prefix_queries = self.engine.core.prefix_cache_queries
+            self.last_prefix_hits = self.engine.core.prefix_cache_hits
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus text format."""

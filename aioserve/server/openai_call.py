@@ -107,11 +107,12 @@ async def answer(
         choices.close()
 
 
-def _usage(choices: Choices, completion_tokens: dict[int, int]) -> dict[str, int]:
+def _usage(choices: Choices, completion_tokens: dict[int, int]) -> dict[str, Any]:
     prompt = choices.prompt_tokens
     completion = sum(completion_tokens.values())
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": choices.cached_tokens}}
 
 
 async def _collect(choices: Choices, fmt: ResponseFormat, head: dict[str, Any]) -> web.Response:

@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from aioserve.engine import AsyncEngine
 from aioserve.outputs import RequestOutput
 from aioserve.server.body import read_json_object
 from aioserve.server.chat_template import ChatTemplate, normalize_messages
@@ -80,6 +81,19 @@ def _logprobs_option(body: dict[str, Any]) -> int | None:
     return (top or 0) if wanted else None
 
 
+def _check_limit(max_tokens: int | None, engine: AsyncEngine) -> None:
+    """Check a ``max_tokens`` that ``max_completion_tokens`` overrides (1 to context - 1).
+
+    Raises:
+        RequestFieldError: out of range.
+    """
+    if max_tokens is None or engine.core is None:
+        return
+    if not 1 <= max_tokens < engine.core.max_model_len:
+        raise RequestFieldError("max_tokens", f"max_tokens must be in [1, "
+                                f"{engine.core.max_model_len - 1}], got {max_tokens}")
+
+
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     """``POST /v1/chat/completions``: JSON response, or SSE chunks with ``stream: true``.
 
@@ -94,8 +108,13 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     try:
         options = call_options(body, request.headers.get("X-Request-Id"))
         messages = normalize_messages(body.get("messages"))
-        limit_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        limit_field = (
+            "max_completion_tokens" if body.get("max_completion_tokens") is not None
+            else "max_tokens"
+        )
         max_tokens = get_field(body, limit_field, (int,))
+        if limit_field == "max_completion_tokens":  # max_tokens is checked all the same
+            _check_limit(get_field(body, "max_tokens", (int,)), engine)
         logprobs = _logprobs_option(body)
         prompt = template.render(messages)
         if max_tokens is None and engine.core is not None:

@@ -16,6 +16,7 @@ from aioserve.server.params import (
     RequestFieldError,
     call_options,
     get_field,
+    integral,
     sampling_params_from_json,
 )
 from aioserve.server.state import ENGINE_KEY, served_model_name
@@ -31,6 +32,7 @@ def parse_prompts(value: Any) -> list[str | list[int]]:
     def is_id(x: Any) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
 
+    value = integral(value)
     if isinstance(value, str):
         prompts: list[Any] = [value]
     elif isinstance(value, list) and value and all(is_id(x) for x in value):

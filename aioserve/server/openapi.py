@@ -1,4 +1,10 @@
-"""``GET /openapi.json``: an OpenAPI 3.1 description of the HTTP API."""
+"""``GET /openapi.json``: an OpenAPI 3.1 description of the HTTP API.
+
+The document is exact enough for a fuzzer (schemathesis ``--checks all``): every
+optional field may be ``null`` (meaning "not set", as the server reads it), integers
+accept integral floats (JSON Schema's ``integer``), the rules between fields are
+``if``/``then`` clauses, and the served model name and context length are filled in.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ from typing import Any
 from aiohttp import web
 
 import aioserve
+from aioserve.server import openapi_responses as responses
+from aioserve.server.state import ENGINE_KEY, served_model_name
 
 _STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
                    {"type": "null"}]}
@@ -24,7 +32,7 @@ _COMMON: dict[str, Any] = {
     "n": {"type": "integer", "minimum": 1, "maximum": 256},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object",
-                       "properties": {"include_usage": {"type": "boolean"}}},
+                       "properties": {"include_usage": {"type": ["boolean", "null"]}}},
     "ignore_eos": {"type": "boolean"},
     "include_stop_str_in_output": {"type": "boolean"},
     "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
@@ -55,7 +63,7 @@ _CHAT_REQUEST: dict[str, Any] = {
     "properties": {
         **_COMMON,
         "messages": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role", "content"],
+            "type": "object", "required": ["role"],
             "properties": {
                 "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
                 "content": {"anyOf": [
@@ -64,6 +72,7 @@ _CHAT_REQUEST: dict[str, Any] = {
                         "type": "object", "required": ["type", "text"],
                         "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
                     }},
+                    {"type": "null"},
                 ]},
             },
         }},
@@ -75,63 +84,58 @@ _CHAT_REQUEST: dict[str, Any] = {
     },
 }
 
-_ERROR = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": {
-        "type": "object", "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]},
-                       "code": {"type": ["string", "null"]}},
-    }},
+#: Rules between fields, as JSON Schema ``if``/``then`` (a null field is "not set").
+_USAGE_NEEDS_STREAM = {
+    "if": {"required": ["stream_options"], "properties": {"stream_options": {
+        "type": "object", "required": ["include_usage"],
+        "properties": {"include_usage": {"type": "boolean"}}}}},
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+}
+_TOP_LOGPROBS_NEEDS_LOGPROBS = {
+    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
 }
 
 
-def _error(description: str) -> dict[str, Any]:
-    return {"description": description,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+def _request(schema: dict[str, Any], rules: list[dict[str, Any]], model: str | None,
+             max_tokens: int | None) -> dict[str, Any]:
+    """A request schema with optional fields nullable, the rules, the served name and
+    the largest ``max_tokens`` filled in."""
+    properties = {}
+    for name, field in schema["properties"].items():
+        field = dict(field)
+        if name == "model" and model is not None:
+            field["enum"] = [model]
+        if name in ("max_tokens", "max_completion_tokens") and max_tokens is not None:
+            field["maximum"] = max_tokens
+        required = name in schema["required"]
+        properties[name] = field if required else {"anyOf": [field, {"type": "null"}]}
+    return {**schema, "properties": properties, "allOf": rules}
 
 
-def _generation(summary: str, schema: str) -> dict[str, Any]:
-    return {"post": {
-        "summary": summary,
-        "requestBody": {"required": True, "content": {
-            "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
-        "responses": {
-            "200": {"description": "a JSON response, or with stream: true Server-Sent Events "
-                                   "(data: {chunk} ... data: [DONE])",
-                    "content": {"application/json": {"schema": {"type": "object"}},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
-            "400": _error("invalid field (error.param names it), bad JSON or encoding"),
-            "404": _error("unknown model"),
-            "413": _error("body over --max-body-bytes"),
-            "500": _error("the model step failed"),
-            "503": _error("the engine is not running"),
-        },
-    }}
+def openapi_spec(model: str | None = None, max_model_len: int | None = None) -> dict[str, Any]:
+    """The OpenAPI document of the HTTP API (the websockets are in the README).
 
-
-def openapi_spec() -> dict[str, Any]:
-    """The OpenAPI document of the HTTP API (the websocket ``/ws`` is in the README)."""
+    Args:
+        model: the served model name (the only ``model`` accepted), if known.
+        max_model_len: the context length in tokens, if known (``max_tokens`` is below it).
+    """
+    limit = max_model_len - 1 if max_model_len is not None else None
+    completion = _request(_COMPLETION_REQUEST, [_USAGE_NEEDS_STREAM], model, limit)
+    chat = _request(_CHAT_REQUEST, [_USAGE_NEEDS_STREAM, _TOP_LOGPROBS_NEEDS_LOGPROBS],
+                    model, limit)
     return {
         "openapi": "3.1.0",
         "info": {"title": "aioserve", "version": aioserve.__version__,
                  "description": "OpenAI-compatible completions and chat, health, metrics."},
-        "paths": {
-            "/v1/completions": _generation("Text completion", "CompletionRequest"),
-            "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest"),
-            "/v1/models": {"get": {"summary": "The served model",
-                                   "responses": {"200": {"description": "a model list"}}}},
-            "/health": {"get": {"summary": "Liveness", "responses": {
-                "200": {"description": "the engine runs"},
-                "503": {"description": "the engine is not running"}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics (aioserve: prefix)",
-                                 "responses": {"200": {"description": "text format"}}}},
-        },
-        "components": {"schemas": {"CompletionRequest": _COMPLETION_REQUEST,
-                                   "ChatCompletionRequest": _CHAT_REQUEST, "Error": _ERROR}},
+        "paths": responses.paths(),
+        "components": {"schemas": {"CompletionRequest": completion,
+                                   "ChatCompletionRequest": chat, **responses.SCHEMAS}},
     }
 
 
 async def handle(request: web.Request) -> web.Response:
-    """``GET /openapi.json``."""
-    return web.json_response(openapi_spec())
+    """``GET /openapi.json``, with the served model name and context length."""
+    engine = request.app[ENGINE_KEY]
+    max_len = engine.core.max_model_len if engine.core is not None else None
+    return web.json_response(openapi_spec(served_model_name(request.app), max_len))

@@ -42,6 +42,25 @@ _JSON_NAMES = {int: "integer", float: "number", str: "string", list: "array", di
                bool: "boolean"}
 
 
+def integral(value: Any) -> Any:
+    """An integral float (``2.0``) as an int, as JSON Schema's ``integer`` and the
+    OpenAI server's validation take it; any other value unchanged."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [integral(item) for item in value]
+    return value
+
+
+def _coerce(value: Any, types: tuple[type, ...]) -> Any:
+    """``value`` with integral floats made ints where an integer is expected."""
+    if float in types:
+        return value
+    if int in types or (list in types and isinstance(value, list)):
+        return integral(value)
+    return value
+
+
 def _check_type(name: str, value: Any, types: tuple[type, ...]) -> None:
     if value is None:
         return
@@ -63,7 +82,7 @@ def sampling_params_from_json(body: dict[str, Any], **overrides: Any) -> Samplin
     """
     kwargs: dict[str, Any] = {}
     for name, (field, types) in _FIELDS.items():
-        value = body.get(name)
+        value = _coerce(body.get(name), types)
         _check_type(name, value, types)
         if value is not None:
             kwargs[field] = tuple(value) if isinstance(value, list) else value
@@ -104,7 +123,7 @@ def get_field(
     Raises:
         RequestFieldError: the value has another type.
     """
-    value = body.get(name)
+    value = _coerce(body.get(name), types)
     if value is None:
         return default
     _check_type(name, value, types)
@@ -145,6 +164,19 @@ class CallOptions:
     request_id: str | None
 
 
+def check_unsupported(body: dict[str, Any]) -> None:
+    """Refuse the OpenAI fields this server lacks (``echo``, ``suffix``, penalties…)
+    when they ask for anything but their neutral value.
+
+    Raises:
+        RequestFieldError: naming the field.
+    """
+    for name, neutral in _UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and not any(type(value) is type(v) and value == v for v in neutral):
+            raise RequestFieldError(name, f"{name} is not supported by this server")
+
+
 def call_options(body: dict[str, Any], header_request_id: str | None) -> CallOptions:
     """Read and check ``n``, ``stream``, ``stream_options``, ``request_id`` and the
     unsupported fields.
@@ -153,10 +185,7 @@ def call_options(body: dict[str, Any], header_request_id: str | None) -> CallOpt
         RequestFieldError: a field has the wrong type or value, or asks for a feature
             this server lacks.
     """
-    for name, neutral in _UNSUPPORTED.items():
-        value = body.get(name)
-        if value is not None and not any(type(value) is type(v) and value == v for v in neutral):
-            raise RequestFieldError(name, f"{name} is not supported by this server")
+    check_unsupported(body)
     n = get_field(body, "n", (int,), 1)
     if n < 1:
         raise RequestFieldError("n", f"n must be an integer >= 1, got {n}")
@@ -168,7 +197,7 @@ def call_options(body: dict[str, Any], header_request_id: str | None) -> CallOpt
     stream = get_field(body, "stream", (bool,), False)
     stream_options = get_field(body, "stream_options", (dict,), {})
     include_usage = get_field(stream_options, "include_usage", (bool,), False)
-    if "include_usage" in stream_options and not stream:
+    if stream_options.get("include_usage") is not None and not stream:
         raise RequestFieldError("stream_options", "stream_options needs stream: true")
     request_id = get_field(body, "request_id", (str,), header_request_id)
     if request_id is not None and not 0 < len(request_id) <= 256:

@@ -27,21 +27,60 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from aioserve.errors import EngineError, EngineNotRunningError
+from aioserve.server.body import check_text, is_text
 from aioserve.server.choices import Choices
-from aioserve.server.params import RequestFieldError, field_of_message, sampling_params_from_json
+from aioserve.server.errors import ApiError
+from aioserve.server.logprobs import CompletionLogprobs, TokenText
+from aioserve.server.params import (
+    RequestFieldError,
+    check_unsupported,
+    field_of_message,
+    get_field,
+    sampling_params_from_json,
+)
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig
 
 SOCKETS_KEY: web.AppKey[weakref.WeakSet[web.WebSocketResponse]] = web.AppKey("websockets")
+CONNECTIONS_KEY: web.AppKey[weakref.WeakSet[Connection]] = web.AppKey("ws_connections")
 _connection_ids = itertools.count()
 #: Most generations one socket may run at once.
 MAX_REQUESTS_PER_SOCKET = 256
 
 
+#: Seconds a socket's queued messages (e.g. the error that ends a stream) get to go
+#: out before the server closes it on shutdown.
+FLUSH_TIMEOUT = 1.0
+
+
 async def close_all(app: web.Application) -> None:
-    """On shutdown: close every open websocket (1001, going away)."""
+    """On shutdown: send what each socket has queued (at most ``FLUSH_TIMEOUT``), then
+    close every open websocket (1001, going away)."""
+    connections = list(app.get(CONNECTIONS_KEY, ()))
+    await asyncio.gather(*(c.flush(FLUSH_TIMEOUT) for c in connections))
     for ws in list(app.get(SOCKETS_KEY, ())):
         with contextlib.suppress(Exception):
             await asyncio.wait_for(ws.close(code=1001, message=b"server shutdown"), 2.0)
+
+
+def _client_id(message: dict[str, Any]) -> str | None:
+    client_id = message.get("id")
+    return client_id if isinstance(client_id, str) and is_text(client_id) else None
+
+
+def ws_options(message: dict[str, Any]) -> int | None:
+    """The fields of a ``generate`` message beyond sampling: the OpenAI fields HTTP
+    refuses are refused the same way, ``n`` must be 1 (one id is one stream), and
+    ``logprobs`` (top-k count, as in /v1/completions) is returned.
+
+    Raises:
+        RequestFieldError: a field is refused; ``param`` names it.
+    """
+    check_unsupported(message)
+    n = get_field(message, "n", (int,), 1)
+    if n != 1:
+        raise RequestFieldError("n", "n must be 1 on the websocket: send one generate "
+                                "message (with its own id) per sample")
+    return get_field(message, "logprobs", (int,))
 
 
 class Stalled(Exception):
@@ -59,12 +98,21 @@ class Connection:
         self.running: dict[str, tuple[asyncio.Task[None], Choices]] = {}
         self.outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=self.config.ws_max_pending)
         self.stalled = False
+        self.token_text = TokenText(self.engine.tokenizer)
         self.writer = asyncio.create_task(self._write())
 
     async def _write(self) -> None:
         with contextlib.suppress(ConnectionError):
             while not self.ws.closed:
                 await self.ws.send_str(await self.outbox.get())
+                self.outbox.task_done()
+
+    async def flush(self, timeout: float) -> None:
+        """Wait until every queued message is sent (at most ``timeout`` seconds)."""
+        if self.writer.done():
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.outbox.join(), timeout)
 
     async def send(self, message: dict[str, Any]) -> None:
         """Queue a message; waits while the queue is full.
@@ -112,6 +160,11 @@ class Connection:
         if not isinstance(message, dict):
             await self.error(None, "a message must be a JSON object", code="invalid_json")
             return
+        try:
+            check_text(message)
+        except ApiError as exc:
+            await self.error(_client_id(message), exc.message, exc.param, "invalid_encoding")
+            return
         client_id = message.get("id")
         kind = message.get("type")
         if not isinstance(client_id, str) or not client_id or len(client_id) > 256:
@@ -119,6 +172,9 @@ class Connection:
         elif kind == "generate":
             await self.start(client_id, message)
         elif kind == "cancel":
+            if client_id not in self.running:
+                await self.error(client_id, f"no request with id {client_id!r} is running on "
+                                 "this socket", "id", "unknown_id")
             self.cancel(client_id, notify=True)
         else:
             await self.error(client_id, "type must be 'generate' or 'cancel'", "type")
@@ -134,7 +190,7 @@ class Connection:
                              "on one socket", "id", "too_many_requests")
             return
         try:
-            params = sampling_params_from_json(message)
+            params = sampling_params_from_json(message, logprobs=ws_options(message))
             choices = Choices(self.engine, [message.get("prompt")], [params], 1,
                               self.prefix + client_id)
         except RequestFieldError as exc:
@@ -158,25 +214,28 @@ class Connection:
         choices.close()
         task.cancel()
         if notify:
-            usage = {"prompt_tokens": choices.prompt_tokens,
-                     "completion_tokens": choices.streams[0].request.num_output_tokens}
+            prompt = choices.prompt_tokens
+            completion = choices.streams[0].request.num_output_tokens
+            usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                     "total_tokens": prompt + completion}
             done = {"type": "done", "id": client_id, "finish_reason": "abort", "usage": usage}
             with contextlib.suppress(asyncio.QueueFull):
                 self.outbox.put_nowait(json.dumps(done))
 
     async def pump(self, client_id: str, choices: Choices) -> None:
         """Forward one generation's outputs to the socket."""
+        logprobs = CompletionLogprobs(self.token_text)
         try:
             async for _, out in choices:
                 if out.token_ids or out.text:
-                    await self.send({"type": "token", "id": client_id, "text": out.text,
-                                     "token_ids": out.token_ids})
+                    token = {"type": "token", "id": client_id, "text": out.text,
+                             "token_ids": out.token_ids}
+                    if out.logprobs is not None:
+                        token["logprobs"] = logprobs.delta(out.logprobs)
+                    await self.send(token)
                 if out.finished:
-                    usage = {"prompt_tokens": out.num_prompt_tokens,
-                             "completion_tokens": out.num_output_tokens,
-                             "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
                     await self.send({"type": "done", "id": client_id,
-                                     "finish_reason": out.finish_reason, "usage": usage})
+                                     "finish_reason": out.finish_reason, "usage": out.usage})
         except EngineError as exc:
             code = "engine_not_running" if isinstance(exc, EngineNotRunningError) else (
                 "engine_error")
@@ -221,6 +280,7 @@ async def handle(request: web.Request) -> web.WebSocketResponse:
     bound_send_buffer(request, config.ws_send_buffer_bytes)
     request.app[SOCKETS_KEY].add(ws)
     connection = Connection(request.app, ws)
+    request.app[CONNECTIONS_KEY].add(connection)
     try:
         async for msg in ws:
             if msg.type == WSMsgType.TEXT:

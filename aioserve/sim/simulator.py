@@ -47,6 +47,9 @@ class SimConfig:
             the workload's largest request needs, so memory never limits.
         block_size: tokens per KV block.
         max_num_batched_tokens: token budget of one step.
+        enable_prefix_caching: share the KV blocks of prompt prefixes already computed
+            (off by default, so the article's figures stay those of its model); the
+            prefill cost is then paid only for uncached tokens.
     """
 
     slots: int = 4
@@ -55,6 +58,7 @@ class SimConfig:
     kv_blocks: int | None = None
     block_size: int = 16
     max_num_batched_tokens: int = 4096
+    enable_prefix_caching: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ def _make_core(
     )
     core = EngineCore(
         scheduler,
-        BlockManager(kv_blocks, config.block_size),
+        BlockManager(kv_blocks, config.block_size, config.enable_prefix_caching),
         max_num_seqs=config.slots,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=longest,
@@ -142,7 +146,8 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
         return
     hint = item.length_hint if item.length_hint is not None else item.output_len
     params = SamplingParams(max_tokens=item.output_len, temperature=0.0, length_hint=hint)
-    request = Request(item.id, [FIRST_WORD_ID] * item.prompt_len, params, item.arrival_s)
+    prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
+    request = Request(item.id, prompt, params, item.arrival_s)
     try:
         core.add(request)
     except ValueError as exc:

@@ -33,6 +33,9 @@ class WorkloadRequest:
             ``output_len``).
         after_start: on a tie with a step boundary, arrive just after that step was
             scheduled (the article's request E, "just after the batch starts").
+        prefix_group: requests of one group share their first ``prefix_len`` prompt
+            tokens (None: the whole prompt is the request's own).
+        prefix_len: tokens of the shared prefix (<= ``prompt_len``).
     """
 
     id: str
@@ -41,6 +44,8 @@ class WorkloadRequest:
     output_len: int
     length_hint: int | None = None
     after_start: bool = False
+    prefix_group: str | None = None
+    prefix_len: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1 or self.arrival_s < 0:
@@ -48,6 +53,18 @@ class WorkloadRequest:
                 f"workload request {self.id!r}: prompt_len and output_len must be >= 1 "
                 "and arrival_s >= 0"
             )
+        if not 0 <= self.prefix_len <= self.prompt_len:
+            raise ValueError(f"workload request {self.id!r}: prefix_len must be 0..prompt_len")
+
+    def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
+        """The prompt: its group's prefix, then tokens of its own (ids in
+        ``[low_id, vocab_size)``, drawn from the group name and the request id)."""
+        shared = self.prefix_len if self.prefix_group is not None else 0
+        head = random.Random(f"prefix:{self.prefix_group}")
+        own = random.Random(f"request:{self.id}")
+        return [head.randrange(low_id, vocab_size) for _ in range(shared)] + [
+            own.randrange(low_id, vocab_size) for _ in range(self.prompt_len - shared)
+        ]
 
     @property
     def arrival_ns(self) -> int:
@@ -101,7 +118,8 @@ def poisson(
 
 def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
     """Read a workload file: one JSON object per line with ``id``, ``arrival_s``,
-    ``prompt_len``, ``output_len`` and optionally ``length_hint``, ``after_start``.
+    ``prompt_len``, ``output_len`` and optionally ``length_hint``, ``after_start``,
+    ``prefix_group`` and ``prefix_len``.
 
     Raises:
         ValueError: a line is not such an object, or an id repeats.
@@ -121,6 +139,8 @@ def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
                     int(item["output_len"]),
                     item.get("length_hint"),
                     bool(item.get("after_start", False)),
+                    item.get("prefix_group"),
+                    int(item.get("prefix_len", 0)),
                 )
             )
         except (ValueError, KeyError, TypeError) as exc:

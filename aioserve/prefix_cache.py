@@ -1,0 +1,125 @@
+"""Automatic prefix caching: block keys, the lookup of a waiting request's cached
+prefix, its first allocation after that prefix, and the registration of blocks once
+they are full of computed tokens. A full block is named by its tokens and everything
+before them.
+
+The design is vLLM's automatic prefix caching (V1 ``KVCacheManager``): a block's key
+chains the hash of its parent block with its own token ids, so equal keys mean equal
+prefixes; only full blocks get a key, so a partially filled block is never shared.
+Like vLLM's ``BlockHashType`` the key also carries the block's token ids, so two
+blocks collide only if their parents' 64-bit hashes collide *and* their tokens match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from aioserve.scheduling import NO_HIT, PrefixHit, RequestView
+
+if TYPE_CHECKING:
+    from aioserve.kv_cache import BlockManager
+    from aioserve.request import Request
+
+#: A full block's key: (hash chained over every block up to this one, its token ids).
+BlockKey = tuple[int, tuple[int, ...]]
+
+#: Parent hash of a request's first block.
+ROOT_HASH = 0
+
+
+def block_key(parent: BlockKey | None, tokens: Sequence[int]) -> BlockKey:
+    """The key of a full block of ``tokens`` whose predecessor has key ``parent``
+    (None for a sequence's first block)."""
+    ids = tuple(tokens)
+    return hash((parent[0] if parent is not None else ROOT_HASH, ids)), ids
+
+
+def extend_keys(
+    keys: list[BlockKey],
+    num_blocks: int,
+    block_size: int,
+    tokens_from: Callable[[int, int], Sequence[int]],
+) -> list[BlockKey]:
+    """Extend ``keys`` (a sequence's block keys, in order) in place to its first
+    ``num_blocks`` blocks, hashing only the blocks not keyed yet; returns ``keys``.
+
+    Args:
+        keys: keys already known (a prefix of the sequence's keys).
+        num_blocks: full blocks the sequence has (each ``block_size`` tokens).
+        block_size: tokens per block.
+        tokens_from: ``(start, count)`` to the token ids at those positions.
+    """
+    while len(keys) < num_blocks:
+        start = len(keys) * block_size
+        keys.append(block_key(keys[-1] if keys else None, tokens_from(start, block_size)))
+    return keys
+
+
+def cached_prefix(blocks: BlockManager, request: Request) -> list[int]:
+    """The cached blocks a waiting request can start from: the longest cached prefix
+    of its tokens (prompt, and output after a preemption) in whole blocks, stopping
+    before its last token, which must be computed to sample from. Takes no reference.
+    Empty when caching is off."""
+    if not blocks.enable_caching:
+        return []
+    limit = (request.num_tokens - 1) // blocks.block_size
+    keys = extend_keys(request.block_keys, limit, blocks.block_size, request.token_ids_from)
+    return blocks.match(keys[:limit])
+
+
+def register_computed(blocks: BlockManager, request: Request) -> None:
+    """Offer the request's blocks that are now full of computed tokens (prompt or
+    output) to the cache, each once. Call after ``num_computed_tokens`` grew."""
+    full = request.num_computed_tokens // blocks.block_size
+    done = request.num_registered_blocks
+    if full <= done or not blocks.enable_caching:
+        return
+    keys = extend_keys(request.block_keys, full, blocks.block_size, request.token_ids_from)
+    table = request.block_ids
+    for index in range(done, full):
+        blocks.cache(table[index], keys[index])
+    request.num_registered_blocks = full
+
+
+def prefix_hit_lookup(
+    blocks: BlockManager, requests: Mapping[str, Request]
+) -> Callable[[RequestView], PrefixHit]:
+    """``SchedulerState.prefix_hit`` for one snapshot: a waiting request's cached
+    prefix, looked up on first use and memoised (the pool does not change while a
+    policy decides)."""
+    memo: dict[str, PrefixHit] = {}
+
+    def hit(view: RequestView) -> PrefixHit:
+        found = memo.get(view.request_id)
+        request = requests.get(view.request_id)
+        if found is None and request is not None:
+            cached = cached_prefix(blocks, request)
+            held = len(cached) - blocks.num_unused(cached)
+            found = memo[view.request_id] = PrefixHit(len(cached) * blocks.block_size, held)
+        return found or NO_HIT
+
+    return hit
+
+
+def allocate_first_chunk(blocks: BlockManager, request: Request, budget: int) -> int | None:
+    """Give a waiting request its cached prefix (shared blocks, counted as computed)
+    and new blocks for a first chunk of up to ``budget`` tokens after it.
+
+    Returns:
+        The cached tokens it starts after (0 without a hit), or None when too few
+        blocks are available (nothing is taken).
+    """
+    cached = cached_prefix(blocks, request)
+    start = len(cached) * blocks.block_size
+    count = min(request.num_tokens - start, budget)
+    new = blocks.blocks_for_tokens(start + count) - len(cached)
+    if new + blocks.num_unused(cached) > blocks.num_free_blocks:
+        return None
+    blocks.share(cached)
+    request.block_ids = cached + (blocks.allocate(new) or [])
+    request.num_computed_tokens = start
+    request.num_registered_blocks = len(cached)
+    if request.metrics.first_scheduled_time is None:
+        request.num_cached_tokens = start
+    return start

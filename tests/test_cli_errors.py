@@ -1,0 +1,76 @@
+"""The command line (issue 9): one ``aioserve: error:`` line and status 2 for a device
+this torch lacks and a context longer than the model's; ``--version``; every option's
+help has a description and its default."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aioserve import __version__
+from aioserve.cli import build_parser, main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aioserve.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr without the weight-loading progress bar."""
+    return [line for line in stderr.splitlines() if line and "Loading weights" not in line]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_cuda_device_without_cuda_is_one_error_line(model_dir, command):
+    args = ["hi"] if command == "generate" else ["--port", "0"]
+    result = run_cli(command, *args, "--model", model_dir, "--device", "cuda")
+    assert result.returncode == 2
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("aioserve: error: device 'cuda'"), lines
+
+
+def test_max_model_len_beyond_the_model_is_refused(model_dir):
+    result = run_cli("generate", "hi", "--model", model_dir, "--max-model-len", "4096")
+    assert result.returncode == 2
+    lines = error_lines(result.stderr)
+    assert lines == ["aioserve: error: max_model_len: 4096 exceeds the model's context of 512 "
+                     "tokens (max_position_embeddings)"]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"aioserve {__version__}"
+
+
+def _parsers(parser: argparse.ArgumentParser, name: str = "aioserve"):
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from _parsers(sub, f"{name} {sub_name}")
+
+
+def test_every_option_has_a_description_and_its_default():
+    missing = []
+    for name, parser in _parsers(build_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                                   argparse._SubParsersAction)):
+                continue
+            text = formatter._expand_help(action) if action.help else ""
+            label = f"{name} {'/'.join(action.option_strings) or action.dest}"
+            if not text.strip():
+                missing.append(f"{label}: no description")
+            elif action.option_strings and action.default not in (None, False, []) and (
+                    "default" not in text):
+                missing.append(f"{label}: default {action.default!r} not shown")
+    assert not missing, "\n".join(missing)
