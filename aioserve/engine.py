@@ -11,17 +11,20 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from aioserve.config import EngineConfig
+from aioserve.delivery import Delivery
 from aioserve.detokenizer import IncrementalDetokenizer
 from aioserve.engine_core import EngineCore, StepResult
 from aioserve.errors import EngineError, EngineNotRunningError
 from aioserve.kv_cache import BlockManager
+from aioserve.listeners import ListenerHub
 from aioserve.outputs import RequestOutput
-from aioserve.request import FinishReason, Request
+from aioserve.prompts import encode_prompt
+from aioserve.request import Request
 from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduler_registry import load_scheduler
 from aioserve.scheduling import Scheduler
-from aioserve.step_snapshot import EngineListener, SnapshotBuilder, StepSnapshot
+from aioserve.step_snapshot import EngineListener, StepSnapshot
 from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
@@ -58,15 +61,12 @@ class AsyncEngine:
         self.tokenizer = tokenizer
         self._scheduler_spec = scheduler if scheduler is not None else config.scheduler
         self.core: EngineCore | None = None
-        self._streams: dict[str, RequestStream] = {}
-        self._finished: list[Request] = []
+        self._delivery = Delivery()
+        self.listeners = ListenerHub()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
-        self._listeners: list[EngineListener] = []
-        self._step_listeners: dict[EngineListener, tuple[float, float]] = {}  # interval, due
-        self._snapshots: SnapshotBuilder | None = None
         self._draining = False
         self._closed = False
 
@@ -112,7 +112,7 @@ class AsyncEngine:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
-        self._end_all_streams(EngineNotRunningError("the engine was shut down"))
+        self._delivery.end_all(EngineNotRunningError("the engine was shut down"))
         if self.runner is not None and not self._closed:
             self._closed = True
             self.runner.close()
@@ -126,12 +126,9 @@ class AsyncEngine:
         if core is None:
             return
         error = EngineNotRunningError("the server is shutting down")
-        for request in [r for r in core.waiting if r.metrics.first_scheduled_time is None]:
-            stream = self._streams.get(request.request_id)
-            if stream is not None:
-                stream.push_error(error)
-            core.finish(request, FinishReason.ERROR)
-        self._flush_finished()
+        never_started = [r.request_id for r in core.waiting
+                         if r.metrics.first_scheduled_time is None]
+        self._delivery.fail(core, never_started, error)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is running or waiting, at most ``timeout`` seconds;
@@ -147,10 +144,6 @@ class AsyncEngine:
                 await asyncio.wait_for(self._idle.wait(), remaining)
         return True
 
-    def _end_all_streams(self, error: EngineError) -> None:
-        for stream in list(self._streams.values()):
-            stream.push_error(error)
-
     def _on_loop_done(self, task: asyncio.Task[None]) -> None:
         """If the step loop died (a bug), end every open stream with an error at once:
         nobody waits forever, and ``is_running`` (``/health``) turns false."""
@@ -158,7 +151,7 @@ class AsyncEngine:
             return
         exc = task.exception()
         logger.error("the step loop died", exc_info=exc)
-        self._end_all_streams(EngineError(f"the engine stopped: {type(exc).__name__}: {exc}"))
+        self._delivery.end_all(EngineError(f"the engine stopped: {type(exc).__name__}: {exc}"))
 
     async def __aenter__(self) -> AsyncEngine:
         await self.start()
@@ -201,18 +194,11 @@ class AsyncEngine:
         Raises:
             ValueError: ``step_interval`` is negative.
         """
-        if step_interval is not None and step_interval < 0:
-            raise ValueError(f"step_interval must be >= 0 seconds, got {step_interval}")
-        if listener not in self._listeners:
-            self._listeners.append(listener)
-        if step_interval is not None:
-            self._step_listeners[listener] = (step_interval, float("-inf"))
+        self.listeners.add(listener, step_interval)
 
     def remove_listener(self, listener: EngineListener) -> None:
         """Stop calling ``listener``; unknown listeners are ignored."""
-        if listener in self._listeners:
-            self._listeners.remove(listener)
-        self._step_listeners.pop(listener, None)
+        self.listeners.remove(listener)
 
     def reset_prefix_cache(self) -> None:
         """Empty the prefix cache (e.g. between benchmark runs); running requests are
@@ -229,30 +215,7 @@ class AsyncEngine:
         Raises:
             EngineNotRunningError: the engine is not running.
         """
-        return self._snapshot_builder().build()
-
-    def _snapshot_builder(self) -> SnapshotBuilder:
-        core = self._require_core()
-        if self._snapshots is None or self._snapshots.core is not core:
-            self._snapshots = SnapshotBuilder(core)
-        return self._snapshots
-
-    def _publish_step(self, num_tokens: int, force: bool = False) -> None:
-        """Count sampled tokens and hand a snapshot to the listeners that are due
-        (all of them with ``force``, e.g. when the engine goes idle)."""
-        builder = self._snapshot_builder()
-        builder.count_tokens(num_tokens)
-        now = builder.core.clock()
-        snapshot = None
-        for listener, (interval, due) in list(self._step_listeners.items()):
-            if (now < due and not force) or listener not in self._step_listeners:
-                continue  # not due, or removed by an earlier listener just now
-            snapshot = snapshot or builder.build()
-            self._step_listeners[listener] = (interval, now + interval)
-            try:
-                listener.on_step(snapshot)
-            except Exception:
-                logger.exception("listener %r failed in on_step", listener)
+        return self.listeners.snapshot(self._require_core())
 
     def _require_core(self) -> EngineCore:
         if self.core is None or not self.is_running:
@@ -262,34 +225,12 @@ class AsyncEngine:
         return self.core
 
     def encode(self, prompt: str | list[int]) -> list[int]:
-        """Token ids of a prompt.
+        """Token ids of a prompt (see :func:`~aioserve.prompts.encode_prompt`).
 
         Raises:
             ValueError: the prompt is empty, not text or ids, or an id is out of range.
         """
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
-            if self.tokenizer is None:
-                raise ValueError("prompt must be token ids: this engine has no tokenizer")
-            ids = list(self.tokenizer(prompt).input_ids)
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-            vocab = getattr(self.runner, "vocab_size", None)
-            for token in ids:
-                if not isinstance(token, int) or isinstance(token, bool) or token < 0:
-                    raise ValueError(
-                        f"prompt token ids must be non-negative integers, got {token!r}"
-                    )
-                if vocab is not None and token >= vocab:
-                    raise ValueError(f"prompt token id {token} is outside the vocabulary ({vocab})")
-        else:
-            raise ValueError(
-                f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
-            )
-        if not ids:
-            raise ValueError("prompt is empty")
-        return ids
+        return encode_prompt(prompt, self.tokenizer, getattr(self.runner, "vocab_size", None))
 
     def add_request(
         self,
@@ -315,7 +256,7 @@ class AsyncEngine:
                 f"exceeds the context length of {core.max_model_len} tokens"
             )
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self._streams:
+        if request_id in self._delivery.streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         request = Request(request_id, ids, params, core.clock())
         core.add(request)
@@ -326,7 +267,7 @@ class AsyncEngine:
                 backend, ids, params.stop, params.include_stop_str_in_output
             )
         stream = RequestStream(request, detok)
-        self._streams[request_id] = stream
+        self._delivery.streams[request_id] = stream
         self._wakeup.set()
         return stream
 
@@ -334,7 +275,7 @@ class AsyncEngine:
         """Stop delivering a stream made by :meth:`add_request` whose consumer reads
         ``stream.queue`` itself: abort its request if it has not finished, and forget
         the stream. Idempotent; :meth:`generate` does this when its loop ends."""
-        self._streams.pop(stream.request.request_id, None)
+        self._delivery.streams.pop(stream.request.request_id, None)
         if not stream.closed:
             stream.closed = True
             self.abort(stream.request.request_id)
@@ -380,8 +321,8 @@ class AsyncEngine:
         while True:
             if future is None:
                 if not core.has_work:
-                    if self._step_listeners:  # the idle picture, unthrottled
-                        self._publish_step(0, force=True)
+                    if self.listeners.has_step_listeners:  # the idle picture, unthrottled
+                        self.listeners.publish_step(core, 0, force=True)
                     self._idle.set()
                     self._wakeup.clear()
                     await self._wakeup.wait()
@@ -396,14 +337,14 @@ class AsyncEngine:
                 output = await future
             except Exception as exc:  # the model failed: end this batch, keep serving
                 logger.exception("model step failed")
-                self._fail(batch, exc)
+                self._fail(batch.request_ids, exc)
                 batch = future = None
                 continue
             try:
                 results = core.update(batch, output)
             except Exception as exc:  # a bookkeeping bug: end this batch, keep serving
                 logger.exception("step bookkeeping failed")
-                self._fail(batch, exc, "step bookkeeping failed")
+                self._fail(batch.request_ids, exc, "step bookkeeping failed")
                 batch = future = None
                 continue
             # Start the next step before delivering this one's tokens, so that the
@@ -413,8 +354,8 @@ class AsyncEngine:
             batch, future = self._start_step() if core.has_work else (None, None)
             self._fan_out(output, results)
             self._flush_finished()
-            if self._step_listeners:
-                self._publish_step(len(results))
+            if self.listeners.has_step_listeners:
+                self.listeners.publish_step(core, len(results))
 
     def _start_step(self) -> tuple[ScheduledBatch | None, Awaitable[RunnerOutput] | None]:
         """Schedule the next batch and start the runner on it (None: nothing to run)."""
@@ -434,59 +375,24 @@ class AsyncEngine:
         return batch, asyncio.ensure_future(self.runner.step(batch))
 
     def _fan_out(self, output: RunnerOutput, results: list[StepResult]) -> None:
-        core = self.core
-        assert core is not None
-        for request, token, index in results:
-            stream = self._streams.get(request.request_id)
-            if stream is None:
-                continue
-            try:
-                text = stream.decode(token)
-                if stream.hit_stop_string and not request.is_finished:
-                    core.finish(request, FinishReason.STOP)
-                logprob = output.logprobs[index] if output.logprobs is not None else None
-                stream.put([token], text, [logprob] if logprob is not None else None)
-            except Exception as exc:  # this request alone ends; its batch-mates go on
-                self._fail_request(request, stream, exc)
-
-    def _fail_request(self, request: Request, stream: RequestStream, exc: Exception) -> None:
-        """End one request whose delivery failed (detokenizer, stop check, queue) with
-        an error; its blocks are freed."""
-        logger.exception("delivering %s failed", request.request_id)
-        stream.push_error(EngineError(f"output processing failed: {type(exc).__name__}: {exc}"))
         assert self.core is not None
-        if not request.is_finished:
-            self.core.finish(request, FinishReason.ERROR)
-
-    def _on_finish(self, request: Request) -> None:
-        self._finished.append(request)
-        for listener in self._listeners:
-            try:
-                listener.on_finish(request)
-            except Exception:
-                logger.exception("listener %r failed in on_finish", listener)
+        self._delivery.fan_out(self.core, output, results)
 
     def _flush_finished(self) -> None:
-        finished, self._finished = self._finished, []
-        for request in finished:
-            stream = self._streams.get(request.request_id)
-            if stream is not None and not stream.closed:
-                try:
-                    stream.push_final()
-                except Exception as exc:
-                    self._fail_request(request, stream, exc)
+        assert self.core is not None
+        self._delivery.flush_finished(self.core)
+
+    def _on_finish(self, request: Request) -> None:
+        self._delivery.on_finish(request)
+        self.listeners.notify_finish(request)
 
     def _fail_all(self, exc: Exception) -> None:
         assert self.core is not None
         ids = [r.request_id for r in (*self.core.running, *self.core.waiting)]
-        self._fail(ScheduledBatch(ids, [], [], [], [], [], [], []), exc, "scheduler failed")
+        self._fail(ids, exc, "scheduler failed")
 
-    def _fail(self, batch: ScheduledBatch, exc: Exception, what: str = "model step failed") -> None:
-        error = EngineError(f"{what}: {type(exc).__name__}: {exc}")
-        for request_id in batch.request_ids:
-            stream = self._streams.get(request_id)
-            if stream is not None:
-                stream.push_error(error)
+    def _fail(self, request_ids: list[str], exc: Exception, what: str = "model step failed",
+              ) -> None:
         assert self.core is not None
-        self.core.fail(batch.request_ids)
-        self._finished.clear()
+        error = EngineError(f"{what}: {type(exc).__name__}: {exc}")
+        self._delivery.fail(self.core, request_ids, error)

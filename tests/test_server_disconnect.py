@@ -161,4 +161,4 @@ async def test_200_cycles_of_connect_stream_disconnect_leak_nothing(tokenizer):
         assert engine.stats()["num_free_blocks"] == baseline
         engine.core.blocks.check_integrity(held=[])
         await wait_until(lambda: len(asyncio.all_tasks()) <= tasks_before)
-        assert engine._streams == {}
+        assert engine._delivery.streams == {}

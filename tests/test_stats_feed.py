@@ -140,7 +140,7 @@ async def test_a_viewer_that_never_reads_loses_frames_not_engine_time(tokenizer)
         assert stuck.qsize() == feed.queue_size and feed.num_dropped > 0
         feed.unsubscribe(stuck)
         await wait_until(lambda: not feed.viewers, timeout=10)
-        assert engine._step_listeners == {}
+        assert not engine.listeners.has_step_listeners
 
 
 async def test_dashboard_page_is_served(tokenizer):

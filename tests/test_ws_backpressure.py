@@ -122,4 +122,4 @@ async def test_bug23_churn_of_hard_closed_sockets_leaks_nothing(tokenizer):
         await wait_until(lambda: idle(engine))
         await wait_until(lambda: len(asyncio.all_tasks()) <= tasks_before)
         assert engine.stats()["num_free_blocks"] == baseline
-        assert engine._streams == {}
+        assert engine._delivery.streams == {}

@@ -1,0 +1,88 @@
+"""Delivery: the engine's per-request output streams, fed once per step.
+
+It hands each request its new token (detokenized, stop strings checked), ends the
+streams of finished requests, and keeps one request's failure to itself: a fault
+while delivering a request's output (detokenizer, stop check, queue) ends that request
+alone with an error and frees its blocks, while its batch-mates go on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aioserve.engine_core import EngineCore, StepResult
+from aioserve.errors import EngineError
+from aioserve.request import FinishReason, Request
+from aioserve.runners.base import RunnerOutput
+from aioserve.streams import RequestStream
+
+logger = logging.getLogger(__name__)
+
+
+class Delivery:
+    """The open streams of one engine, by request id.
+
+    Attributes:
+        streams: request id -> its stream, until its consumer releases it.
+    """
+
+    def __init__(self) -> None:
+        self.streams: dict[str, RequestStream] = {}
+        self._finished: list[Request] = []
+
+    def on_finish(self, request: Request) -> None:
+        """Note a request the core ended; its stream ends at :meth:`flush_finished`."""
+        self._finished.append(request)
+
+    def fan_out(self, core: EngineCore, output: RunnerOutput, results: list[StepResult]) -> None:
+        """Hand every request of a step its sampled token (one pass over the step).
+
+        A request whose text hits a stop string is finished here (``stop``).
+        """
+        streams = self.streams
+        logprobs = output.logprobs
+        for request, token, index in results:
+            stream = streams.get(request.request_id)
+            if stream is None:
+                continue
+            try:
+                text = stream.decode(token)
+                if stream.hit_stop_string and not request.is_finished:
+                    core.finish(request, FinishReason.STOP)
+                logprob = logprobs[index] if logprobs is not None else None
+                stream.put([token], text, [logprob] if logprob is not None else None)
+            except Exception as exc:  # this request alone ends; its batch-mates go on
+                self.fail_request(core, request, stream, exc)
+
+    def flush_finished(self, core: EngineCore) -> None:
+        """End the streams of the requests finished since the last flush."""
+        finished, self._finished = self._finished, []
+        for request in finished:
+            stream = self.streams.get(request.request_id)
+            if stream is not None and not stream.closed:
+                try:
+                    stream.push_final()
+                except Exception as exc:
+                    self.fail_request(core, request, stream, exc)
+
+    def fail_request(
+        self, core: EngineCore, request: Request, stream: RequestStream, exc: Exception
+    ) -> None:
+        """End one request whose delivery failed with an error; its blocks are freed."""
+        logger.exception("delivering %s failed", request.request_id)
+        stream.push_error(EngineError(f"output processing failed: {type(exc).__name__}: {exc}"))
+        if not request.is_finished:
+            core.finish(request, FinishReason.ERROR)
+
+    def fail(self, core: EngineCore, request_ids: list[str], error: EngineError) -> None:
+        """End the given requests (a failed step) with ``error``."""
+        for request_id in request_ids:
+            stream = self.streams.get(request_id)
+            if stream is not None:
+                stream.push_error(error)
+        core.fail(request_ids)  # their streams are closed: flush_finished skips them
+
+    def end_all(self, error: EngineError) -> None:
+        """End every open stream with ``error`` (the engine stopped)."""
+        for stream in list(self.streams.values()):
+            stream.push_error(error)
