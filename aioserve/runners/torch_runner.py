@@ -8,10 +8,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from aioserve.config import EngineConfig
-from aioserve.runners import attention, step_split
+from aioserve.errors import UnsupportedModelError
+from aioserve.runners import attention, layer_rules, model_adapters, step_split
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.sampler import Sampler
 from aioserve.runners.step_split import StartLatch, StepPart
@@ -71,21 +72,30 @@ class TorchRunner:
         if local and not os.path.isdir(os.path.expanduser(config.model)):
             raise OSError(f"model directory {config.model!r} does not exist")
         name = attention.register()
+        hf_config = AutoConfig.from_pretrained(config.model)
+        model_adapters.check_config(hf_config.get_text_config())
+        model_adapters.prepare(hf_config, name)
         model = AutoModelForCausalLM.from_pretrained(
             config.model, dtype=self.dtype, attn_implementation=name
         )
         self.model = model.to(self.device).eval()
         text_config = model.config.get_text_config()
-        self.max_model_len = config.max_model_len or int(text_config.max_position_embeddings)
+        self.layer_rules = layer_rules.discover(self.model, self.device)
+        model_adapters.check_coverage(
+            str(text_config.model_type), int(text_config.num_hidden_layers), self.layer_rules
+        )
+        self.windows = tuple(sorted({r.window for r in self.layer_rules.values() if r.window}))
+        self.max_model_len = config.max_model_len or self._context_length(text_config)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size
         self.num_kv_blocks = self._num_blocks(config, text_config)
-        self.kv_caches = self._allocate_cache(text_config)
+        self.kv_caches = self._allocate_cache()
         self.sampler = Sampler(self.device, config.seed)
         self._started = StartLatch()
         self.traced: TracedDecode | None = None
-        if trace_enabled(self.device):
+        plain = all(rules.plain for rules in self.layer_rules.values())
+        if trace_enabled(self.device) and plain:  # the traces carry no layer rules
             traced = TracedDecode(self.model, self.kv_caches, self.block_size, self.device)
             self.traced = traced if traced.prepare() else None
         self.step_parts, self.num_threads = step_split.cpu_layout(
@@ -106,17 +116,26 @@ class TorchRunner:
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
 
-    def _kv_shape(self, text_config: object) -> tuple[int, int, int]:
-        heads = text_config.num_attention_heads
-        kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
-        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
-        return text_config.num_hidden_layers, kv_heads, head_dim
+    @staticmethod
+    def _context_length(text_config: object) -> int:
+        """The model's ``max_position_embeddings``.
 
-    def kv_bytes_per_block(self, text_config: object) -> int:
-        """Bytes one block takes over all layers (K and V)."""
-        layers, kv_heads, head_dim = self._kv_shape(text_config)
+        Raises:
+            UnsupportedModelError: the config states no context length.
+        """
+        length = getattr(text_config, "max_position_embeddings", None)
+        if length is None:
+            raise UnsupportedModelError(
+                f"{getattr(text_config, 'model_type', '?')} states no max_position_embeddings: "
+                "set EngineConfig.max_model_len"
+            )
+        return int(length)
+
+    def kv_bytes_per_block(self, text_config: object = None) -> int:
+        """Bytes one block takes over all layers (K and V, each layer's own widths)."""
         element = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * layers * kv_heads * head_dim * element * self.block_size
+        per_token = sum(r.kv_heads * (r.k_dim + r.v_dim) for r in self.layer_rules.values())
+        return per_token * element * self.block_size
 
     def _num_blocks(self, config: EngineConfig, text_config: object) -> int:
         if config.num_kv_blocks is not None:
@@ -128,16 +147,21 @@ class TorchRunner:
             raise ValueError("EngineConfig.kv_cache_memory_bytes is too small for one KV block")
         return blocks
 
-    def _allocate_cache(self, text_config: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        layers, kv_heads, head_dim = self._kv_shape(text_config)
-        shape = (self.num_kv_blocks * self.block_size, kv_heads, head_dim)
-        return [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(layers)
-        ]
+    def _allocate_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, K ``[rows, kv_heads, k_dim]`` and V ``[rows, kv_heads, v_dim]``
+        (rows = blocks x block_size), shaped from the layer's own rules: separate K
+        and V tensors let MLA layers keep a narrower V."""
+        rows = self.num_kv_blocks * self.block_size
+        caches = []
+        for index in range(len(self.layer_rules)):
+            rules = self.layer_rules[index]
+            caches.append((
+                torch.zeros((rows, rules.kv_heads, rules.k_dim), dtype=self.dtype,
+                            device=self.device),
+                torch.zeros((rows, rules.kv_heads, rules.v_dim), dtype=self.dtype,
+                            device=self.device),
+            ))
+        return caches
 
     def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
         """Prepare the step's inputs here, then start it in the runner's threads; returns
@@ -247,17 +271,18 @@ class TorchRunner:
         """The eager forward over a part; logits ``[K, vocab]`` of its kept rows."""
         meta, positions = attention.build_metadata(
             self.kv_caches, part.start_positions, [len(t) for t in part.token_ids],
-            part.block_tables, self.block_size, self.device,
+            part.block_tables, self.block_size, self.device, windows=self.windows,
         )
         flat = [token for tokens in part.token_ids for token in tokens]
         input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device).unsqueeze(0)
-        return self.model(
-            input_ids=input_ids,
-            position_ids=positions.unsqueeze(0),
-            use_cache=False,
-            logits_to_keep=part.keep,
-            paged_metadata=meta,
-        ).logits[0]
+        with layer_rules.metadata_context(meta):  # for models that drop kwargs (stablelm)
+            return self.model(
+                input_ids=input_ids,
+                position_ids=positions.unsqueeze(0),
+                use_cache=False,
+                logits_to_keep=part.keep,
+                paged_metadata=meta,
+            ).logits[0]
 
     def close(self) -> None:
         """Stop the worker threads and restore torch's thread count."""
