@@ -12,7 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from aioserve.config import EngineConfig
 from aioserve.errors import UnsupportedModelError
-from aioserve.runners import attention, layer_rules, model_adapters, step_split
+from aioserve.runners import layer_rules, model_adapters, step_split
+from aioserve.runners.attention_backend import AttentionBackend, ReferenceBackend
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.sampler import Sampler
 from aioserve.runners.step_split import StartLatch, StepPart
@@ -46,9 +47,10 @@ def eos_token_ids(model_path: str, generation_config: GenerationConfig | None) -
 class TorchRunner:
     """Runs a transformers causal LM over packed batches with a paged KV cache.
 
-    The KV cache is, per layer, K and V tensors of shape
-    ``[num_kv_blocks * block_size, num_kv_heads, head_dim]`` (the model's dtype),
-    indexed by the engine's block ids. The forward pass runs in a worker thread so
+    The KV cache is, per layer, K ``[num_kv_blocks * block_size, kv_heads, k_dim]`` and
+    V ``[..., kv_heads, v_dim]`` (the model's dtype), indexed by the engine's block ids
+    and shaped from each layer's own rules, found by one recording forward at load
+    (:func:`~aioserve.runners.layer_rules.discover`). The forward pass runs in a worker thread so
     the event loop stays free; on the CPU with the traced forward, a big enough step
     is cut into parts that run side by side in their own threads
     (:mod:`~aioserve.runners.step_split`).
@@ -62,6 +64,8 @@ class TorchRunner:
 
     Raises:
         OSError: the model cannot be loaded.
+        UnsupportedModelError: the model cannot be served exactly (ALiBi, layers that
+            bypass transformers' attention interface, rules the backend lacks).
         ValueError: the KV-cache budget holds no block.
     """
 
@@ -71,7 +75,8 @@ class TorchRunner:
         local = config.model.startswith((".", "/", "~"))
         if local and not os.path.isdir(os.path.expanduser(config.model)):
             raise OSError(f"model directory {config.model!r} does not exist")
-        name = attention.register()
+        self.backend: AttentionBackend = ReferenceBackend()
+        name = self.backend.register()
         hf_config = AutoConfig.from_pretrained(config.model)
         model_adapters.check_config(hf_config.get_text_config())
         model_adapters.prepare(hf_config, name)
@@ -84,6 +89,7 @@ class TorchRunner:
         model_adapters.check_coverage(
             str(text_config.model_type), int(text_config.num_hidden_layers), self.layer_rules
         )
+        self._check_backend(str(text_config.model_type))
         self.windows = tuple(sorted({r.window for r in self.layer_rules.values() if r.window}))
         self.max_model_len = config.max_model_len or self._context_length(text_config)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -115,6 +121,17 @@ class TorchRunner:
     def _init_thread(self) -> None:
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
+
+    def _check_backend(self, model_type: str) -> None:
+        """Refuse the model when the backend cannot serve one of its layers.
+
+        Raises:
+            UnsupportedModelError: names the architecture, layer and reason.
+        """
+        for index, rules in sorted(self.layer_rules.items()):
+            reason = self.backend.unsupported(rules)
+            if reason is not None:
+                raise UnsupportedModelError(f"{model_type} layer {index}: {reason}")
 
     @staticmethod
     def _context_length(text_config: object) -> int:
@@ -269,9 +286,9 @@ class TorchRunner:
 
     def _forward(self, part: StepPart) -> torch.Tensor:
         """The eager forward over a part; logits ``[K, vocab]`` of its kept rows."""
-        meta, positions = attention.build_metadata(
+        meta, positions = self.backend.build_metadata(
             self.kv_caches, part.start_positions, [len(t) for t in part.token_ids],
-            part.block_tables, self.block_size, self.device, windows=self.windows,
+            part.block_tables, self.block_size, self.device, self.windows,
         )
         flat = [token for tokens in part.token_ids for token in tokens]
         input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device).unsqueeze(0)
