@@ -95,7 +95,7 @@ class TorchRunner:
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size
-        self.num_kv_blocks = self._num_blocks(config, text_config)
+        self.num_kv_blocks = self._num_blocks(config)
         self.kv_caches = self._allocate_cache()
         self.sampler = Sampler(self.device, config.seed)
         self._started = StartLatch()
@@ -148,16 +148,16 @@ class TorchRunner:
             )
         return int(length)
 
-    def kv_bytes_per_block(self, text_config: object = None) -> int:
+    def kv_bytes_per_block(self) -> int:
         """Bytes one block takes over all layers (K and V, each layer's own widths)."""
         element = torch.tensor([], dtype=self.dtype).element_size()
         per_token = sum(r.kv_heads * (r.k_dim + r.v_dim) for r in self.layer_rules.values())
         return per_token * element * self.block_size
 
-    def _num_blocks(self, config: EngineConfig, text_config: object) -> int:
+    def _num_blocks(self, config: EngineConfig) -> int:
         if config.num_kv_blocks is not None:
             return config.num_kv_blocks
-        by_memory = config.kv_cache_memory_bytes // self.kv_bytes_per_block(text_config)
+        by_memory = config.kv_cache_memory_bytes // self.kv_bytes_per_block()
         by_need = -(-config.max_num_seqs * self.max_model_len // self.block_size)
         blocks = min(by_memory, by_need)
         if blocks <= 0:
