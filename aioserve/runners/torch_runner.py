@@ -8,11 +8,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from transformers import GenerationConfig
 
 from aioserve.config import EngineConfig
-from aioserve.errors import UnsupportedModelError
-from aioserve.runners import layer_rules, model_adapters, step_split
+from aioserve.runners import layer_rules, model_loader, step_split
 from aioserve.runners.attention_backend import AttentionBackend, ReferenceBackend
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.sampler import Sampler
@@ -76,27 +75,20 @@ class TorchRunner:
         if local and not os.path.isdir(os.path.expanduser(config.model)):
             raise OSError(f"model directory {config.model!r} does not exist")
         self.backend: AttentionBackend = ReferenceBackend()
-        name = self.backend.register()
-        hf_config = AutoConfig.from_pretrained(config.model)
-        model_adapters.check_config(hf_config.get_text_config())
-        model_adapters.prepare(hf_config, name)
-        model = AutoModelForCausalLM.from_pretrained(
-            config.model, dtype=self.dtype, attn_implementation=name
+        model, self.layer_rules = model_loader.load_model(
+            config.model, self.dtype, self.device, self.backend
         )
-        self.model = model.to(self.device).eval()
+        self.model = model
         text_config = model.config.get_text_config()
-        self.layer_rules = layer_rules.discover(self.model, self.device)
-        model_adapters.check_coverage(
-            str(text_config.model_type), int(text_config.num_hidden_layers), self.layer_rules
-        )
-        self._check_backend(str(text_config.model_type))
         self.windows = tuple(sorted({r.window for r in self.layer_rules.values() if r.window}))
-        self.max_model_len = config.max_model_len or self._context_length(text_config)
+        self.max_model_len = config.max_model_len or model_loader.context_length(text_config)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size
         self.num_kv_blocks = self._num_blocks(config)
-        self.kv_caches = self._allocate_cache()
+        self.kv_caches = model_loader.allocate_kv_cache(
+            self.layer_rules, self.num_kv_blocks * self.block_size, self.dtype, self.device
+        )
         self.sampler = Sampler(self.device, config.seed)
         self._started = StartLatch()
         self.traced: TracedDecode | None = None
@@ -122,37 +114,9 @@ class TorchRunner:
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
 
-    def _check_backend(self, model_type: str) -> None:
-        """Refuse the model when the backend cannot serve one of its layers.
-
-        Raises:
-            UnsupportedModelError: names the architecture, layer and reason.
-        """
-        for index, rules in sorted(self.layer_rules.items()):
-            reason = self.backend.unsupported(rules)
-            if reason is not None:
-                raise UnsupportedModelError(f"{model_type} layer {index}: {reason}")
-
-    @staticmethod
-    def _context_length(text_config: object) -> int:
-        """The model's ``max_position_embeddings``.
-
-        Raises:
-            UnsupportedModelError: the config states no context length.
-        """
-        length = getattr(text_config, "max_position_embeddings", None)
-        if length is None:
-            raise UnsupportedModelError(
-                f"{getattr(text_config, 'model_type', '?')} states no max_position_embeddings: "
-                "set EngineConfig.max_model_len"
-            )
-        return int(length)
-
     def kv_bytes_per_block(self) -> int:
         """Bytes one block takes over all layers (K and V, each layer's own widths)."""
-        element = torch.tensor([], dtype=self.dtype).element_size()
-        per_token = sum(r.kv_heads * (r.k_dim + r.v_dim) for r in self.layer_rules.values())
-        return per_token * element * self.block_size
+        return model_loader.kv_bytes_per_token(self.layer_rules, self.dtype) * self.block_size
 
     def _num_blocks(self, config: EngineConfig) -> int:
         if config.num_kv_blocks is not None:
@@ -163,22 +127,6 @@ class TorchRunner:
         if blocks <= 0:
             raise ValueError("EngineConfig.kv_cache_memory_bytes is too small for one KV block")
         return blocks
-
-    def _allocate_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, K ``[rows, kv_heads, k_dim]`` and V ``[rows, kv_heads, v_dim]``
-        (rows = blocks x block_size), shaped from the layer's own rules: separate K
-        and V tensors let MLA layers keep a narrower V."""
-        rows = self.num_kv_blocks * self.block_size
-        caches = []
-        for index in range(len(self.layer_rules)):
-            rules = self.layer_rules[index]
-            caches.append((
-                torch.zeros((rows, rules.kv_heads, rules.k_dim), dtype=self.dtype,
-                            device=self.device),
-                torch.zeros((rows, rules.kv_heads, rules.v_dim), dtype=self.dtype,
-                            device=self.device),
-            ))
-        return caches
 
     def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
         """Prepare the step's inputs here, then start it in the runner's threads; returns
