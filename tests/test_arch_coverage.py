@@ -66,3 +66,38 @@ def test_window_mask_follows_transformers_convention():
 
 def test_tiny_models_cover_thirty_architectures():
     assert len(tiny_models.ARCHITECTURES) == 30
+
+
+def load_runner(model_type: str, directory, model_dir):
+    from aioserve import EngineConfig
+    from aioserve.runners.torch_runner import TorchRunner
+
+    coverage.save(model_type, directory, model_dir)
+    config = EngineConfig(model=str(directory), num_kv_blocks=8, block_size=8, device="cpu",
+                          dtype="float32")
+    return TorchRunner(config)
+
+
+def test_layer_rules_shape_the_cache_and_keep_the_trace_off(model_dir, tmp_path):
+    mla = load_runner("deepseek_v3", tmp_path / "mla", model_dir)
+    assert [tuple(k.shape[1:]) + tuple(v.shape[1:]) for k, v in mla.kv_caches] == [
+        (4, 24, 4, 8), (4, 24, 4, 8)  # K: nope 16 + rope 8; V: 8
+    ]
+    assert mla.traced is None
+    mixed = load_runner("gpt_oss", tmp_path / "sinks", model_dir)
+    windows = [mixed.layer_rules[i].window for i in range(2)]
+    assert windows == [tiny_models.WINDOW, None] and mixed.windows == (tiny_models.WINDOW,)
+    assert all(rules.sinks for rules in mixed.layer_rules.values())
+    assert mixed.traced is None
+    for runner in (mla, mixed):
+        runner.close()
+
+
+def test_layers_that_bypass_the_interface_are_refused():
+    from aioserve.errors import UnsupportedModelError
+    from aioserve.runners.layer_rules import LayerRules
+    from aioserve.runners.model_adapters import check_coverage
+
+    rules = LayerRules(4, 2, 16, 16, None, None, None, False)
+    with pytest.raises(UnsupportedModelError, match=r"falcon: layers \[1\] compute attention"):
+        check_coverage("falcon", 2, {0: rules})
