@@ -7,3 +7,8 @@ class EngineError(RuntimeError):
 
 class EngineNotRunningError(EngineError):
     """The engine is not started, or is shutting down."""
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot be served exactly (raised at load); the message names the
+    architecture and the reason."""

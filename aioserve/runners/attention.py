@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from aioserve.runners import decode_attention
+from aioserve.runners import decode_attention, eager_attention, layer_rules
+from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
 
 ATTENTION_NAME = "aioserve_paged"
@@ -37,6 +38,17 @@ __all__ = [
 ]
 
 
+def _gather(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[b * num_blocks, block_size * heads * dim]``: whole blocks of ``cache``.
+
+    index_select of whole blocks (rows of a 2-D view) is a plain copy of
+    block_size * heads * dim values each: several times cheaper on CPU than advanced
+    indexing per slot, with the same values.
+    """
+    width = int(cache.shape[1:].numel())  # a constant of the model, also while tracing
+    return cache.view(-1, block_size * width).index_select(0, blocks)
+
+
 def _attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -44,38 +56,45 @@ def _attend(
     group: AttentionGroup,
     scaling: float | None,
     block_size: int,
+    rules: LayerRules | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One group's attention: ``q`` ``[n, q_heads, head_dim]`` -> ``[n, q_heads, head_dim]``."""
+    """One group's attention: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``."""
     batch, num_blocks = group.gather_blocks.shape
     blocks = group.gather_blocks.view(-1)
-    # index_select of whole blocks (rows of a 2-D view) is a plain copy of
-    # block_size * kv_heads * head_dim values each: several times cheaper on CPU
-    # than advanced indexing per slot, with the same values.
-    kv_shape = k_cache.shape[1:]
-    kv_width = int(kv_shape.numel())  # a constant of the model, also while tracing
-    keys = k_cache.view(-1, block_size * kv_width).index_select(0, blocks)
-    values = v_cache.view(-1, block_size * kv_width).index_select(0, blocks)
-    if group.query_index is None and decode_attention.usable(q, int(kv_shape[0])):
+    keys = _gather(k_cache, blocks, block_size)
+    values = _gather(v_cache, blocks, block_size)
+    kv_heads = int(k_cache.shape[1])
+    mask = group.mask
+    plain = rules is None or rules.plain
+    if rules is not None and rules.window is not None:
+        mask = group.window_masks[rules.window]
+    if plain and group.query_index is None and decode_attention.usable(q, kv_heads):
+        width = int(k_cache.shape[1:].numel())
         return decode_attention.decode_attention(
-            q, keys.view(batch, -1, kv_width), values.view(batch, -1, kv_width), group.mask,
-            scaling, int(kv_shape[0]),
+            q, keys.view(batch, -1, width), values.view(batch, -1, width), mask,
+            scaling, kv_heads,
         )
-    keys = keys.view(batch, num_blocks * block_size, *kv_shape).transpose(1, 2)
-    values = values.view(batch, num_blocks * block_size, *kv_shape).transpose(1, 2)
+    keys = keys.view(batch, num_blocks * block_size, *k_cache.shape[1:]).transpose(1, 2)
+    values = values.view(batch, num_blocks * block_size, *v_cache.shape[1:]).transpose(1, 2)
     heads, dim = q.shape[1], q.shape[2]
     if group.query_index is None:
-        q = q.unsqueeze(2)  # [b, q_heads, 1, head_dim]
+        q = q.unsqueeze(2)  # [b, q_heads, 1, k_dim]
     else:
         q = q.reshape(q.shape[0], heads * dim).index_select(0, group.query_index)
         q = q.view(batch, -1, heads, dim).transpose(1, 2)
-    gqa = bool(heads != kv_shape[0])  # a plain bool also while torch.jit traces
-    out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=group.mask, scale=scaling, enable_gqa=gqa
-    ).transpose(1, 2)  # [b, Q, q_heads, head_dim]
+    if rules is not None and (rules.softcap is not None or sinks is not None):
+        out = eager_attention.attend(q, keys, values, mask, rules, sinks).transpose(1, 2)
+    else:
+        gqa = bool(heads != kv_heads)  # a plain bool also while torch.jit traces
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=scaling, enable_gqa=gqa
+        ).transpose(1, 2)  # [b, Q, q_heads, v_dim]
+    v_dim = int(v_cache.shape[-1])
     if group.query_valid is None:
         return out.squeeze(1)
-    out = out.reshape(-1, heads * dim).index_select(0, group.query_valid)
-    return out.view(-1, heads, dim)
+    out = out.reshape(-1, heads * v_dim).index_select(0, group.query_valid)
+    return out.view(-1, heads, v_dim)
 
 
 def paged_attention(
@@ -92,42 +111,61 @@ def paged_attention(
     """Attention over the paged KV cache for a packed batch.
 
     Writes the step's keys and values into the cache, then attends each group of
-    sequences (decode, prefill) over its own gathered context.
+    sequences (decode, prefill) over its own gathered context, under the layer's
+    rules (:class:`~aioserve.runners.layer_rules.LayerRules`: window, soft-cap,
+    sinks, K/V widths) taken from the call.
 
     Args:
-        query: ``[1, q_heads, T, head_dim]``; key, value: ``[1, kv_heads, T, head_dim]``.
-        paged_metadata: this step's :class:`PagedAttentionMetadata`.
+        query: ``[1, q_heads, T, k_dim]``; key ``[1, kv_heads, T, k_dim]``, value
+            ``[1, kv_heads, T, v_dim]``.
+        paged_metadata: this step's :class:`PagedAttentionMetadata` (else the one the
+            runner set in :data:`~aioserve.runners.layer_rules.CURRENT_METADATA`).
 
     Returns:
-        ``([1, T, q_heads, head_dim], None)``.
+        ``([1, T, q_heads, v_dim], None)``.
 
     Raises:
-        RuntimeError: the model was called without ``paged_metadata``.
+        RuntimeError: no metadata for this step.
     """
-    meta = paged_metadata
+    rules = None
+    if kwargs.get("sliding_window") or kwargs.get("softcap") or kwargs.get("s_aux") is not None \
+            or key.shape[-1] != value.shape[-1]:
+        rules = LayerRules.of_call(query, key, value, scaling, kwargs)
+    meta = paged_metadata if paged_metadata is not None else layer_rules.CURRENT_METADATA.get()
     if meta is None:
-        raise RuntimeError(f"{ATTENTION_NAME} attention needs paged_metadata (use TorchRunner)")
+        recorder = layer_rules.RECORDING.get()
+        if recorder is None:
+            raise RuntimeError(f"{ATTENTION_NAME} attention needs paged_metadata (use TorchRunner)")
+        layer_rules.record(module, LayerRules.of_call(query, key, value, scaling, kwargs), recorder)
+        shape = (1, query.shape[2], query.shape[1], value.shape[-1])
+        return query.new_zeros(shape), None
     k_cache, v_cache = meta.kv_caches[module.layer_idx]
     k_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
     v_cache.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
-    q = query[0].transpose(0, 1)  # [T, q_heads, head_dim]
-    return attend_groups(q, k_cache, v_cache, meta, scaling).unsqueeze(0), None
+    q = query[0].transpose(0, 1)  # [T, q_heads, k_dim]
+    out = attend_groups(q, k_cache, v_cache, meta, scaling, rules, kwargs.get("s_aux"))
+    return out.unsqueeze(0), None
 
 
 def attend_groups(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta: PagedAttentionMetadata, scaling: float | None,
+    rules: LayerRules | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each group's attention over its gathered context (the step's keys and values
-    already written): ``q`` ``[T, q_heads, head_dim]`` -> ``[T, q_heads, head_dim]``."""
+    already written): ``q`` ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]``.
+    ``rules`` None: a plain layer (no window, soft-cap or sinks; equal K/V widths)."""
     size = meta.block_size
     if len(meta.groups) == 1 and meta.groups[0].token_index is None:
-        return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size, rules, sinks)
+    out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))
     for group in meta.groups:
         assert group.token_index is not None
         part = q.index_select(0, group.token_index)
-        out.index_copy_(0, group.token_index, _attend(part, k_cache, v_cache, group, scaling, size))
+        out.index_copy_(
+            0, group.token_index,
+            _attend(part, k_cache, v_cache, group, scaling, size, rules, sinks),
+        )
     return out
 
 

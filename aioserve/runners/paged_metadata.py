@@ -11,7 +11,7 @@ several) and each result is copied to the device once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,6 +32,8 @@ class AttentionGroup:
             query, or None when Q = 1.
         query_valid: ``[n]`` int64 rows of the ``[b * Q]`` padded queries that are real,
             in order; None when Q = 1.
+        window_masks: per sliding window (tokens), the ``[b, 1, Q, L]`` additive mask of
+            windowed layers (a query at position p sees keys ``p - window < k <= p``).
     """
 
     token_index: torch.Tensor | None
@@ -39,6 +41,7 @@ class AttentionGroup:
     mask: torch.Tensor | None
     query_index: torch.Tensor | None
     query_valid: torch.Tensor | None
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,8 @@ class PagedAttentionMetadata:
     """What every attention layer of one step needs (T new tokens in the batch).
 
     Attributes:
-        kv_caches: per layer, (K, V) of shape ``[num_blocks * block_size, kv_heads, head_dim]``.
+        kv_caches: per layer, (K, V) of shapes ``[num_blocks * block_size, kv_heads, k_dim]``
+            and ``[num_blocks * block_size, kv_heads, v_dim]`` (widths differ for MLA).
         slot_mapping: ``[T]`` int64, the cache slot each new token's K/V is written to.
         groups: the decode and prefill :class:`AttentionGroup` (one to three).
         block_size: tokens per KV block.
@@ -104,6 +108,7 @@ def _group(
     device: torch.device,
     everything: bool,
     always_mask: bool,
+    windows: tuple[int, ...] = (),
 ) -> AttentionGroup:
     """The group of sequences ``rows`` (indices into the batch)."""
     starts, counts, offsets = starts[rows], counts[rows], offsets[rows]
@@ -134,13 +139,30 @@ def _group(
         if always_mask or not allowed.all():
             mask_array = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
     mask = None if mask_array is None else to_device(mask_array, device).to(dtype)
+    # each (padded) query's position; a padding query repeats its sequence's last
+    query_pos = starts[:, None] + np.minimum(np.arange(max_new)[None, :], counts[:, None] - 1)
+    window_masks = {
+        window: to_device(window_mask(query_pos, width, window), device).to(dtype)
+        for window in windows
+    }
     return AttentionGroup(
         None if everything else to_device(token_index, device),
         to_device(blocks, device),
         mask,
         query_index,
         query_valid,
+        window_masks,
     )
+
+
+def window_mask(query_pos: np.ndarray, width: int, window: int) -> np.ndarray:
+    """``[b, 1, Q, width]`` float32 additive mask of a sliding window: 0 where key
+    position k satisfies ``p - window < k <= p`` for query position p
+    (``query_pos`` ``[b, Q]``), ``-inf`` elsewhere (transformers' convention)."""
+    keys = np.arange(width)[None, None, :]
+    pos = query_pos[:, :, None]
+    allowed = (keys <= pos) & (keys > pos - window)
+    return np.where(allowed, np.float32(0.0), np.float32(-np.inf))[:, None]
 
 
 def split_by_length(rows: np.ndarray, seq_lens: np.ndarray, call_cost: int) -> list[np.ndarray]:
@@ -176,6 +198,7 @@ def build_metadata(
     *,
     split_cost: int | None = None,
     always_mask: bool = False,
+    windows: tuple[int, ...] = (),
 ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
     """Build the step's metadata and the packed position ids (``[T]`` int64).
 
@@ -189,6 +212,7 @@ def build_metadata(
         split_cost: the cost of one more attention call for :func:`split_by_length`
             (None: ``SPLIT_COST``; a huge value: never split).
         always_mask: give every group a mask, even one that masks nothing.
+        windows: the model's sliding windows (tokens); each group gets a mask per window.
     """
     batch = len(start_positions)
     tables = block_table_array(block_tables)
@@ -212,7 +236,7 @@ def build_metadata(
     ]
     groups = tuple(
         _group(rows, tables, starts, counts, offsets, block_size, dtype, device,
-               rows.size == batch, always_mask)
+               rows.size == batch, always_mask, windows)
         for rows in parts
         if rows.size
     )

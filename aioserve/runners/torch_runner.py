@@ -8,10 +8,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import GenerationConfig
 
 from aioserve.config import EngineConfig
-from aioserve.runners import attention, step_split
+from aioserve.runners import layer_rules, model_loader, step_split
+from aioserve.runners.attention_backend import AttentionBackend, ReferenceBackend
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.sampler import Sampler
 from aioserve.runners.step_split import StartLatch, StepPart
@@ -42,14 +43,11 @@ def context_length(requested: int | None, text_config: object) -> int:
 
     Raises:
         ValueError: ``requested`` exceeds what the model was built for (as vLLM refuses
-            it), or neither is known.
+            it); UnsupportedModelError: neither is known.
     """
-    model_len = getattr(text_config, "max_position_embeddings", None)
     if requested is None:
-        if model_len is None:
-            raise ValueError("max_model_len: the model config has no max_position_embeddings; "
-                             "give --max-model-len")
-        return int(model_len)
+        return model_loader.context_length(text_config)
+    model_len = getattr(text_config, "max_position_embeddings", None)
     if model_len is not None and requested > int(model_len):
         raise ValueError(f"max_model_len: {requested} exceeds the model's context of "
                          f"{int(model_len)} tokens (max_position_embeddings)")
@@ -82,9 +80,10 @@ def free_memory_bytes(device: torch.device) -> int:
 class TorchRunner:
     """Runs a transformers causal LM over packed batches with a paged KV cache.
 
-    The KV cache is, per layer, K and V tensors of shape
-    ``[num_kv_blocks * block_size, num_kv_heads, head_dim]`` (the model's dtype),
-    indexed by the engine's block ids. The forward pass runs in a worker thread so
+    The KV cache is, per layer, K ``[num_kv_blocks * block_size, kv_heads, k_dim]`` and
+    V ``[..., kv_heads, v_dim]`` (the model's dtype), indexed by the engine's block ids
+    and shaped from each layer's own rules, found by one recording forward at load
+    (:func:`~aioserve.runners.layer_rules.discover`). The forward pass runs in a worker thread so
     the event loop stays free; on the CPU with the traced forward, a big enough step
     is cut into parts that run side by side in their own threads
     (:mod:`~aioserve.runners.step_split`).
@@ -98,6 +97,8 @@ class TorchRunner:
 
     Raises:
         OSError: the model cannot be loaded.
+        UnsupportedModelError: the model cannot be served exactly (ALiBi, layers that
+            bypass transformers' attention interface, rules the backend lacks).
         ValueError: the KV-cache budget holds no block.
     """
 
@@ -107,23 +108,27 @@ class TorchRunner:
         local = config.model.startswith((".", "/", "~"))
         if local and not os.path.isdir(os.path.expanduser(config.model)):
             raise OSError(f"model directory {config.model!r} does not exist")
-        name = attention.register()
-        model = AutoModelForCausalLM.from_pretrained(
-            config.model, dtype=self.dtype, attn_implementation=name
+        self.backend: AttentionBackend = ReferenceBackend()
+        model, self.layer_rules = model_loader.load_model(
+            config.model, self.dtype, self.device, self.backend
         )
-        self.model = model.to(self.device).eval()
+        self.model = model
         text_config = model.config.get_text_config()
+        self.windows = tuple(sorted({r.window for r in self.layer_rules.values() if r.window}))
         self.max_model_len = context_length(config.max_model_len, text_config)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size
-        self.kv_block_bytes = self.kv_bytes_per_block(text_config)
-        self.num_kv_blocks = self._num_blocks(config, text_config)
-        self.kv_caches = self._allocate_cache(text_config)
+        self.kv_block_bytes = self.kv_bytes_per_block()
+        self.num_kv_blocks = self._num_blocks(config)
+        self.kv_caches = model_loader.allocate_kv_cache(
+            self.layer_rules, self.num_kv_blocks * self.block_size, self.dtype, self.device
+        )
         self.sampler = Sampler(self.device, config.seed)
         self._started = StartLatch()
         self.traced: TracedDecode | None = None
-        if trace_enabled(self.device):
+        plain = all(rules.plain for rules in self.layer_rules.values())
+        if trace_enabled(self.device) and plain:  # the traces carry no layer rules
             traced = TracedDecode(self.model, self.kv_caches, self.block_size, self.device)
             self.traced = traced if traced.prepare() else None
         self.step_parts, self.num_threads = step_split.cpu_layout(
@@ -144,41 +149,22 @@ class TorchRunner:
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
 
-    def _kv_shape(self, text_config: object) -> tuple[int, int, int]:
-        heads = text_config.num_attention_heads
-        kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
-        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
-        return text_config.num_hidden_layers, kv_heads, head_dim
+    def kv_bytes_per_block(self) -> int:
+        """Bytes one block takes over all layers (K and V, each layer's own widths)."""
+        return model_loader.kv_bytes_per_token(self.layer_rules, self.dtype) * self.block_size
 
-    def kv_bytes_per_block(self, text_config: object) -> int:
-        """Bytes one block takes over all layers (K and V)."""
-        layers, kv_heads, head_dim = self._kv_shape(text_config)
-        element = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * layers * kv_heads * head_dim * element * self.block_size
-
-    def _num_blocks(self, config: EngineConfig, text_config: object) -> int:
+    def _num_blocks(self, config: EngineConfig) -> int:
         if config.num_kv_blocks is not None:
             return config.num_kv_blocks
         budget = config.kv_cache_memory_bytes
         if config.kv_cache_memory_fraction is not None:
             budget = int(free_memory_bytes(self.device) * config.kv_cache_memory_fraction)
-        by_memory = budget // self.kv_bytes_per_block(text_config)
+        by_memory = budget // self.kv_block_bytes
         by_need = -(-config.max_num_seqs * self.max_model_len // self.block_size)
         blocks = min(by_memory, by_need)
         if blocks <= 0:
             raise ValueError("EngineConfig.kv_cache_memory_bytes is too small for one KV block")
         return blocks
-
-    def _allocate_cache(self, text_config: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        layers, kv_heads, head_dim = self._kv_shape(text_config)
-        shape = (self.num_kv_blocks * self.block_size, kv_heads, head_dim)
-        return [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(layers)
-        ]
 
     def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
         """Prepare the step's inputs here, then start it in the runner's threads; returns
@@ -286,19 +272,20 @@ class TorchRunner:
 
     def _forward(self, part: StepPart) -> torch.Tensor:
         """The eager forward over a part; logits ``[K, vocab]`` of its kept rows."""
-        meta, positions = attention.build_metadata(
+        meta, positions = self.backend.build_metadata(
             self.kv_caches, part.start_positions, [len(t) for t in part.token_ids],
-            part.block_tables, self.block_size, self.device,
+            part.block_tables, self.block_size, self.device, self.windows,
         )
         flat = [token for tokens in part.token_ids for token in tokens]
         input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device).unsqueeze(0)
-        return self.model(
-            input_ids=input_ids,
-            position_ids=positions.unsqueeze(0),
-            use_cache=False,
-            logits_to_keep=part.keep,
-            paged_metadata=meta,
-        ).logits[0]
+        with layer_rules.metadata_context(meta):  # for models that drop kwargs (stablelm)
+            return self.model(
+                input_ids=input_ids,
+                position_ids=positions.unsqueeze(0),
+                use_cache=False,
+                logits_to_keep=part.keep,
+                paged_metadata=meta,
+            ).logits[0]
 
     def close(self) -> None:
         """Stop the worker threads and restore torch's thread count."""

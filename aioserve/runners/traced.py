@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from aioserve.runners import lean_llama, paged_metadata
 from aioserve.runners.decode_metadata import decode_metadata, int64_tensor
+from aioserve.runners.layer_rules import metadata_context
 from aioserve.runners.lean_llama import LeanLlama
 from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
 
@@ -85,10 +86,11 @@ class _DecodeForward(torch.nn.Module):
     ) -> torch.Tensor:
         groups = self.make_groups(group_tensors)
         meta = PagedAttentionMetadata(self.kv_caches, slot_mapping, groups, self.block_size)
-        return self.model(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False,
-            logits_to_keep=keep, paged_metadata=meta,
-        ).logits
+        with metadata_context(meta):  # for models that drop kwargs on the way to attention
+            return self.model(
+                input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                logits_to_keep=keep, paged_metadata=meta,
+            ).logits
 
 
 def trace_enabled(device: torch.device) -> bool:

@@ -1,0 +1,85 @@
+"""The attention-backend seam: what the runner asks of an attention implementation.
+
+A backend (like vLLM's attention backends) builds the step's metadata once,
+attends one layer over the paged cache, and says which layer rules it supports;
+the runner refuses at load a model with a layer the backend cannot serve
+exactly. :class:`ReferenceBackend` is the exact one, on any device: plain layers
+through ``scaled_dot_product_attention`` (plus a CPU decode fast path), sliding
+windows through per-window masks, soft-cap and sinks in eager math, K and V of
+their own widths.
+
+Transformers reaches a backend through the attention function registered under
+:attr:`AttentionBackend.attention_name`; the layer's rules come with each call
+(:class:`~aioserve.runners.layer_rules.LayerRules`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from aioserve.runners import attention, paged_metadata
+from aioserve.runners.layer_rules import LayerRules
+from aioserve.runners.paged_metadata import PagedAttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    """What the runner needs from an attention implementation."""
+
+    attention_name: str
+
+    def register(self) -> str:
+        """Register the attention function with transformers; returns its name."""
+        ...
+
+    def unsupported(self, rules: LayerRules) -> str | None:
+        """Why a layer with ``rules`` cannot be served exactly, or None."""
+        ...
+
+    def build_metadata(
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], start_positions: list[int],
+        num_new_tokens: list[int], block_tables: list[list[int]], block_size: int,
+        device: torch.device, windows: tuple[int, ...],
+    ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
+        """The step's metadata and packed position ids ``[T]`` int64, built once."""
+        ...
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: PagedAttentionMetadata, rules: LayerRules, sinks: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One layer: ``q`` ``[T, q_heads, k_dim]`` (the step's K/V already in the
+        cache) -> ``[T, q_heads, v_dim]``."""
+        ...
+
+
+class ReferenceBackend:
+    """The exact backend: every rule of :class:`LayerRules`, on any device."""
+
+    attention_name = attention.ATTENTION_NAME
+
+    def register(self) -> str:
+        return attention.register()
+
+    def unsupported(self, rules: LayerRules) -> str | None:
+        if rules.q_heads % rules.kv_heads:
+            return f"{rules.q_heads} query heads do not share {rules.kv_heads} KV heads evenly"
+        return None
+
+    def build_metadata(
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], start_positions: list[int],
+        num_new_tokens: list[int], block_tables: list[list[int]], block_size: int,
+        device: torch.device, windows: tuple[int, ...],
+    ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
+        return paged_metadata.build_metadata(
+            kv_caches, start_positions, num_new_tokens, block_tables, block_size, device,
+            windows=windows,
+        )
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: PagedAttentionMetadata, rules: LayerRules, sinks: torch.Tensor | None,
+    ) -> torch.Tensor:
+        layer = None if rules.plain else rules
+        return attention.attend_groups(q, k_cache, v_cache, meta, rules.scaling, layer, sinks)

@@ -1,0 +1,99 @@
+"""What a model needs before aioserve's paged attention can serve it, or why it cannot.
+
+Most transformers decoders call attention through ``AttentionInterface`` and need
+nothing. Two kinds need help or a refusal:
+
+* falcon picks its attention class from a table keyed by the attention
+  implementation; :func:`prepare` adds a paged entry (rotary falcon only), whose
+  forward projects q/k/v as falcon does and calls the paged attention.
+* ALiBi models (bloom, mpt, falcon with ``alibi``) compute attention themselves and
+  bypass the interface: refused at load (:class:`UnsupportedModelError`), never run
+  with wrong attention. Any other model whose layers do not all reach the interface
+  is refused by :func:`check_coverage` after :func:`~aioserve.runners.layer_rules.discover`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from aioserve.errors import UnsupportedModelError
+from aioserve.runners.layer_rules import LayerRules
+
+#: model_type -> why it cannot be served.
+REFUSED = {
+    "bloom": "bloom computes ALiBi attention itself and bypasses transformers' attention "
+             "interface, so the paged KV cache would be ignored",
+    "mpt": "mpt computes ALiBi attention itself and bypasses transformers' attention "
+           "interface, so the paged KV cache would be ignored",
+}
+
+
+def check_config(config: Any) -> None:
+    """Refuse a model known to bypass the attention interface (before loading it).
+
+    Raises:
+        UnsupportedModelError: the reason, naming the architecture.
+    """
+    model_type = getattr(config, "model_type", "?")
+    if model_type in REFUSED:
+        raise UnsupportedModelError(REFUSED[model_type])
+    if getattr(config, "alibi", False):
+        raise UnsupportedModelError(
+            f"{model_type} with alibi=True computes ALiBi attention itself and bypasses "
+            "transformers' attention interface"
+        )
+
+
+def prepare(config: Any, attention_name: str) -> None:
+    """Register what ``config``'s architecture needs to load with ``attention_name``."""
+    if getattr(config, "model_type", None) == "falcon":
+        from transformers.models.falcon import modeling_falcon
+
+        modeling_falcon.FALCON_ATTENTION_CLASSES.setdefault(
+            attention_name, _paged_falcon_attention(modeling_falcon)
+        )
+
+
+def _paged_falcon_attention(modeling_falcon: Any) -> type:
+    """A ``FalconAttention`` whose forward attends through the registered paged
+    attention (rotary falcon: the q/k/v split and rotary of falcon's own forward)."""
+    from transformers import AttentionInterface
+
+    class PagedFalconAttention(modeling_falcon.FalconAttention):  # type: ignore[misc]
+        def forward(  # type: ignore[override]
+            self, hidden_states: torch.Tensor, alibi: torch.Tensor | None,
+            attention_mask: torch.Tensor | None, position_ids: Any = None,
+            layer_past: Any = None, use_cache: bool = False, output_attentions: bool = False,
+            position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, **kwargs: Any,
+        ) -> tuple[torch.Tensor, None]:
+            query, key, value = self._split_heads(self.query_key_value(hidden_states))
+            batch, length = query.shape[:2]
+            kv_heads = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+            query = query.transpose(1, 2).reshape(batch, self.num_heads, length, self.head_dim)
+            key = key.transpose(1, 2).reshape(batch, kv_heads, length, self.head_dim)
+            value = value.transpose(1, 2).reshape(batch, kv_heads, length, self.head_dim)
+            assert position_embeddings is not None  # rotary falcon (ALiBi is refused)
+            cos, sin = position_embeddings
+            query, key = modeling_falcon.apply_rotary_pos_emb(query, key, cos, sin)
+            attend = AttentionInterface()[self.config._attn_implementation]
+            out, _ = attend(self, query, key, value, None, scaling=1 / math.sqrt(self.head_dim))
+            return self.dense(out.reshape(batch, length, self.num_heads * self.head_dim)), None
+
+    return PagedFalconAttention
+
+
+def check_coverage(model_type: str, num_layers: int, rules: dict[int, LayerRules]) -> None:
+    """Refuse a model some of whose layers never called the attention interface.
+
+    Raises:
+        UnsupportedModelError: the reason, naming the architecture.
+    """
+    missing = sorted(set(range(num_layers)) - set(rules))
+    if missing:
+        raise UnsupportedModelError(
+            f"{model_type}: layers {missing} compute attention themselves and bypass "
+            "transformers' attention interface, so the paged KV cache would be ignored"
+        )

@@ -1,0 +1,81 @@
+"""Loading a model for paged attention: adapters, refusals, per-layer rules, KV cache.
+
+The runner calls :func:`load_model` once; it returns the model with every attention
+layer's :class:`~aioserve.runners.layer_rules.LayerRules`, or refuses the model
+(:class:`~aioserve.errors.UnsupportedModelError`) before anything is served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from aioserve.errors import UnsupportedModelError
+from aioserve.runners import layer_rules, model_adapters
+from aioserve.runners.attention_backend import AttentionBackend
+from aioserve.runners.layer_rules import LayerRules
+
+
+def load_model(
+    path: str, dtype: torch.dtype, device: torch.device, backend: AttentionBackend
+) -> tuple[PreTrainedModel, dict[int, LayerRules]]:
+    """The model (eval mode, on ``device``, attention through ``backend``) and its
+    layers' rules by layer index.
+
+    Raises:
+        OSError: the model cannot be loaded.
+        UnsupportedModelError: an ALiBi model, layers that bypass transformers'
+            attention interface, or a rule ``backend`` does not support.
+    """
+    name = backend.register()
+    hf_config = AutoConfig.from_pretrained(path)
+    model_adapters.check_config(hf_config.get_text_config())
+    model_adapters.prepare(hf_config, name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=name)
+    model = model.to(device).eval()
+    text_config = model.config.get_text_config()
+    model_type = str(text_config.model_type)
+    rules = layer_rules.discover(model, device)
+    model_adapters.check_coverage(model_type, int(text_config.num_hidden_layers), rules)
+    for index, layer in sorted(rules.items()):
+        reason = backend.unsupported(layer)
+        if reason is not None:
+            raise UnsupportedModelError(f"{model_type} layer {index}: {reason}")
+    return model, rules
+
+
+def context_length(text_config: Any) -> int:
+    """The model's ``max_position_embeddings``.
+
+    Raises:
+        UnsupportedModelError: the config states no context length.
+    """
+    length = getattr(text_config, "max_position_embeddings", None)
+    if length is None:
+        raise UnsupportedModelError(
+            f"{getattr(text_config, 'model_type', '?')} states no max_position_embeddings: "
+            "set EngineConfig.max_model_len"
+        )
+    return int(length)
+
+
+def kv_bytes_per_token(rules: dict[int, LayerRules], dtype: torch.dtype) -> int:
+    """Bytes one token's K and V take over all layers, each at its own widths."""
+    element = torch.tensor([], dtype=dtype).element_size()
+    return element * sum(r.kv_heads * (r.k_dim + r.v_dim) for r in rules.values())
+
+
+def allocate_kv_cache(
+    rules: dict[int, LayerRules], rows: int, dtype: torch.dtype, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, zeroed K ``[rows, kv_heads, k_dim]`` and V ``[rows, kv_heads, v_dim]``:
+    separate K and V tensors let MLA layers (deepseek_v3) keep a narrower V."""
+    return [
+        (
+            torch.zeros((rows, r.kv_heads, r.k_dim), dtype=dtype, device=device),
+            torch.zeros((rows, r.kv_heads, r.v_dim), dtype=dtype, device=device),
+        )
+        for r in (rules[index] for index in range(len(rules)))
+    ]
