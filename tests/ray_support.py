@@ -46,14 +46,14 @@ def kill_replica(replica_id: str) -> None:
 
 def key_for(target: str, ids: list[str]) -> str:
     """A prefix key that the prefix-affinity router maps to replica ``target``."""
-    from aioserve.deploy.prefix_router import affinity_order
+    from aioserve.deploy.affinity import affinity_order
 
     return next(f"k{i}" for i in range(10_000) if affinity_order(f"k{i}", ids)[0] == target)
 
 
 def prompt_for(target: str, ids: list[str], start: int = 0) -> str:
     """A prompt (``Once upon a time <n>``) the router maps to replica ``target``."""
-    from aioserve.deploy.prefix_router import affinity_order
+    from aioserve.deploy.affinity import affinity_order
 
     for i in range(start, start + 10_000):
         prompt = f"Once upon a time {i}"

@@ -174,6 +174,21 @@ async def test_disconnect_aborts_on_the_replica_and_frees_its_blocks(endpoint):
         assert stats["kv_cache_usage"] == 0
 
 
+async def test_replicas_export_engine_stats_as_ray_metrics(endpoint):
+    node = ray.nodes()[0]
+    url = f"http://127.0.0.1:{node['MetricsExportPort']}/metrics"
+    wanted = {f'replica="{replica}"' for replica in replica_ids()}
+
+    async def exported() -> bool:
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            text = await resp.text()
+        lines = [line for line in text.splitlines()
+                 if line.startswith("ray_aioserve_kv_free_blocks{")]
+        return all(any(tag in line for line in lines) for tag in wanted)
+
+    await poll(exported, 120, "engine gauges of both replicas on Ray's metrics port")
+
+
 async def test_killed_replica_fails_its_streams_others_serve_and_serve_restarts_it(endpoint):
     ids = replica_ids()
     victim, survivor = ids

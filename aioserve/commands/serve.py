@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from aioserve.commands.common import add_engine_options, engine_config
+from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.state import ENGINE_KEY
 
@@ -39,6 +40,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds running requests get to finish on SIGINT/SIGTERM "
                              "(new ones get 503 meanwhile; the rest then end with an error)")
+    add_ray_options(parser)
     return parser
 
 
@@ -118,9 +120,12 @@ async def serve(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully; exit status 0."""
+    """Serve until SIGINT/SIGTERM, then shut down gracefully; exit status 0. With
+    ``--ray``, serve on Ray Serve instead (:func:`run_ray`)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.ray:
+        return run_ray(args, server_config(args))
     app = create_app(engine_config(args), server_config(args))
     asyncio.run(serve(app, args.host, args.port, args.shutdown_timeout))
     return 0

@@ -21,12 +21,12 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from aioserve.deploy.affinity import prefix_key
 from aioserve.deploy.forwarded import (
     FORWARDED_HEADERS,
     REPLICA_HEADER,
     ForwardedRequest,
     ResponseHead,
-    prefix_key,
 )
 from aioserve.server.errors import error_body
 

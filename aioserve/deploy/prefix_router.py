@@ -3,8 +3,8 @@ replica, where that prefix's KV blocks are most likely still cached, unless that
 is busier than the rest, when it falls back to Serve's power of two choices.
 
 The affinity is rendezvous (highest-random-weight) hashing of the request's
-``prefix_key`` (the prompt's first characters, see
-:func:`aioserve.deploy.forwarded.prefix_key`) over the live replicas: deterministic,
+``prefix_key`` (the prompt's first characters, see :mod:`aioserve.deploy.affinity`)
+over the live replicas: deterministic,
 with no state to share between ingress replicas, and when a replica comes or goes only
 the keys that mapped to it move. Ray's ``PrefixCacheAffinityRouter`` (``ray.serve.llm``)
 keeps a prefix tree in an extra actor instead and reads the ``ray.llm`` request types;
@@ -13,21 +13,10 @@ this router needs neither.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
-
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, RunningReplica
 
-
-def affinity_order(key: str, replica_ids: Sequence[str]) -> list[str]:
-    """``replica_ids`` from most to least preferred for ``key`` (rendezvous hashing:
-    the same key and replicas always give the same order)."""
-
-    def weight(replica_id: str) -> bytes:
-        return hashlib.blake2b(f"{replica_id}\0{key}".encode(), digest_size=8).digest()
-
-    return sorted(replica_ids, key=weight, reverse=True)
+from aioserve.deploy.affinity import affinity_order
 
 
 class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
