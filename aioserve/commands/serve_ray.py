@@ -22,6 +22,8 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--autoscaling", default=None, metavar="JSON",
                        help='Serve autoscaling config, e.g. \'{"min_replicas": 1, '
                             '"max_replicas": 4}\' (overrides --num-replicas)')
+    group.add_argument("--ingress-replicas", type=int, default=1,
+                       help="HTTP ingress replicas that forward to the engines")
     group.add_argument("--ray-address", default=None,
                        help="existing Ray cluster (auto, ray://HOST:10001); "
                             "default: start a local instance")
@@ -34,6 +36,9 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--router", choices=("pow2", "prefix"), default="pow2",
                        help="replica choice: Serve's power of two choices, or prefix "
                             "affinity with a load fallback")
+    group.add_argument("--stream-interval", type=float, default=0.02,
+                       help="seconds over which a stream's chunks are merged into one Ray "
+                            "Serve item (0: each chunk at once)")
 
 
 def ray_options(args: argparse.Namespace) -> Any:
@@ -53,7 +58,9 @@ def ray_options(args: argparse.Namespace) -> Any:
     if args.replica_num_gpus:
         actor["num_gpus"] = args.replica_num_gpus
     return RayServeOptions(num_replicas=args.num_replicas, autoscaling_config=autoscaling,
-                           ray_actor_options=actor, router=args.router)
+                           ingress_replicas=args.ingress_replicas,
+                           ray_actor_options=actor, router=args.router,
+                           stream_interval=args.stream_interval)
 
 
 def free_port(host: str) -> int:

@@ -44,7 +44,9 @@ class RayServeOptions:
         autoscaling_config: Serve's autoscaling config (``min_replicas``,
             ``max_replicas``, ``target_ongoing_requests``…), or None for a fixed count.
         ray_actor_options: resources of each engine replica, e.g. ``{"num_gpus": 1}``.
-        ingress_actor_options: resources of the ingress replica.
+        ingress_replicas: ingress replicas (each forwards streams, so its CPU bounds the
+            stream items per second it carries; add one per few engines).
+        ingress_actor_options: resources of each ingress replica.
         max_ongoing_requests: requests Serve sends one engine replica at once; set it
             above the engine's ``max_num_seqs`` so its scheduler, not Serve, queues.
         router: ``"pow2"`` (Serve's power of two choices) or ``"prefix"``
@@ -52,6 +54,9 @@ class RayServeOptions:
         prefix_chars: prompt characters the prefix router hashes.
         imbalanced_threshold: ongoing requests by which the preferred replica may exceed
             the least loaded one before the prefix router balances by load instead.
+        stream_interval: seconds over which a stream's chunks are merged into one Serve
+            stream item (fewer, larger items: more throughput, up to this much more
+            latency per chunk; 0 sends each chunk as it comes).
 
     Raises:
         ValueError: unknown router, or a count out of range.
@@ -60,18 +65,23 @@ class RayServeOptions:
     num_replicas: int = 1
     autoscaling_config: dict[str, Any] | None = None
     ray_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+    ingress_replicas: int = 1
     ingress_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0.1})
     max_ongoing_requests: int = 256
     router: str = "pow2"
     prefix_chars: int = 256
     imbalanced_threshold: int = 8
+    stream_interval: float = 0.02
 
     def __post_init__(self) -> None:
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
-        for name in ("num_replicas", "max_ongoing_requests", "prefix_chars"):
+        for name in ("num_replicas", "ingress_replicas", "max_ongoing_requests",
+                     "prefix_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.stream_interval < 0:
+            raise ValueError(f"stream_interval must be >= 0, got {self.stream_interval}")
 
     def replica_settings(self) -> dict[str, Any]:
         """Keyword arguments of ``serve.deployment`` for the engine replicas."""
@@ -98,11 +108,12 @@ def build_app(
     """The Serve application: the ingress bound to the engine replicas."""
     replica = serve.deployment(EngineReplica, **options.replica_settings())
     ingress = serve.deployment(
-        OpenAIIngress, name=INGRESS_DEPLOYMENT,
+        OpenAIIngress, name=INGRESS_DEPLOYMENT, num_replicas=options.ingress_replicas,
         ray_actor_options=options.ingress_actor_options,
-        max_ongoing_requests=options.max_ongoing_requests * max(options.num_replicas, 1),
+        max_ongoing_requests=options.max_ongoing_requests * options.num_replicas,
     )
-    return ingress.bind(replica.bind(engine_config, server_config), options.prefix_chars)
+    engines = replica.bind(engine_config, server_config, options.stream_interval)
+    return ingress.bind(engines, options.prefix_chars)
 
 
 def start(

@@ -22,6 +22,7 @@ from aiohttp import web
 from ray import serve
 
 from aioserve.config import EngineConfig
+from aioserve.deploy.coalesce import coalesced
 from aioserve.deploy.forwarded import RETURNED_HEADERS, ForwardedRequest, ResponseHead
 from aioserve.deploy.replica_metrics import ReplicaMetrics
 from aioserve.server import METRICS_KEY, ServerConfig, create_app
@@ -36,12 +37,15 @@ class EngineReplica:
     Args:
         engine_config: the engine to load (the model loads in the replica's process).
         server_config: the app's settings (served model name, chat template, limits).
+        stream_interval: seconds over which a streamed answer's chunks are merged into
+            one Ray Serve stream item (0: one item per read; see
+            :mod:`aioserve.deploy.coalesce`).
         metrics_period: seconds between exports of engine stats to Ray's metrics.
     """
 
     async def __init__(
         self, engine_config: EngineConfig, server_config: ServerConfig,
-        metrics_period: float = 1.0,
+        stream_interval: float = 0.02, metrics_period: float = 1.0,
     ) -> None:
         self.app = create_app(engine_config, server_config)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -56,6 +60,7 @@ class EngineReplica:
         )
         self._metrics = ReplicaMetrics(self.replica_id)
         self._metrics_period = metrics_period
+        self._stream_interval = stream_interval
         self._metrics_task = asyncio.create_task(self._export_metrics())
 
     async def check_health(self) -> None:
@@ -85,7 +90,7 @@ class EngineReplica:
                 for name in RETURNED_HEADERS if name in response.headers
             }
             yield ResponseHead(response.status, headers, self.replica_id)
-            async for chunk in response.content.iter_any():
+            async for chunk in coalesced(response.content, self._stream_interval):
                 yield chunk
 
     async def stats(self, prefix_key: str = "") -> dict[str, Any]:
