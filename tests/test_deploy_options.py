@@ -18,9 +18,10 @@ def parse(*extra: str):
 
 def test_cli_options_become_deployment_settings():
     options = ray_options(parse("--num-replicas", "4", "--replica-num-gpus", "1",
-                                "--router", "prefix"))
+                                "--router", "prefix", "--prefix-chars", "64"))
     settings = options.replica_settings()
     assert settings["num_replicas"] == 4
+    assert options.prefix_chars == 64
     assert settings["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1.0}
     router = settings["request_router_config"]
     assert router.request_router_kwargs == {"imbalanced_threshold": 8}

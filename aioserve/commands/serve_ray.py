@@ -36,6 +36,9 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--router", choices=("pow2", "prefix"), default="pow2",
                        help="replica choice: Serve's power of two choices, or prefix "
                             "affinity with a load fallback")
+    group.add_argument("--prefix-chars", type=int, default=256,
+                       help="prompt characters the prefix router hashes (shorter: more "
+                            "prompts share a replica)")
     group.add_argument("--stream-interval", type=float, default=0.02,
                        help="seconds over which a stream's chunks are merged into one Ray "
                             "Serve item (0: each chunk at once)")
@@ -60,6 +63,7 @@ def ray_options(args: argparse.Namespace) -> Any:
     return RayServeOptions(num_replicas=args.num_replicas, autoscaling_config=autoscaling,
                            ingress_replicas=args.ingress_replicas,
                            ray_actor_options=actor, router=args.router,
+                           prefix_chars=args.prefix_chars,
                            stream_interval=args.stream_interval)
 
 
