@@ -104,6 +104,19 @@ def body(prompt: str, max_tokens: int = 16, **extra) -> dict:
             "temperature": 0, **extra}
 
 
+async def started(session: aiohttp.ClientSession, endpoint: str, bodies: list[dict]
+                  ) -> list[aiohttp.ClientResponse]:
+    """Post streamed calls at once; return when each has sent its first chunk (all
+    are generating on their replicas)."""
+
+    async def one(request_body: dict) -> aiohttp.ClientResponse:
+        resp = await session.post(endpoint + "/v1/completions", json=request_body)
+        assert (await resp.content.readuntil(b"\n\n")).startswith(b"data: ")
+        return resp
+
+    return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+
 async def single_engine_texts(model_dir: str, prompts: list[str], max_tokens: int) -> list[str]:
     """Each prompt's greedy completion on one in-process engine, one at a time."""
     from aioserve import AsyncEngine, SamplingParams
@@ -172,10 +185,7 @@ async def test_disconnect_aborts_on_the_replica_and_frees_its_blocks(endpoint):
     prompts = [prompt_for(r, ids, start=100 * n) for r in ids for n in range(2)]
     long = {"max_tokens": 480, "ignore_eos": True, "stream": True}
     async with aiohttp.ClientSession() as session:
-        responses = [await session.post(endpoint + "/v1/completions", json=body(p, **long))
-                     for p in prompts]
-        for resp in responses:  # every request is generating on its replica
-            assert (await resp.content.readuntil(b"\n\n")).startswith(b"data: ")
+        responses = await started(session, endpoint, [body(p, **long) for p in prompts])
         for resp in responses:
             resp.close()
     await poll(all_idle, 120, "replicas idle after disconnects")
@@ -205,23 +215,24 @@ async def test_killed_replica_fails_its_streams_others_serve_and_serve_restarts_
     victim, survivor = ids
     long = {"max_tokens": 480, "ignore_eos": True, "stream": True}
     async with aiohttp.ClientSession() as session:
-        responses = [await session.post(endpoint + "/v1/completions", json=body(p, **long))
-                     for p in (prompt_for(victim, ids, 300), prompt_for(victim, ids, 400),
-                               prompt_for(survivor, ids, 300))]
-        for resp in responses:  # all three are generating
-            assert (await resp.content.readuntil(b"\n\n")).startswith(b"data: ")
+        prompts = (prompt_for(victim, ids, 300), prompt_for(victim, ids, 400),
+                   prompt_for(survivor, ids, 300))
+        responses = await started(session, endpoint, [body(p, **long) for p in prompts])
         assert [r.headers["x-aioserve-replica"] for r in responses] == [victim, victim,
                                                                         survivor]
         kill_replica(victim)
         streams = await asyncio.wait_for(asyncio.gather(*(
             read_events(r, Stream(r.headers["x-aioserve-replica"], r.status))
             for r in responses)), 300)
+        ends = [(s.replica, s.status, s.events[-1:]) for s in streams]
         for stream in streams[:2]:
-            assert stream.error is not None and stream.error["code"] == "replica_failed"
-        assert streams[2].done and streams[2].error is None
+            assert stream.error is not None, ends
+            assert stream.error["code"] == "replica_failed", ends
+        assert streams[2].done and streams[2].error is None, ends
         after = [await stream_call(session, endpoint, body(prompt_for(victim, ids, 500 + n), 4))
                  for n in range(4)]
-    assert all(s.done and s.replica != victim for s in after)
+    assert all(s.done and s.replica != victim for s in after), [
+        (s.replica, s.status, s.events[-1:]) for s in after]
     await poll(replaced(victim), 180, "Serve to run a replacement replica")
     await poll(all_idle, 60, "replicas idle")
 

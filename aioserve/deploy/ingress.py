@@ -4,8 +4,9 @@ through a streaming deployment handle and streams the replica's answer back, so 
 route, validation rule and response shape is the one ``aioserve serve`` has.
 
 A request whose replica fails before answering anything (it died, or could not be
-reached) is sent again, ``retries`` times, to whichever replica the router picks next;
-nothing has reached the client yet, so the client sees one answer. After that, errors
+reached) is sent again, up to ``retries`` times, routed by load alone (not to the
+replica its prefix prefers, which may be the failed one); nothing has reached the
+client yet, so the client sees one answer. After that, errors
 of the ingress's own have the same JSON shape as the app's: a 503 ``{"error": {...}}``
 before the answer has started, or an SSE error event (``data: {"error": {...}}``, no
 ``[DONE]``) when the replica dies in the middle of a stream.
@@ -49,7 +50,7 @@ class OpenAIIngress:
     """
 
     def __init__(
-        self, replica: DeploymentHandle, prefix_chars: int = 256, retries: int = 1
+        self, replica: DeploymentHandle, prefix_chars: int = 256, retries: int = 2
     ) -> None:
         self.replica = replica.options(stream=True)
         self.prefix_chars = prefix_chars
@@ -70,7 +71,7 @@ class OpenAIIngress:
         key = prefix_key(raw, self.prefix_chars)
         for attempt in range(self.retries + 1):
             stream: DeploymentResponseGenerator = self.replica.forward.remote(
-                forwarded, prefix_key=key
+                forwarded, prefix_key=key if attempt == 0 else ""  # retries: by load
             )
             try:
                 head = await stream.__anext__()
