@@ -11,6 +11,7 @@ so that the in-process and Ray columns compete for the CPUs on equal terms.
 
     python benchmarks/ray_replicas.py --model /work/shared/models/stories260K-hf
     python benchmarks/ray_replicas.py --model M --replicas 1 2 4 --replica-num-cpus 1
+    python benchmarks/ray_replicas.py --model M --replicas 2 --prefix-groups 8 --router prefix
 """
 
 from __future__ import annotations
@@ -57,9 +58,23 @@ async def one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens:
     return tokens, replica
 
 
-async def load(url: str, num_requests: int, max_tokens: int) -> dict[str, Any]:
-    """Send the workload (after 2 warm-up calls); tokens/s and requests per replica."""
-    prompts = [f"Once upon a time there was a child number {i}" for i in range(num_requests)]
+#: A shared prefix longer than the prefix router's key (256 characters).
+STORY = "Once upon a time there was a little girl who loved to play in the park. " * 4
+
+
+def prompts_of(num_requests: int, groups: int) -> list[str]:
+    """Distinct prompts, or (``groups`` > 0) prompts in ``groups`` groups that share
+    their first 300 characters, as requests sharing a system prompt do."""
+    if groups <= 0:
+        return [f"Once upon a time there was a child number {i}" for i in range(num_requests)]
+    return [f"Story {i % groups}. {STORY} Child number {i}." for i in range(num_requests)]
+
+
+async def load(url: str, num_requests: int, max_tokens: int, groups: int = 0
+               ) -> dict[str, Any]:
+    """Send the workload (after 2 warm-up calls); tokens/s, requests per replica and
+    (with ``groups``) the mean number of replicas each prefix group was served by."""
+    prompts = prompts_of(num_requests, groups)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await asyncio.gather(*(one(session, url, p, 4) for p in prompts[:2]))
@@ -68,8 +83,12 @@ async def load(url: str, num_requests: int, max_tokens: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - start
     tokens = sum(count for count, _ in results)
     spread = collections.Counter(replica for _, replica in results)
+    served_by: dict[int, set[str]] = collections.defaultdict(set)
+    for i, (_, replica) in enumerate(results):
+        served_by[i % max(groups, 1)].add(replica)
     return {"seconds": elapsed, "output_tokens": tokens, "tokens_per_s": tokens / elapsed,
-            "requests_per_replica": sorted(spread.values(), reverse=True)}
+            "requests_per_replica": sorted(spread.values(), reverse=True),
+            "replicas_per_prefix": sum(map(len, served_by.values())) / len(served_by)}
 
 
 async def in_process(engine: EngineConfig, server: ServerConfig, args: argparse.Namespace
@@ -80,7 +99,8 @@ async def in_process(engine: EngineConfig, server: ServerConfig, args: argparse.
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        return await load(f"http://127.0.0.1:{port}", args.requests, args.max_tokens)
+        return await load(f"http://127.0.0.1:{port}", args.requests, args.max_tokens,
+                          args.prefix_groups)
     finally:
         await runner.cleanup()
 
@@ -94,7 +114,7 @@ def on_ray(engine: EngineConfig, server: ServerConfig, args: argparse.Namespace,
                               stream_interval=args.stream_interval,
                               ray_actor_options={"num_cpus": args.replica_num_cpus})
     url = start(engine, server, options, port=port, num_cpus=args.ray_num_cpus)
-    return asyncio.run(load(url, args.requests, args.max_tokens))
+    return asyncio.run(load(url, args.requests, args.max_tokens, args.prefix_groups))
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -109,6 +129,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser.add_argument("--ray-num-cpus", type=int, default=2)
     parser.add_argument("--router", choices=("pow2", "prefix"), default="pow2")
     parser.add_argument("--stream-interval", type=float, default=0.02)
+    parser.add_argument("--prefix-groups", type=int, default=0,
+                        help="prompts in this many groups sharing a 300-character prefix "
+                             "(0: all distinct)")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_worker_niceness", "0")
@@ -120,9 +143,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         results[f"ray x{replicas}"] = on_ray(engine, server, args, replicas, port)
     print(f"{args.requests} streamed requests x {args.max_tokens} tokens, "
           f"max_num_seqs={args.max_num_seqs}, router={args.router}, "
-          f"stream_interval={args.stream_interval}s")
+          f"stream_interval={args.stream_interval}s, prefix groups={args.prefix_groups}")
     print(f"{'':>24}" + "".join(f"{name:>16}" for name in results))
-    for row in ("tokens_per_s", "seconds", "requests_per_replica"):
+    for row in ("tokens_per_s", "seconds", "requests_per_replica", "replicas_per_prefix"):
         cells = "".join(f"{_cell(r[row]):>16}" for r in results.values())
         print(f"{row:>24}{cells}")
     return results

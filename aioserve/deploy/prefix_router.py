@@ -1,6 +1,8 @@
 """A Ray Serve request router that sends requests sharing a prompt prefix to the same
 replica, where that prefix's KV blocks are most likely still cached, unless that replica
-is busier than the rest, when it falls back to Serve's power of two choices.
+is busier than the rest, when it falls back to Serve's power of two choices. It builds
+on Serve's ``PowerOfTwoChoicesRequestRouter`` (as Ray's own prefix router does) and its
+queue-length probes.
 
 The affinity is rendezvous (highest-random-weight) hashing of the request's
 ``prefix_key`` (the prompt's first characters, see :mod:`aioserve.deploy.affinity`)
@@ -45,17 +47,34 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
             return await super().choose_replicas(candidate_replicas, pending_request)
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
         ordered = [by_id[replica_id] for replica_id in affinity_order(key, list(by_id))]
-        if self._overloaded(ordered[0], candidate_replicas):
+        if await self._overloaded(ordered[0], candidate_replicas):
             return await super().choose_replicas(candidate_replicas, pending_request)
         return [[replica] for replica in ordered]
 
-    def _overloaded(self, preferred: RunningReplica, replicas: list[RunningReplica]) -> bool:
-        """True when the preferred replica's cached queue length exceeds the least
-        loaded replica's by more than ``imbalanced_threshold``."""
-        cache = self.replica_queue_len_cache
-        lengths = [cache.get(replica.replica_id) for replica in replicas]
-        known = [length for length in lengths if length is not None]
-        mine = cache.get(preferred.replica_id)
-        if mine is None or not known:
+    async def _overloaded(
+        self, preferred: RunningReplica, replicas: list[RunningReplica]
+    ) -> bool:
+        """True when the preferred replica has more than ``imbalanced_threshold`` more
+        ongoing requests than the least loaded replica (lengths from Serve's cache when
+        it keeps one, else probed, as power of two choices does)."""
+        lengths = await self._queue_lengths(replicas)
+        mine = lengths.get(preferred.replica_id.unique_id)
+        if mine is None:
             return False
-        return mine - min(known) > self.imbalanced_threshold
+        return mine - min(lengths.values()) > self.imbalanced_threshold
+
+    async def _queue_lengths(self, replicas: list[RunningReplica]) -> dict[str, int]:
+        """Ongoing requests per replica id; replicas that do not answer are left out."""
+        lengths: dict[str, int] = {}
+        missing = []
+        for replica in replicas:
+            cached = (self.replica_queue_len_cache.get(replica.replica_id)
+                      if self._use_replica_queue_len_cache else None)
+            if cached is None:
+                missing.append(replica)
+            else:
+                lengths[replica.replica_id.unique_id] = cached
+        for replica, length in await self._probe_queue_lens(missing, 0):
+            if length is not None:
+                lengths[replica.replica_id.unique_id] = length
+        return lengths
