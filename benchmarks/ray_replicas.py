@@ -88,7 +88,8 @@ async def load(url: str, num_requests: int, max_tokens: int, groups: int = 0
         served_by[i % max(groups, 1)].add(replica)
     return {"seconds": elapsed, "output_tokens": tokens, "tokens_per_s": tokens / elapsed,
             "requests_per_replica": sorted(spread.values(), reverse=True),
-            "replicas_per_prefix": sum(map(len, served_by.values())) / len(served_by)}
+            "replicas_per_prefix": (sum(map(len, served_by.values())) / len(served_by)
+                                    if groups > 0 else "-")}
 
 
 async def in_process(engine: EngineConfig, server: ServerConfig, args: argparse.Namespace
