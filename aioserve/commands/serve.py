@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from aioserve.commands.common import add_engine_options, engine_config
+from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_summary
 from aioserve.server.state import ENGINE_KEY
@@ -51,6 +52,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         choices=["debug", "info", "warning", "error"], help="stderr log level")
     parser.add_argument("--stats-log-interval", type=float, default=10.0, metavar="SECONDS",
                         help="a stats line at most this often while busy (0: never)")
+    add_ray_options(parser)
     return parser
 
 
@@ -151,7 +153,8 @@ def add_operator_log(app: web.Application, stats_interval: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully; exit status 0.
+    """Serve until SIGINT/SIGTERM, then shut down gracefully; exit status 0. With
+    ``--ray``, serve on Ray Serve instead (:func:`run_ray`).
 
     Raises:
         ValueError: an option is out of range (the message names it).
@@ -160,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--stats-log-interval must be >= 0, got {args.stats_log_interval}")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.ray:
+        return run_ray(args, server_config(args))
     app = create_app(engine_config(args), server_config(args))
     add_operator_log(app, args.stats_log_interval)
     asyncio.run(serve(app, args.host, args.port, args.shutdown_timeout))

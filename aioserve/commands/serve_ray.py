@@ -1,0 +1,102 @@
+"""``aioserve serve --ray``: the same OpenAI endpoint, served by engine replicas on Ray
+Serve (a local Ray instance, or an existing cluster with ``--ray-address``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import threading
+from typing import Any
+
+from aioserve.commands.common import engine_config
+
+
+def add_ray_options(parser: argparse.ArgumentParser) -> None:
+    """Register the ``--ray`` options of ``serve``."""
+    group = parser.add_argument_group("Ray Serve (needs aioserve[ray])")
+    group.add_argument("--ray", action="store_true",
+                       help="serve with engine replicas on Ray Serve instead of in-process")
+    group.add_argument("--num-replicas", type=int, default=1, help="engine replicas")
+    group.add_argument("--autoscaling", default=None, metavar="JSON",
+                       help='Serve autoscaling config, e.g. \'{"min_replicas": 1, '
+                            '"max_replicas": 4}\' (overrides --num-replicas)')
+    group.add_argument("--ingress-replicas", type=int, default=1,
+                       help="HTTP ingress replicas that forward to the engines")
+    group.add_argument("--ray-address", default=None,
+                       help="existing Ray cluster (auto, ray://HOST:10001); "
+                            "default: start a local instance")
+    group.add_argument("--ray-num-cpus", type=int, default=None,
+                       help="CPUs of the local Ray instance (default: all)")
+    group.add_argument("--replica-num-cpus", type=float, default=1.0,
+                       help="CPUs reserved per engine replica")
+    group.add_argument("--replica-num-gpus", type=float, default=0.0,
+                       help="GPUs reserved per engine replica (1 for one engine per GPU)")
+    group.add_argument("--router", choices=("pow2", "prefix"), default="pow2",
+                       help="replica choice: Serve's power of two choices, or prefix "
+                            "affinity with a load fallback")
+    group.add_argument("--prefix-chars", type=int, default=256,
+                       help="prompt characters the prefix router hashes (shorter: more "
+                            "prompts share a replica)")
+    group.add_argument("--stream-interval", type=float, default=0.02,
+                       help="seconds over which a stream's chunks are merged into one Ray "
+                            "Serve item (0: each chunk at once)")
+
+
+def ray_options(args: argparse.Namespace) -> Any:
+    """RayServeOptions from parsed options.
+
+    Raises:
+        ValueError: a count is out of range, or ``--autoscaling`` is not a JSON object.
+    """
+    from aioserve.deploy.ray_serve import RayServeOptions
+
+    autoscaling = None
+    if args.autoscaling is not None:
+        autoscaling = json.loads(args.autoscaling)
+        if not isinstance(autoscaling, dict):
+            raise ValueError("--autoscaling must be a JSON object")
+    actor = {"num_cpus": args.replica_num_cpus}
+    if args.replica_num_gpus:
+        actor["num_gpus"] = args.replica_num_gpus
+    return RayServeOptions(num_replicas=args.num_replicas, autoscaling_config=autoscaling,
+                           ingress_replicas=args.ingress_replicas,
+                           ray_actor_options=actor, router=args.router,
+                           prefix_chars=args.prefix_chars,
+                           stream_interval=args.stream_interval)
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (Serve's proxy needs a fixed port)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ray(args: argparse.Namespace, server_config: Any) -> int:
+    """Deploy on Ray Serve, print ``listening on URL``, serve until SIGINT/SIGTERM, then
+    shut Serve down (and the local Ray instance, when this command started it).
+
+    Raises:
+        ValueError: Ray Serve is not installed, or an option is out of range.
+    """
+    try:
+        from ray import serve
+
+        from aioserve.deploy.ray_serve import start
+    except ImportError as exc:
+        raise ValueError(f"--ray needs Ray Serve: pip install 'aioserve[ray]' ({exc})") from None
+    options = ray_options(args)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    port = args.port or free_port(args.host)
+    url = start(engine_config(args), server_config, options, host=args.host, port=port,
+                address=args.ray_address, num_cpus=args.ray_num_cpus)
+    print(f"listening on {url}", flush=True)
+    stop.wait()
+    serve.delete("aioserve")
+    if args.ray_address is None:
+        serve.shutdown()
+    return 0

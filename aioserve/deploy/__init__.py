@@ -1,0 +1,1 @@
+"""Deployments of aioserve on other serving frameworks (``aioserve[ray]``: Ray Serve)."""

@@ -1,0 +1,102 @@
+"""The Ray Serve ingress: the HTTP entry point of the app. It is thin on purpose: it
+forwards each request, as received, to an :class:`~aioserve.deploy.replica.EngineReplica`
+through a streaming deployment handle and streams the replica's answer back, so every
+route, validation rule and response shape is the one ``aioserve serve`` has.
+
+A request whose replica fails before answering anything (it died, or could not be
+reached) is sent again, up to ``retries`` times, routed by load alone (not to the
+replica its prefix prefers, which may be the failed one); nothing has reached the
+client yet, so the client sees one answer. After that, errors
+of the ingress's own have the same JSON shape as the app's: a 503 ``{"error": {...}}``
+before the answer has started, or an SSE error event (``data: {"error": {...}}``, no
+``[DONE]``) when the replica dies in the middle of a stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from aioserve.deploy.affinity import prefix_key
+from aioserve.deploy.forwarded import (
+    FORWARDED_HEADERS,
+    REPLICA_HEADER,
+    ForwardedRequest,
+    ResponseHead,
+)
+from aioserve.server.errors import error_body
+
+logger = logging.getLogger("aioserve.deploy")
+
+
+def replica_failed(exc: BaseException) -> dict[str, object]:
+    """The error body for a request whose replica failed (died, or unreachable)."""
+    message = f"the replica serving this request failed: {type(exc).__name__}: {exc}"
+    return error_body(503, message.splitlines()[0], code="replica_failed")
+
+
+class OpenAIIngress:
+    """Forwards every HTTP request to a replica (decorate with ``serve.deployment``).
+
+    Args:
+        replica: handle of the :class:`EngineReplica` deployment.
+        prefix_chars: characters of the prompt the prefix-affinity router hashes.
+        retries: times a request is sent again when its replica fails before answering.
+    """
+
+    def __init__(
+        self, replica: DeploymentHandle, prefix_chars: int = 256, retries: int = 2
+    ) -> None:
+        self.replica = replica.options(stream=True)
+        self.prefix_chars = prefix_chars
+        self.retries = retries
+
+    async def __call__(self, request: Request) -> Response:
+        """Answer ``request`` with a replica's answer (status, headers, streamed body)
+        plus the ``x-aioserve-replica`` header naming the replica."""
+        if request.url.path == "/ws":
+            body = error_body(404, "the websocket /ws is not served on Ray Serve; use the "
+                              "HTTP routes", code="not_found")
+            return JSONResponse(body, status_code=404)
+        raw = await request.body()
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        headers = {name: request.headers[name] for name in FORWARDED_HEADERS
+                   if name in request.headers}
+        forwarded = ForwardedRequest(request.method, path, headers, raw)
+        key = prefix_key(raw, self.prefix_chars)
+        for attempt in range(self.retries + 1):
+            stream: DeploymentResponseGenerator = self.replica.forward.remote(
+                forwarded, prefix_key=key if attempt == 0 else ""  # retries: by load
+            )
+            try:
+                head = await stream.__anext__()
+            except Exception as exc:  # the replica died or was unreachable
+                stream.cancel()
+                logger.warning("replica failed before answering (try %d): %r", attempt, exc)
+                failure = exc
+                continue
+            headers = {**head.headers, REPLICA_HEADER: head.replica}
+            return StreamingResponse(
+                _body(stream, head), status_code=head.status, headers=headers
+            )
+        return JSONResponse(replica_failed(failure), status_code=503)
+
+
+async def _body(stream: DeploymentResponseGenerator, head: ResponseHead) -> AsyncIterator[bytes]:
+    """The replica's body chunks; an SSE error event if the replica fails mid-stream;
+    cancels the replica's generator (aborting its engine requests) when the client
+    leaves."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    except Exception as exc:
+        logger.warning("replica failed mid-answer: %r", exc)
+        if head.is_event_stream:
+            yield b"data: " + json.dumps(replica_failed(exc)).encode() + b"\n\n"
+    finally:
+        stream.cancel()

@@ -1,0 +1,147 @@
+"""aioserve on Ray Serve: replicas of one engine each behind one OpenAI endpoint.
+
+The app has two deployments: :class:`~aioserve.deploy.ingress.OpenAIIngress` (HTTP,
+thin) and :class:`~aioserve.deploy.replica.EngineReplica` (one :class:`AsyncEngine`
+per replica, scaled by ``num_replicas`` or an autoscaling config, placed by
+``ray_actor_options``). Requests reach replicas through Serve's router: power of two
+choices by default, or :class:`~aioserve.deploy.prefix_router.PrefixAffinityRouter`.
+
+Usage (a local Ray instance, or an existing cluster with ``address``)::
+
+    url = start(EngineConfig(model=...), ServerConfig(), RayServeOptions(num_replicas=2))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from aioserve.config import EngineConfig
+from aioserve.deploy.ingress import OpenAIIngress
+from aioserve.deploy.prefix_router import PrefixAffinityRouter
+from aioserve.deploy.replica import EngineReplica
+from aioserve.server import ServerConfig
+
+#: Serve application name of the app, and the deployment names in it.
+APP_NAME = "aioserve"
+REPLICA_DEPLOYMENT = "EngineReplica"
+INGRESS_DEPLOYMENT = "OpenAIIngress"
+
+#: Router names accepted by :class:`RayServeOptions`.
+ROUTERS = ("pow2", "prefix")
+
+
+@dataclass(frozen=True)
+class RayServeOptions:
+    """How the app is deployed.
+
+    Attributes:
+        num_replicas: engine replicas (ignored when ``autoscaling_config`` is given).
+        autoscaling_config: Serve's autoscaling config (``min_replicas``,
+            ``max_replicas``, ``target_ongoing_requests``…), or None for a fixed count.
+        ray_actor_options: resources of each engine replica, e.g. ``{"num_gpus": 1}``.
+        ingress_replicas: ingress replicas (each forwards streams, so its CPU bounds the
+            stream items per second it carries; add one per few engines).
+        ingress_actor_options: resources of each ingress replica.
+        max_ongoing_requests: requests Serve sends one engine replica at once; set it
+            above the engine's ``max_num_seqs`` so its scheduler, not Serve, queues.
+        router: ``"pow2"`` (Serve's power of two choices) or ``"prefix"``
+            (:class:`PrefixAffinityRouter`).
+        prefix_chars: prompt characters the prefix router hashes.
+        imbalanced_threshold: ongoing requests by which the preferred replica may exceed
+            the least loaded one before the prefix router balances by load instead.
+        stream_interval: seconds over which a stream's chunks are merged into one Serve
+            stream item (fewer, larger items: more throughput, up to this much more
+            latency per chunk; 0 sends each chunk as it comes).
+
+    Raises:
+        ValueError: unknown router, or a count out of range.
+    """
+
+    num_replicas: int = 1
+    autoscaling_config: dict[str, Any] | None = None
+    ray_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+    ingress_replicas: int = 1
+    ingress_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0.1})
+    max_ongoing_requests: int = 256
+    router: str = "pow2"
+    prefix_chars: int = 256
+    imbalanced_threshold: int = 8
+    stream_interval: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        for name in ("num_replicas", "ingress_replicas", "max_ongoing_requests",
+                     "prefix_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.stream_interval < 0:
+            raise ValueError(f"stream_interval must be >= 0, got {self.stream_interval}")
+
+    def replica_settings(self) -> dict[str, Any]:
+        """Keyword arguments of ``serve.deployment`` for the engine replicas."""
+        settings: dict[str, Any] = {
+            "name": REPLICA_DEPLOYMENT,
+            "ray_actor_options": self.ray_actor_options,
+            "max_ongoing_requests": self.max_ongoing_requests,
+        }
+        if self.autoscaling_config is not None:
+            settings["autoscaling_config"] = self.autoscaling_config
+        else:
+            settings["num_replicas"] = self.num_replicas
+        if self.router == "prefix":
+            settings["request_router_config"] = RequestRouterConfig(
+                request_router_class=PrefixAffinityRouter,
+                request_router_kwargs={"imbalanced_threshold": self.imbalanced_threshold},
+            )
+        return settings
+
+
+def build_app(
+    engine_config: EngineConfig, server_config: ServerConfig, options: RayServeOptions
+) -> serve.Application:
+    """The Serve application: the ingress bound to the engine replicas."""
+    replica = serve.deployment(EngineReplica, **options.replica_settings())
+    ingress = serve.deployment(
+        OpenAIIngress, name=INGRESS_DEPLOYMENT, num_replicas=options.ingress_replicas,
+        ray_actor_options=options.ingress_actor_options,
+        max_ongoing_requests=options.max_ongoing_requests * options.num_replicas,
+    )
+    engines = replica.bind(engine_config, server_config, options.stream_interval)
+    return ingress.bind(engines, options.prefix_chars)
+
+
+def start(
+    engine_config: EngineConfig, server_config: ServerConfig, options: RayServeOptions,
+    *, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
+    num_cpus: float | None = None,
+) -> str:
+    """Connect to Ray (``address``, e.g. ``"auto"`` or ``"ray://head:10001"``; None
+    starts a local instance with ``num_cpus``), start Serve's HTTP proxy on
+    ``host:port`` and deploy the app; returns once every replica has loaded its model.
+
+    Returns:
+        The endpoint's base URL, ``http://HOST:PORT``.
+
+    Raises:
+        RuntimeError: a replica failed to start (e.g. the model cannot be loaded).
+    """
+    if not ray.is_initialized():
+        if address is None:
+            ray.init(num_cpus=num_cpus, include_dashboard=False)
+        else:
+            ray.init(address=address)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_app(engine_config, server_config, options), name=APP_NAME,
+              route_prefix="/")
+    return f"http://{host}:{port}"
+
+
+def replica_handle() -> serve.handle.DeploymentHandle:
+    """A handle of the running app's engine replicas (for :meth:`EngineReplica.stats`)."""
+    return serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=APP_NAME)

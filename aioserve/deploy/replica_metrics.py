@@ -1,0 +1,42 @@
+"""Engine stats of one replica as Ray metrics (``ray.util.metrics``), which Ray exports
+in Prometheus format on each node's metrics port, tagged by replica.
+
+Serve adds its own per-replica metrics (``ray_serve_*``: requests, latencies, queue
+lengths); these are the engine's view: slots in use, queue, KV-cache occupancy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ray.util.metrics import Gauge
+
+#: Engine stat -> (metric name, description).
+EXPORTED: dict[str, tuple[str, str]] = {
+    "num_running": ("aioserve_num_requests_running", "requests running in the engine"),
+    "num_waiting": ("aioserve_num_requests_waiting", "requests waiting for a slot"),
+    "kv_cache_usage": ("aioserve_kv_cache_usage", "fraction of KV blocks in use (0-1)"),
+    "num_free_blocks": ("aioserve_kv_free_blocks", "free KV-cache blocks"),
+    "num_preemptions": ("aioserve_num_preemptions", "preemptions since start"),
+    "num_steps": ("aioserve_num_steps", "engine steps since start"),
+}
+
+
+class ReplicaMetrics:
+    """Gauges of one replica's engine, tagged ``replica=<id>``.
+
+    Args:
+        replica: the Serve replica id.
+    """
+
+    def __init__(self, replica: str) -> None:
+        self.tags = {"replica": replica}
+        self.gauges = {
+            stat: Gauge(name, description, tag_keys=("replica",))
+            for stat, (name, description) in EXPORTED.items()
+        }
+
+    def record(self, stats: Mapping[str, float]) -> None:
+        """Set every gauge from :meth:`AsyncEngine.stats`."""
+        for stat, gauge in self.gauges.items():
+            gauge.set(float(stats[stat]), tags=self.tags)

@@ -1,0 +1,102 @@
+"""Helpers for the Ray Serve tests: the app on a local Ray instance (2 replicas, the
+prefix-affinity router), replica ids, aiming a call at one replica, SSE over aiohttp."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+APP_NAME = "aioserve"
+REPLICA_PREFIX = "SERVE_REPLICA::aioserve#EngineReplica#"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def with_repo_on_path(repo: str) -> None:
+    """Put the checkout first on the PYTHONPATH that Ray's workers inherit, so replicas
+    run the code under test."""
+    paths = [repo, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+
+def replica_ids() -> list[str]:
+    """Ids of the live engine replicas (from their named actors)."""
+    import ray
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    return sorted(n[len(REPLICA_PREFIX):] for n in names if n.startswith(REPLICA_PREFIX))
+
+
+def kill_replica(replica_id: str) -> None:
+    """Kill one engine replica's actor (Serve then starts a new replica)."""
+    import ray
+
+    ray.kill(ray.get_actor(REPLICA_PREFIX + replica_id, namespace="serve"), no_restart=False)
+
+
+def key_for(target: str, ids: list[str]) -> str:
+    """A prefix key that the prefix-affinity router maps to replica ``target``."""
+    from aioserve.deploy.affinity import affinity_order
+
+    return next(f"k{i}" for i in range(10_000) if affinity_order(f"k{i}", ids)[0] == target)
+
+
+def prompt_for(target: str, ids: list[str], start: int = 0) -> str:
+    """A prompt (``Once upon a time <n>``) the router maps to replica ``target``."""
+    from aioserve.deploy.affinity import affinity_order
+
+    for i in range(start, start + 10_000):
+        prompt = f"Once upon a time {i}"
+        if affinity_order(prompt, ids)[0] == target:
+            return prompt
+    raise AssertionError("no prompt maps to the replica")
+
+
+@dataclass
+class Stream:
+    """One streamed call: who served it and every SSE payload."""
+
+    replica: str
+    status: int
+    events: list[Any] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(e["choices"][0]["text"] for e in self.events
+                       if isinstance(e, dict) and e.get("choices"))
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1] == "[DONE]"
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        last = self.events[-1] if self.events else None
+        return last["error"] if isinstance(last, dict) and "error" in last else None
+
+
+async def read_events(response: aiohttp.ClientResponse, stream: Stream) -> Stream:
+    """Append every ``data:`` payload of ``response`` to ``stream``."""
+    async for raw in response.content:
+        line = raw.decode("utf-8").strip()
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            stream.events.append(data if data == "[DONE]" else json.loads(data))
+    return stream
+
+
+async def stream_call(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Stream:
+    """POST a streamed completion and read it to the end."""
+    async with session.post(url + "/v1/completions", json={**body, "stream": True}) as resp:
+        stream = Stream(resp.headers.get("x-aioserve-replica", ""), resp.status)
+        return await read_events(resp, stream)

@@ -1,0 +1,268 @@
+"""aioserve on Ray Serve: 2 engine replicas on a local Ray instance behind one OpenAI
+endpoint (the prefix-affinity router). Started once for the module; every wait is a
+bounded poll of a condition."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import aiohttp
+import pytest
+from conftest import REPO
+from ray_support import (
+    Stream,
+    free_port,
+    key_for,
+    kill_replica,
+    prompt_for,
+    read_events,
+    replica_ids,
+    stream_call,
+    with_repo_on_path,
+)
+from server_support import CHAT_TEMPLATE
+
+#: CI sets this so that a missing or unstartable Ray fails the run instead of skipping.
+REQUIRED = os.environ.get("AIOSERVE_REQUIRE_RAY") == "1"
+
+try:
+    import ray
+    from ray import serve
+except ImportError as exc:
+    if REQUIRED:
+        raise
+    pytest.skip(f"Ray Serve tests need aioserve[ray] ({exc})", allow_module_level=True)
+
+pytestmark = pytest.mark.ray
+
+MODEL_NAME = "stories"
+MAX_NUM_SEQS = 16
+NUM_REPLICAS = 2
+
+
+def engine_config(model_dir: str):
+    from aioserve import EngineConfig
+
+    return EngineConfig(model=model_dir, device="cpu", max_num_seqs=MAX_NUM_SEQS)
+
+
+@pytest.fixture(scope="module")
+def endpoint(model_dir):
+    """Base URL of the app, 2 replicas, on a fresh local Ray instance (2 CPUs)."""
+    from aioserve.deploy.ray_serve import RayServeOptions, start
+    from aioserve.server import ServerConfig
+
+    with_repo_on_path(str(REPO))
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as exc:  # no Ray here (e.g. no shared memory): say why, skip
+        if REQUIRED:
+            raise
+        pytest.skip(f"cannot start a local Ray instance: {exc!r}")
+    options = RayServeOptions(
+        num_replicas=NUM_REPLICAS, ray_actor_options={"num_cpus": 0.5}, router="prefix"
+    )
+    server = ServerConfig(served_model_name=MODEL_NAME, chat_template=CHAT_TEMPLATE)
+    try:
+        yield start(engine_config(model_dir), server, options, port=free_port())
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+async def stats_of(target: str) -> dict | None:
+    """One replica's stats: the call is aimed at it through the prefix router, which
+    sends it elsewhere (None) while that replica is much busier than the other."""
+    from aioserve.deploy.ray_serve import replica_handle
+
+    ids = replica_ids()
+    stats = await replica_handle().stats.remote(prefix_key=key_for(target, ids))
+    return stats if stats["replica"] == target else None
+
+
+async def all_idle() -> bool:
+    for replica in replica_ids():
+        stats = await stats_of(replica)
+        if stats is None or stats["num_running"] or stats["num_waiting"] or (
+            stats["kv_cache_usage"]
+        ):
+            return False
+    return True
+
+
+async def poll(condition, timeout: float, what: str) -> None:
+    """Await ``condition()`` until true; AssertionError after ``timeout`` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def body(prompt: str, max_tokens: int = 16, **extra) -> dict:
+    return {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, **extra}
+
+
+async def started(session: aiohttp.ClientSession, endpoint: str, bodies: list[dict]
+                  ) -> list[aiohttp.ClientResponse]:
+    """Post streamed calls at once; return when each has sent its first chunk (all
+    are generating on their replicas)."""
+
+    async def one(request_body: dict) -> aiohttp.ClientResponse:
+        resp = await session.post(endpoint + "/v1/completions", json=request_body)
+        assert (await resp.content.readuntil(b"\n\n")).startswith(b"data: ")
+        return resp
+
+    return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+
+async def single_engine_texts(model_dir: str, prompts: list[str], max_tokens: int) -> list[str]:
+    """Each prompt's greedy completion on one in-process engine, one at a time."""
+    from aioserve import AsyncEngine, SamplingParams
+
+    texts = []
+    async with AsyncEngine(engine_config(model_dir)) as engine:
+        for prompt in prompts:
+            params = SamplingParams(max_tokens=max_tokens, temperature=0)
+            text = ""
+            async for out in engine.generate(prompt, params):
+                text += out.text
+            texts.append(text)
+    return texts
+
+
+async def test_64_streams_equal_single_engine_and_use_both_replicas(endpoint, model_dir):
+    prompts = [f"Once upon a time there was a {w} number {i}"
+               for i, w in enumerate(["cat", "dog", "bird", "girl"] * 16)]
+    async with aiohttp.ClientSession() as session:
+        streams = await asyncio.wait_for(asyncio.gather(
+            *(stream_call(session, endpoint, body(p)) for p in prompts)), 300)
+    expected = await single_engine_texts(model_dir, prompts, 16)
+    assert all(s.status == 200 and s.done for s in streams)
+    assert [s.text for s in streams] == expected
+    assert set(replica_ids()) == {s.replica for s in streams}
+    await poll(all_idle, 60, "replicas idle")
+
+
+async def test_errors_models_and_chat_match_aioserve_serve(endpoint):
+    async with aiohttp.ClientSession() as session:
+        async with session.post(endpoint + "/v1/completions", json=body("")) as resp:
+            assert resp.status == 400
+            assert await resp.json() == {"error": {
+                "message": "prompt is empty", "type": "invalid_request_error",
+                "param": "prompt", "code": "invalid_value"}}
+        async with session.post(endpoint + "/v1/completions", data=b"{not json",
+                                headers={"content-type": "application/json"}) as resp:
+            assert resp.status == 400
+            assert set((await resp.json())["error"]) == {"message", "type", "param", "code"}
+        async with session.get(endpoint + "/v1/nowhere") as resp:
+            assert resp.status == 404
+            assert (await resp.json())["error"]["code"] == "not_found"
+        async with session.get(endpoint + "/v1/models") as resp:
+            assert [m["id"] for m in (await resp.json())["data"]] == [MODEL_NAME]
+        chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4, "temperature": 0, "stream": True}
+        async with session.post(endpoint + "/v1/chat/completions", json=chat) as resp:
+            events = (await read_events(resp, Stream("", resp.status))).events
+        assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert events[-1] == "[DONE]"
+
+
+async def test_prefix_router_sends_a_prompt_to_its_replica(endpoint):
+    ids = replica_ids()
+    async with aiohttp.ClientSession() as session:
+        for target in ids:
+            prompt = prompt_for(target, ids)
+            for _ in range(3):
+                stream = await stream_call(session, endpoint, body(prompt, 4))
+                assert (stream.replica, stream.done) == (target, True)
+
+
+async def test_prefix_router_falls_back_to_load_when_its_replica_is_busy(endpoint):
+    ids = replica_ids()
+    busy, other = ids
+    long = {"max_tokens": 480, "ignore_eos": True, "stream": True}
+    responses = []
+    async with aiohttp.ClientSession() as session:
+        for n in range(12):  # one at a time: each sees the ongoing count of the last
+            responses += await started(session, endpoint,
+                                       [body(prompt_for(busy, ids, 700 + 10 * n), **long)])
+        served = [resp.headers["x-aioserve-replica"] for resp in responses]
+        for resp in responses:
+            resp.close()
+    # threshold 8: 9 ongoing on the preferred replica, then power of two choices
+    assert served[:9] == [busy] * 9 and other in served[9:], served
+    await poll(all_idle, 120, "replicas idle after disconnects")
+
+
+async def test_disconnect_aborts_on_the_replica_and_frees_its_blocks(endpoint):
+    ids = replica_ids()
+    aborted_before = {r: (await stats_of(r))["num_aborted"] for r in ids}
+    prompts = [prompt_for(r, ids, start=100 * n) for r in ids for n in range(2)]
+    long = {"max_tokens": 480, "ignore_eos": True, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        responses = await started(session, endpoint, [body(p, **long) for p in prompts])
+        for resp in responses:
+            resp.close()
+    await poll(all_idle, 120, "replicas idle after disconnects")
+    for replica in ids:
+        stats = await stats_of(replica)
+        assert stats["num_aborted"] - aborted_before[replica] == 2
+        assert stats["kv_cache_usage"] == 0
+
+
+async def test_replicas_export_engine_stats_as_ray_metrics(endpoint):
+    node = ray.nodes()[0]
+    url = f"http://127.0.0.1:{node['MetricsExportPort']}/metrics"
+    wanted = {f'replica="{replica}"' for replica in replica_ids()}
+
+    async def exported() -> bool:
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            text = await resp.text()
+        lines = [line for line in text.splitlines()
+                 if line.startswith("ray_aioserve_kv_free_blocks{")]
+        return all(any(tag in line for line in lines) for tag in wanted)
+
+    await poll(exported, 120, "engine gauges of both replicas on Ray's metrics port")
+
+
+async def test_killed_replica_fails_its_streams_others_serve_and_serve_restarts_it(endpoint):
+    ids = replica_ids()
+    victim, survivor = ids
+    long = {"max_tokens": 480, "ignore_eos": True, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        prompts = (prompt_for(victim, ids, 300), prompt_for(victim, ids, 400),
+                   prompt_for(survivor, ids, 300))
+        responses = await started(session, endpoint, [body(p, **long) for p in prompts])
+        assert [r.headers["x-aioserve-replica"] for r in responses] == [victim, victim,
+                                                                        survivor]
+        kill_replica(victim)
+        streams = await asyncio.wait_for(asyncio.gather(*(
+            read_events(r, Stream(r.headers["x-aioserve-replica"], r.status))
+            for r in responses)), 300)
+        ends = [(s.replica, s.status, s.events[-1:]) for s in streams]
+        for stream in streams[:2]:
+            assert stream.error is not None, ends
+            assert stream.error["code"] == "replica_failed", ends
+        assert streams[2].done and streams[2].error is None, ends
+        after = [await stream_call(session, endpoint, body(prompt_for(victim, ids, 500 + n), 4))
+                 for n in range(4)]
+    assert all(s.done and s.replica != victim for s in after), [
+        (s.replica, s.status, s.events[-1:]) for s in after]
+    await poll(replaced(victim), 180, "Serve to run a replacement replica")
+    await poll(all_idle, 60, "replicas idle")
+
+
+def replaced(victim: str):
+    """A condition: 2 replicas RUNNING again, and the victim not among them."""
+
+    async def condition() -> bool:
+        app = serve.status().applications["aioserve"]
+        running = app.deployments["EngineReplica"].replica_states.get("RUNNING", 0)
+        ids = replica_ids()
+        return running == NUM_REPLICAS and len(ids) == NUM_REPLICAS and victim not in ids
+
+    return condition
