@@ -24,7 +24,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
-        if "default" in text or default in (None, False, argparse.SUPPRESS, []):
+        if "default" in text.lower() or default in (None, False, argparse.SUPPRESS, []):
             return text
         if not action.option_strings:
             return text

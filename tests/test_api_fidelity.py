@@ -149,3 +149,28 @@ async def test_websocket_cancel_done_has_total_tokens_and_unknown_cancel_is_answ
         usage = message["usage"]
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     await wait_until(lambda: idle(engine))
+
+
+async def test_websocket_model_and_prompt_list_refused_as_on_http(server):
+    srv, engine = server
+    async with aiohttp.ClientSession() as s, s.ws_connect(base_url(srv) + "/ws") as ws:
+        await ws.send_json({"type": "generate", "id": "m", "prompt": "hi", "model": "nope"})
+        error = await asyncio.wait_for(ws.receive_json(), 30)
+        assert (error["type"], error["param"], error["code"]) == ("error", "model",
+                                                                   "model_not_found")
+        await ws.send_json({"type": "generate", "id": "p", "prompt": ["a", "b"]})
+        error = await asyncio.wait_for(ws.receive_json(), 30)
+        assert (error["type"], error["param"]) == ("error", "prompt")
+        assert "one generate message per prompt" in error["message"]
+    assert idle(engine)
+
+
+async def test_chat_limit_errors_name_the_field_sent(server):
+    srv, _ = server
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    status, body = await post(srv, "/v1/chat/completions", {**chat, "max_completion_tokens": 0})
+    assert status == 400 and body["error"]["param"] == "max_completion_tokens"
+    assert body["error"]["message"].startswith("max_completion_tokens")
+    status, body = await post(srv, "/v1/chat/completions",
+                              {**chat, "max_completion_tokens": 2, "max_tokens": 10**6})
+    assert status == 400 and body["error"]["param"] == "max_tokens"

@@ -71,6 +71,23 @@ def test_every_option_has_a_description_and_its_default():
             if not text.strip():
                 missing.append(f"{label}: no description")
             elif action.option_strings and action.default not in (None, False, []) and (
-                    "default" not in text):
+                    "default" not in text.lower()):
                 missing.append(f"{label}: default {action.default!r} not shown")
     assert not missing, "\n".join(missing)
+
+
+def test_bad_or_busy_port_is_one_error_line(model_dir):
+    result = run_cli("serve", "--model", model_dir, "--port", "99999")
+    assert result.returncode == 2
+    assert error_lines(result.stderr) == ["aioserve: error: --port must be in [0, 65535], "
+                                          "got 99999"]
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli("serve", "--model", model_dir, "--port", str(port))
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"aioserve: error: --host/--port: cannot listen on 127.0.0.1:{port}")

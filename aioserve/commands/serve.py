@@ -116,7 +116,11 @@ async def serve(
         if stop.is_set():
             return
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # in use, not permitted, no such address
+            raise ValueError(f"--host/--port: cannot listen on {host}:{port}: "
+                             f"{exc.strerror or exc}") from None
         for address in runner.addresses:
             url = f"http://{address[0]}:{address[1]}"
             print(f"listening on {url}", flush=True)
@@ -159,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: an option is out of range (the message names it).
     """
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.stats_log_interval < 0:
         raise ValueError(f"--stats-log-interval must be >= 0, got {args.stats_log_interval}")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,

@@ -85,13 +85,13 @@ def _check_limit(max_tokens: int | None, engine: AsyncEngine) -> None:
     """Check a ``max_tokens`` that ``max_completion_tokens`` overrides (1 to context - 1).
 
     Raises:
-        RequestFieldError: out of range.
+        ApiError: 400 naming ``max_tokens`` when out of range.
     """
     if max_tokens is None or engine.core is None:
         return
     if not 1 <= max_tokens < engine.core.max_model_len:
-        raise RequestFieldError("max_tokens", f"max_tokens must be in [1, "
-                                f"{engine.core.max_model_len - 1}], got {max_tokens}")
+        raise bad_request(f"max_tokens must be in [1, {engine.core.max_model_len - 1}], "
+                          f"got {max_tokens}", "max_tokens")
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -102,7 +102,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     (or ``max_tokens``) defaults to the rest of the context.
     """
     body = await read_json_object(request)
-    check_model(request, body)
+    check_model(request.app, body)
     engine = request.app[ENGINE_KEY]
     template = ChatTemplate(engine.tokenizer, request.app[CONFIG_KEY].chat_template)
     try:
@@ -123,8 +123,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             {**body, "max_tokens": max_tokens}, logprobs=logprobs
         )
     except RequestFieldError as exc:
-        param = limit_field if exc.param == "max_tokens" else exc.param
-        raise bad_request(str(exc), param) from None
+        message, param = str(exc), exc.param
+        if param == "max_tokens" and limit_field != "max_tokens":
+            param = limit_field
+            message = message.replace("max_tokens", limit_field, 1)
+        raise bad_request(message, param) from None
     fmt = ChatFormat(TokenText(engine.tokenizer))
     choices = start_choices(request, [prompt], [params], options, fmt)
     return await answer(request, choices, options, fmt)

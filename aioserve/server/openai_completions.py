@@ -97,7 +97,7 @@ class CompletionFormat(ResponseFormat):
         }
 
 
-def check_model(request: web.Request, body: dict[str, Any]) -> None:
+def check_model(app: web.Application, body: dict[str, Any]) -> None:
     """Check the ``model`` field against the served name (absent is allowed).
 
     Raises:
@@ -108,7 +108,7 @@ def check_model(request: web.Request, body: dict[str, Any]) -> None:
         return
     if not isinstance(model, str):
         raise bad_request("model must be a string", "model")
-    name = served_model_name(request.app)
+    name = served_model_name(app)
     if model != name:
         raise ApiError(
             404, f"model {model!r} does not exist; this server serves {name!r}",
@@ -119,7 +119,7 @@ def check_model(request: web.Request, body: dict[str, Any]) -> None:
 async def create_completion(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``: JSON response, or SSE chunks with ``stream: true``."""
     body = await read_json_object(request)
-    check_model(request, body)
+    check_model(request.app, body)
     try:
         options = call_options(body, request.headers.get("X-Request-Id"))
         prompts = parse_prompts(body.get("prompt"))

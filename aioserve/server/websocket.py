@@ -31,6 +31,7 @@ from aioserve.server.body import check_text, is_text
 from aioserve.server.choices import Choices
 from aioserve.server.errors import ApiError
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
+from aioserve.server.openai_completions import check_model
 from aioserve.server.params import (
     RequestFieldError,
     check_unsupported,
@@ -67,6 +68,19 @@ def _client_id(message: dict[str, Any]) -> str | None:
     return client_id if isinstance(client_id, str) and is_text(client_id) else None
 
 
+def ws_prompt(message: dict[str, Any]) -> Any:
+    """The one prompt of a generate message: text or token ids.
+
+    Raises:
+        RequestFieldError: a list of prompts (one message is one stream).
+    """
+    prompt = message.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise RequestFieldError("prompt", "prompt must be one string or one list of token ids "
+                                "on the websocket: send one generate message per prompt")
+    return prompt
+
+
 def ws_options(message: dict[str, Any]) -> int | None:
     """The fields of a ``generate`` message beyond sampling: the OpenAI fields HTTP
     refuses are refused the same way, ``n`` must be 1 (one id is one stream), and
@@ -91,6 +105,7 @@ class Connection:
     """One websocket: its running generations and its bounded outgoing queue."""
 
     def __init__(self, app: web.Application, ws: web.WebSocketResponse) -> None:
+        self.app = app
         self.engine = app[ENGINE_KEY]
         self.config: ServerConfig = app[CONFIG_KEY]
         self.ws = ws
@@ -190,9 +205,13 @@ class Connection:
                              "on one socket", "id", "too_many_requests")
             return
         try:
+            check_model(self.app, message)
             params = sampling_params_from_json(message, logprobs=ws_options(message))
-            choices = Choices(self.engine, [message.get("prompt")], [params], 1,
+            choices = Choices(self.engine, [ws_prompt(message)], [params], 1,
                               self.prefix + client_id)
+        except ApiError as exc:
+            await self.error(client_id, exc.message, exc.param, exc.code or "invalid_request")
+            return
         except RequestFieldError as exc:
             await self.error(client_id, str(exc), exc.param or None)
             return
@@ -217,7 +236,8 @@ class Connection:
             prompt = choices.prompt_tokens
             completion = choices.streams[0].request.num_output_tokens
             usage = {"prompt_tokens": prompt, "completion_tokens": completion,
-                     "total_tokens": prompt + completion}
+                     "total_tokens": prompt + completion,
+                     "prompt_tokens_details": {"cached_tokens": choices.cached_tokens}}
             done = {"type": "done", "id": client_id, "finish_reason": "abort", "usage": usage}
             with contextlib.suppress(asyncio.QueueFull):
                 self.outbox.put_nowait(json.dumps(done))
