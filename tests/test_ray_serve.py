@@ -34,7 +34,10 @@ except ImportError as exc:
         raise
     pytest.skip(f"Ray Serve tests need aioserve[ray] ({exc})", allow_module_level=True)
 
-pytestmark = pytest.mark.ray
+# A local Ray instance on 2 shared cores: Serve's controller notices a dead replica on its
+# own schedule, so a test that lost that race is run again (at most twice) rather than
+# failing CI; a real fault fails all three runs.
+pytestmark = [pytest.mark.ray, pytest.mark.flaky(reruns=2, reruns_delay=2)]
 
 MODEL_NAME = "stories"
 MAX_NUM_SEQS = 16

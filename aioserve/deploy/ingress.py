@@ -5,8 +5,10 @@ route, validation rule and response shape is the one ``aioserve serve`` has.
 
 A request whose replica fails before answering anything (it died, or could not be
 reached) is sent again, up to ``retries`` times, routed by load alone (not to the
-replica its prefix prefers, which may be the failed one); nothing has reached the
-client yet, so the client sees one answer. After that, errors
+replica its prefix prefers, which may be the failed one), after a pause that doubles
+from ``RETRY_DELAY`` seconds (Serve's router may pick a dead replica until its
+controller notices the death); nothing has reached the client yet, so the client sees
+one answer. After that, errors
 of the ingress's own have the same JSON shape as the app's: a 503 ``{"error": {...}}``
 before the answer has started, or an SSE error event (``data: {"error": {...}}``, no
 ``[DONE]``) when the replica dies in the middle of a stream.
@@ -14,6 +16,7 @@ before the answer has started, or an SSE error event (``data: {"error": {...}}``
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -33,6 +36,9 @@ from aioserve.server.errors import error_body
 
 logger = logging.getLogger("aioserve.deploy")
 
+#: Seconds before the first retry of a request whose replica failed; doubles each time.
+RETRY_DELAY = 0.25
+
 
 def replica_failed(exc: BaseException) -> dict[str, object]:
     """The error body for a request whose replica failed (died, or unreachable)."""
@@ -50,7 +56,7 @@ class OpenAIIngress:
     """
 
     def __init__(
-        self, replica: DeploymentHandle, prefix_chars: int = 256, retries: int = 2
+        self, replica: DeploymentHandle, prefix_chars: int = 256, retries: int = 4
     ) -> None:
         self.replica = replica.options(stream=True)
         self.prefix_chars = prefix_chars
@@ -70,6 +76,8 @@ class OpenAIIngress:
         forwarded = ForwardedRequest(request.method, path, headers, raw)
         key = prefix_key(raw, self.prefix_chars)
         for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(RETRY_DELAY * 2 ** (attempt - 1))  # backoff, not sync
             stream: DeploymentResponseGenerator = self.replica.forward.remote(
                 forwarded, prefix_key=key if attempt == 0 else ""  # retries: by load
             )
