@@ -4,6 +4,7 @@ output lengths."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -63,16 +64,27 @@ def random_requests(
     """
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
-    if vocab_size <= low_id:
-        raise ValueError(f"vocab_size must exceed {low_id}, got {vocab_size}")
     rng = random.Random(seed)
+    draw = _token_drawer(rng, vocab_size, low_id)
+    head = [bos_token_id] if bos_token_id is not None else []
     requests = []
     for _ in range(num_prompts):
         length = rng.randint(*input_len)
-        head = [bos_token_id] if bos_token_id is not None else []
-        body = [rng.randrange(low_id, vocab_size) for _ in range(length - len(head))]
-        requests.append(BenchRequest(head + body, rng.randint(*output_len)))
+        requests.append(BenchRequest(head + draw(length - len(head)), rng.randint(*output_len)))
     return requests
+
+
+def _token_drawer(
+    rng: random.Random, vocab_size: int, low_id: int
+) -> Callable[[int], list[int]]:
+    """``draw(n)``: n ids uniform in ``[low_id, vocab_size)`` from ``rng``.
+
+    Raises:
+        ValueError: ``vocab_size`` <= ``low_id``.
+    """
+    if vocab_size <= low_id:
+        raise ValueError(f"vocab_size must exceed {low_id}, got {vocab_size}")
+    return lambda count: [rng.randrange(low_id, vocab_size) for _ in range(count)]
 
 
 def prefix_repetition_requests(
@@ -99,14 +111,9 @@ def prefix_repetition_requests(
     """
     if min(num_prompts, prefix_len, num_prefixes) < 1 or suffix_len < 0:
         raise ValueError("num_prompts, prefix_len and num_prefixes must be >= 1, suffix_len >= 0")
-    if vocab_size <= low_id:
-        raise ValueError(f"vocab_size must exceed {low_id}, got {vocab_size}")
     rng = random.Random(seed)
+    draw = _token_drawer(rng, vocab_size, low_id)
     head = [bos_token_id] if bos_token_id is not None else []
-
-    def draw(count: int) -> list[int]:
-        return [rng.randrange(low_id, vocab_size) for _ in range(count)]
-
     prefixes = [head + draw(prefix_len - len(head)) for _ in range(num_prefixes)]
     requests = [
         BenchRequest(prefixes[i % num_prefixes] + draw(suffix_len), rng.randint(*output_len))
