@@ -34,6 +34,8 @@ class EngineConfig:
         enable_prefix_caching: reuse the KV blocks of prompt prefixes already computed
             (vLLM's automatic prefix caching: full blocks keyed by a chained hash,
             shared by reference count, evicted least recently used first).
+        attention_backend: the attention implementation behind the runner's seam
+            (``"reference"``: exact on any device).
 
     Raises:
         ValueError: a field is out of range; the message names the field.
@@ -53,6 +55,7 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     enable_prefix_caching: bool = True
+    attention_backend: str = "reference"
 
     def __post_init__(self) -> None:
         positive = {

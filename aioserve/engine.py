@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
@@ -28,6 +29,9 @@ from aioserve.step_snapshot import EngineListener, StepSnapshot
 from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
+
+#: A submitted step: its batch and the runner's future of its output.
+StepInFlight = tuple[ScheduledBatch, Awaitable[RunnerOutput]]
 
 
 class AsyncEngine:
@@ -314,12 +318,18 @@ class AsyncEngine:
             self._flush_finished()
 
     async def _run(self) -> None:
+        """The step loop, overlapped: while step N runs, N+1 is already scheduled and
+        submitted (its decode inputs are N's sampled tokens, still on the runner's
+        side), so the runner never waits for the event loop; then N's tokens are taken
+        (``update``), handed out (fan-out) and N+2 is scheduled while N+1 runs. A
+        runner without ``submit`` (simulated, scripted) runs one step at a time: its
+        ``step`` coroutine is the step, so a virtual clock sees the steps in order."""
         core = self.core
         assert core is not None and self.runner is not None
-        batch: ScheduledBatch | None = None
-        future: Awaitable[RunnerOutput] | None = None  # the step in flight
+        overlap = hasattr(self.runner, "submit")
+        in_flight: deque[StepInFlight] = deque()
         while True:
-            if future is None:
+            if not in_flight:
                 if not core.has_work:
                     if self.listeners.has_step_listeners:  # the idle picture, unthrottled
                         self.listeners.publish_step(core, 0, force=True)
@@ -327,52 +337,54 @@ class AsyncEngine:
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                batch, future = self._start_step()
-                self._flush_finished()
-                if future is None:
+                self._start_step(in_flight)
+                if not in_flight:
                     await asyncio.sleep(0)
                     continue
-            assert batch is not None
+            if overlap and len(in_flight) == 1:
+                self._start_step(in_flight)  # N+1 goes in while N runs
+            batch, future = in_flight.popleft()
             try:
                 output = await future
             except Exception as exc:  # the model failed: end this batch, keep serving
                 logger.exception("model step failed")
+                core.abandon(batch)
                 self._fail(batch.request_ids, exc)
-                batch = future = None
                 continue
             try:
                 results = core.update(batch, output)
             except Exception as exc:  # a bookkeeping bug: end this batch, keep serving
                 logger.exception("step bookkeeping failed")
                 self._fail(batch.request_ids, exc, "step bookkeeping failed")
-                batch = future = None
                 continue
-            # Start the next step before delivering this one's tokens, so that the
-            # fan-out (detokenization, stream puts) runs while the runner computes. A
-            # request a stop string ends here may sit in the step in flight; update()
-            # skips it, and its freed blocks are reused only after that step.
-            batch, future = self._start_step() if core.has_work else (None, None)
             self._fan_out(output, results)
             self._flush_finished()
             if self.listeners.has_step_listeners:
                 self.listeners.publish_step(core, len(results))
+            if not overlap:
+                self._start_step(in_flight)
 
-    def _start_step(self) -> tuple[ScheduledBatch | None, Awaitable[RunnerOutput] | None]:
-        """Schedule the next batch and start the runner on it (None: nothing to run)."""
+    def _start_step(self, in_flight: deque[StepInFlight]) -> None:
+        """Schedule the next batch and start the runner on it (nothing when there is
+        nothing to run)."""
         core = self.core
         assert core is not None and self.runner is not None
+        if not core.has_work:
+            return
         try:
             batch = core.schedule()
         except Exception as exc:  # a faulty policy: end what it was deciding on
             logger.exception("scheduler %r failed", core.scheduler)
             self._fail_all(exc)
-            return None, None
+            return
+        self._flush_finished()  # requests the schedule ended (a KV cache too small)
         if batch is None:
-            return None, None
+            return
         submit = getattr(self.runner, "submit", None)
         if submit is not None:  # starts now, e.g. in the runner's worker thread
-            return batch, submit(batch)
-        return batch, asyncio.ensure_future(self.runner.step(batch))
+            in_flight.append((batch, submit(batch)))
+        else:
+            in_flight.append((batch, asyncio.ensure_future(self.runner.step(batch))))
 
     def _fan_out(self, output: RunnerOutput, results: list[StepResult]) -> None:
         assert self.core is not None

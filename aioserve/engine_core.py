@@ -17,7 +17,7 @@ from collections.abc import Callable
 from aioserve.kv_cache import BlockManager
 from aioserve.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
 from aioserve.request import FinishReason, Request, RequestStatus
-from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.runners.base import NewRequest, RunnerOutput, ScheduledBatch
 from aioserve.scheduling import Scheduler, SchedulerState
 
 logger = logging.getLogger(__name__)
@@ -25,9 +25,18 @@ logger = logging.getLogger(__name__)
 #: (request, sampled token id, index of the request in the batch)
 StepResult = tuple[Request, int, int]
 
+#: A scheduled request as the core remembers it until its step ends:
+#: (request, its epoch then, tokens fed, whether a token is sampled)
+InFlight = tuple[Request, int, int, bool]
+
 
 class EngineCore:
     """Queues, KV blocks and the per-step bookkeeping.
+
+    Scheduling may run one step ahead (overlapped scheduling): ``schedule()`` may be
+    called again before the previous batch's ``update()``; a request in that step then
+    counts its token being sampled as a placeholder and decodes from it. Batches are
+    updated in the order they were scheduled.
 
     Args:
         scheduler: the policy.
@@ -65,6 +74,10 @@ class EngineCore:
         self.prefix_cache_hits = 0
         self.on_finish: Callable[[Request], None] | None = None
         self._released: list[str] = []
+        self._in_flight: deque[list[InFlight]] = deque()
+        self._new_blocks: dict[str, list[int]] = {}
+        self._slots: set[str] = set()  # requests the runner holds state for
+        self._finishing: set[str] = set()  # their step in flight samples their last token
 
     @property
     def has_work(self) -> bool:
@@ -103,7 +116,7 @@ class EngineCore:
         request.metrics.finished_time = self.clock()
         request.metrics.finished_step = self.step_count
         self.requests.pop(request.request_id, None)
-        self._released.append(request.request_id)
+        self._release(request)
         self.scheduler.on_finish(request)
         if self.on_finish is not None:
             self.on_finish(request)
@@ -125,17 +138,32 @@ class EngineCore:
         self.running.remove(request)
         self._free_blocks(request)
         request.num_computed_tokens = 0
+        request.num_in_flight_tokens = 0
+        request.num_output_placeholders = 0
+        request.epoch += 1
         request.num_registered_blocks = 0
         request.status = RequestStatus.WAITING
         request.metrics.num_preemptions += 1
         self.waiting.appendleft(request)
         self.num_preemptions += 1
+        self._release(request)
+
+    def _release(self, request: Request) -> None:
+        """The runner drops the request's state at the next step."""
+        self._finishing.discard(request.request_id)
+        if request.request_id in self._slots:
+            self._slots.discard(request.request_id)
+            self._released.append(request.request_id)
+        self._new_blocks.pop(request.request_id, None)
 
     def snapshot(self) -> SchedulerState:
         """The read-only view a policy decides on."""
+        running = self.running
+        if self._finishing:  # their slots are free for the next step
+            running = [r for r in running if r.request_id not in self._finishing]
         return SchedulerState(
             waiting=tuple(self.waiting),
-            running=tuple(self.running),
+            running=tuple(running),
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
             block_size=self.blocks.block_size,
@@ -168,11 +196,16 @@ class EngineCore:
         budget = self.max_num_batched_tokens
         block_size = self.blocks.block_size
         running = RequestStatus.RUNNING
+        max_model_len = self.max_model_len
         for request in list(self.running):
             if request.status is not running or budget <= 0:
                 continue
             computed = request.num_computed_tokens
-            total = len(request.prompt_token_ids) + len(request.output_token_ids)
+            placeholders = request.num_output_placeholders
+            output = len(request.output_token_ids) + placeholders
+            total = len(request.prompt_token_ids) + output
+            if placeholders and (output >= request.params.max_tokens or total >= max_model_len):
+                continue  # its step in flight ends it: nothing more to compute
             count = min(total - computed, budget)
             if count <= 0:
                 continue
@@ -195,6 +228,8 @@ class EngineCore:
             busy = {r.request_id for r, _ in scheduled}
             victim = next((r for r in reversed(self.running) if r.request_id not in busy), None)
             if victim is None or (victim is request and len(self.running) == 1):
+                if request.num_output_placeholders:
+                    return False  # first take the token its step in flight samples
                 logger.warning(
                     "KV cache full: ending %s at %d tokens", request.request_id, request.num_tokens
                 )
@@ -203,7 +238,9 @@ class EngineCore:
             self.preempt(victim)
             if victim is request:
                 return False
-        request.block_ids.extend(self.blocks.allocate(need) or [])
+        new = self.blocks.allocate(need) or []
+        request.block_ids.extend(new)
+        self._new_blocks.setdefault(request.request_id, []).extend(new)
         return True
 
     def _schedule_admissions(
@@ -214,7 +251,7 @@ class EngineCore:
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.WAITING:
                 continue
-            if len(self.running) >= self.max_num_seqs or budget <= 0:
+            if len(self.running) - len(self._finishing) >= self.max_num_seqs or budget <= 0:
                 break
             cached = allocate_first_chunk(self.blocks, request, budget)
             if cached is None:
@@ -228,52 +265,76 @@ class EngineCore:
             request.status = RequestStatus.RUNNING
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = now
-                request.metrics.first_scheduled_step = self.step_count
+                # the index of the step it runs in (steps ended + the one in flight)
+                request.metrics.first_scheduled_step = self.step_count + len(self._in_flight)
             scheduled.append((request, count))
             budget -= count
 
     def _build_batch(self, scheduled: list[tuple[Request, int]]) -> ScheduledBatch:
+        """The batch of changes, and the in-flight record :meth:`update` reads back;
+        advances each request's counters by what is now in flight."""
         released, self._released = self._released, []
-        ids, tokens, starts, tables, sample, params, penalty, produced = ([] for _ in range(8))
+        new_blocks, self._new_blocks = self._new_blocks, {}
+        ids, counts, starts, sample, produced = [], [], [], [], []
+        new_requests: list[NewRequest] = []
+        record: list[InFlight] = []
         for request, count in scheduled:
             start = request.num_computed_tokens
-            prompt, output = request.prompt_token_ids, request.output_token_ids
+            output = request.output_token_ids
+            placeholders = request.num_output_placeholders
+            if request.request_id not in self._slots:
+                new_blocks.pop(request.request_id, None)
+                new_requests.append(NewRequest(
+                    request.request_id, request.prompt_token_ids + output,
+                    len(request.prompt_token_ids), request.params, list(request.block_ids),
+                    start,
+                ))
+                self._slots.add(request.request_id)
+            known = len(request.prompt_token_ids) + len(output) + placeholders
+            samples = start + count == known
             ids.append(request.request_id)
-            tokens.append(request.token_ids_from(start, count))
+            counts.append(count)
             starts.append(start)
-            tables.append(request.block_ids)
-            sample.append(start + count == len(prompt) + len(output))
-            params.append(request.params)
-            produced.append(len(output))
-            needs_history = request.params.repetition_penalty != 1.0
-            penalty.append(prompt + output if needs_history else None)
+            sample.append(samples)
+            produced.append(len(output) + placeholders)
+            request.num_computed_tokens = start + count
+            request.num_in_flight_tokens += count
+            if samples:
+                request.num_output_placeholders = placeholders + 1
+                if len(output) + placeholders + 1 >= request.params.max_tokens \
+                        or known + 1 >= self.max_model_len:
+                    self._finishing.add(request.request_id)
+            record.append((request, request.epoch, count, samples))
+        self._in_flight.append(record)
         return ScheduledBatch(
-            ids, tokens, starts, tables, sample, params, penalty, produced, released
+            ids, counts, starts, sample, produced, new_requests, new_blocks, released
         )
 
     def update(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:
-        """Take one step's sampled tokens: advance counters, append tokens, end requests
-        on EOS, stop ids, ``max_tokens`` or the context length."""
+        """Take the oldest scheduled batch's sampled tokens: confirm its computed
+        tokens, append tokens, end requests on EOS, stop ids, ``max_tokens`` or the
+        context length. Requests preempted or finished since it was scheduled are
+        skipped (their tokens are dropped)."""
+        record = self._in_flight.popleft()
         self.step_count += 1
         now = self.clock()
         results: list[StepResult] = []
-        requests, running = self.requests, RequestStatus.RUNNING
-        fed, sample, sampled = batch.token_ids, batch.sample, output.token_ids
+        running = RequestStatus.RUNNING
+        sampled = output.token_ids
         caching = self.blocks.block_size if self.blocks.enable_caching else 0
-        for index, request_id in enumerate(batch.request_ids):
-            request = requests.get(request_id)
-            if request is None or request.status is not running:
-                continue  # aborted while the step ran
-            request.num_computed_tokens += len(fed[index])
-            if caching and request.num_computed_tokens >= caching * (
+        for index, (request, epoch, count, samples) in enumerate(record):
+            if request.status is not running or request.epoch != epoch:
+                continue  # finished, aborted or preempted while the step ran
+            request.num_in_flight_tokens -= count
+            if caching and request.num_confirmed_tokens >= caching * (
                 request.num_registered_blocks + 1
             ):  # a block just filled up
                 register_computed(self.blocks, request)
-            if not sample[index]:
+            if not samples:
                 continue
+            request.num_output_placeholders -= 1
             token = sampled[index]
-            out = request.output_token_ids
-            out.append(token)
+            request.output_token_ids.append(token)
             metrics = request.metrics
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
@@ -283,6 +344,11 @@ class EngineCore:
             if reason is not None:
                 self.finish(request, reason)
         return results
+
+    def abandon(self, batch: ScheduledBatch) -> None:
+        """Forget the oldest scheduled batch, whose step failed (its requests are
+        being ended by the caller)."""
+        self._in_flight.popleft()
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
         params = request.params

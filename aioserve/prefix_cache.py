@@ -70,8 +70,9 @@ def cached_prefix(blocks: BlockManager, request: Request) -> list[int]:
 
 def register_computed(blocks: BlockManager, request: Request) -> None:
     """Offer the request's blocks that are now full of computed tokens (prompt or
-    output) to the cache, each once. Call after ``num_computed_tokens`` grew."""
-    full = request.num_computed_tokens // blocks.block_size
+    output) to the cache, each once. Call after a step that computed its tokens ended
+    (steps still in flight do not count)."""
+    full = request.num_confirmed_tokens // blocks.block_size
     done = request.num_registered_blocks
     if full <= done or not blocks.enable_caching:
         return

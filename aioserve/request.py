@@ -45,9 +45,12 @@ class Request:
     """One generation request.
 
     Progress is a single counter, as in vLLM V1: ``num_computed_tokens`` catches up
-    with ``num_tokens`` (prompt + output). A request whose counter is behind by more
-    than one token is prefilling (or recomputing after preemption); by exactly one,
-    decoding.
+    with ``num_tokens`` (prompt + output). It advances when a step is *scheduled*, so
+    with overlapped scheduling it counts the tokens of the step in flight too
+    (``num_in_flight_tokens`` of them), and a token that step will sample is a
+    placeholder (``num_output_placeholders``) until its id comes back. A request whose
+    counter is behind by more than one token is prefilling (or recomputing after
+    preemption); by exactly one, decoding.
 
     Attributes:
         request_id: unique id.
@@ -62,6 +65,11 @@ class Request:
             each hashed once (extended as needed).
         num_registered_blocks: leading blocks of ``block_ids`` already offered to the
             prefix cache (full of computed tokens).
+        num_in_flight_tokens: of ``num_computed_tokens``, the tokens of steps scheduled
+            but not finished yet.
+        num_output_placeholders: output tokens those steps will sample (ids unknown yet).
+        epoch: incremented at each preemption, so tokens of a step scheduled before it
+            are dropped.
     """
 
     request_id: str
@@ -76,6 +84,9 @@ class Request:
     num_cached_tokens: int = 0
     block_keys: list[BlockKey] = field(default_factory=list)
     num_registered_blocks: int = 0
+    num_in_flight_tokens: int = 0
+    num_output_placeholders: int = 0
+    epoch: int = 0
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -93,6 +104,11 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus output tokens."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_confirmed_tokens(self) -> int:
+        """Tokens whose KV is computed (excluding steps still in flight)."""
+        return self.num_computed_tokens - self.num_in_flight_tokens
 
     @property
     def is_finished(self) -> bool:

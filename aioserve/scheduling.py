@@ -32,6 +32,8 @@ class RequestView(Protocol):
     @property
     def num_computed_tokens(self) -> int: ...
     @property
+    def num_output_placeholders(self) -> int: ...
+    @property
     def block_ids(self) -> Sequence[int]: ...
 
 
@@ -99,8 +101,10 @@ class SchedulerState:
 
     def tokens_to_compute(self, request: RequestView) -> int:
         """Tokens the request still has to feed through the model (prefill or recompute
-        left, less its cached prefix when waiting; 1 while decoding)."""
-        return request.num_tokens - request.num_computed_tokens - self._hit(request).num_tokens
+        left, less its cached prefix when waiting; 1 while decoding). A token still being
+        sampled by the step in flight counts as part of the request."""
+        total = request.num_tokens + request.num_output_placeholders
+        return total - request.num_computed_tokens - self._hit(request).num_tokens
 
     def blocks_needed(self, request: RequestView, num_new_tokens: int) -> int:
         """Free blocks the request takes before ``num_new_tokens`` more of its tokens

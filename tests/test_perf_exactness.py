@@ -108,26 +108,6 @@ async def test_prefill_split_equals_solo_generate(model_dir, solo_greedy, monkey
         assert got == solo_greedy(prompt, n)
 
 
-def test_traced_decode_is_ready_for_the_test_model(model_dir):
-    from aioserve.runners.torch_runner import TorchRunner
-
-    runner = TorchRunner(EngineConfig(model=model_dir, max_num_seqs=4))
-    try:
-        assert runner.traced is not None and runner.traced.ready and runner.traced.has_mixed
-    finally:
-        runner.close()
-
-
-async def test_eager_path_equals_solo_generate(model_dir, solo_greedy, monkeypatch):
-    monkeypatch.setenv("AIOSERVE_TRACE", "0")
-    workload = mixed_workload(3)[:6]
-    async with AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=4)) as engine:
-        assert engine.runner.traced is None
-        results = await run_staggered(engine, workload, 3)
-    for (prompt, max_tokens), got in zip(workload, results):
-        assert got == solo_greedy(prompt, max_tokens)
-
-
 def test_block_diagonal_decode_matches_sdpa():
     from aioserve.runners.decode_attention import decode_attention
 

@@ -24,9 +24,5 @@ def test_overhead_cli_json(capsys):
 
 async def test_null_runner_samples_only_where_asked():
     from aioserve.runners.base import ScheduledBatch
-    from aioserve.sampling_params import SamplingParams
-
-    p = SamplingParams()
-    batch = ScheduledBatch(["a", "b"], [[1, 2], [3]], [0, 5], [[0], [1]], [False, True],
-                           [p, p], [None, None], [0, 0])
+    batch = ScheduledBatch(["a", "b"], [2, 1], [0, 5], [False, True], [0, 0])
     assert (await NullRunner(token_id=7).step(batch)).token_ids == [-1, 7]

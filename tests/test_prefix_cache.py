@@ -134,18 +134,7 @@ async def test_no_leak_after_mixed_requests_and_aborts(model_dir):
         assert blocks.num_cached_blocks > 0 and engine.stats()["prefix_cache_hits"] > 0
 
 
-@pytest.mark.parametrize(
-    "env", [{"AIOSERVE_TRACE": "0"}, {"AIOSERVE_STEP_PARTS": "2"}, {"AIOSERVE_LEAN": "0"}],
-    ids=["eager", "step-split", "not-lean"],
-)
-async def test_every_runner_path_is_exact_after_a_cached_prefix(
-    model_dir, solo_greedy, monkeypatch, env
-):
-    from aioserve.runners import step_split
-
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(step_split, "MIN_SPLIT_COST", 1)  # split every step of 2+ rows
+async def test_runner_is_exact_after_a_cached_prefix(model_dir, solo_greedy):
     prompts = shared_prefix_prompts(4, 37, 6, seed=9)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     config = EngineConfig(model=model_dir, block_size=8, max_num_batched_tokens=20)

@@ -118,8 +118,7 @@ async def wait_for_line(lines: list[str], pattern: str, timeout: float = 60.0) -
 
 
 async def test_serve_prints_a_summary_and_stats_lines(model_dir):
-    # AIOSERVE_TRACE=0: no traced forward to prepare, so the server starts sooner
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AIOSERVE_API_KEY": KEY, "AIOSERVE_TRACE": "0"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AIOSERVE_API_KEY": KEY}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aioserve.cli", "serve", "--model", model_dir, "--port", "0",
         "--kv-cache-memory", "1MiB", "--max-num-seqs", "8", "--stats-log-interval", "0.2",

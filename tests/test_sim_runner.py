@@ -8,7 +8,6 @@ import pytest
 
 from aioserve.runners.base import ScheduledBatch
 from aioserve.runners.simulated import SimulatedRunner
-from aioserve.sampling_params import SamplingParams
 from aioserve.sim.report import percentile
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest, load_jsonl, load_workload, poisson
@@ -17,14 +16,7 @@ from aioserve.sim.workloads import WorkloadRequest, load_jsonl, load_workload, p
 def batch(tokens: list[list[int]], produced: list[int]) -> ScheduledBatch:
     n = len(tokens)
     return ScheduledBatch(
-        [f"r{i}" for i in range(n)],
-        tokens,
-        [0] * n,
-        [[]] * n,
-        [True] * n,
-        [SamplingParams()] * n,
-        [None] * n,
-        produced,
+        [f"r{i}" for i in range(n)], [len(t) for t in tokens], [0] * n, [True] * n, produced
     )
 
 

@@ -82,6 +82,16 @@ def model_vocab(model: str) -> tuple[int, int | None]:
     return int(text.vocab_size), getattr(text, "bos_token_id", None)
 
 
+def model_parameters(model: str) -> int:
+    """Parameters of a model, counted from its config on the meta device (no weights
+    are read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+    return sum(p.numel() for p in meta.parameters())
+
+
 def check_exact(model: Any, requests: list[BenchRequest], outputs: list[list[int]]) -> int:
     """How many outputs differ from a solo greedy ``generate()`` of the same request."""
     bad = 0
@@ -119,7 +129,7 @@ def run_offline(
     prompts (``input_len`` is then unused). ``threads`` is each backend's
     compute threads: transformers' intra-op threads and aioserve's thread budget
     (``AIOSERVE_NUM_THREADS``); default: each backend's own default (torch's thread
-    count, every core; aioserve's :func:`~aioserve.runners.step_split.cpu_layout`).
+    count, every core; aioserve's :func:`~aioserve.runners.runner_setup.cpu_threads`).
 
     Raises:
         ValueError: bad sizes or an unknown ``compare``. OSError: the model cannot load.
@@ -144,18 +154,16 @@ def run_offline(
         "prefix_len_suffix_len_num_prefixes": list(prefix) if prefix else None,
         "enable_prefix_caching": config.enable_prefix_caching,
     }
-    from aioserve.runners.step_split import cpu_layout
-    from aioserve.runners.torch_runner import resolve_device
-    from aioserve.runners.traced import trace_enabled
+    from aioserve.runners.runner_setup import cpu_threads, resolve_device
 
     saved = torch.get_num_threads()
     saved_env = os.environ.get("AIOSERVE_NUM_THREADS")
     if threads is not None:
         os.environ["AIOSERVE_NUM_THREADS"] = str(threads)
     device = resolve_device(config.device)
-    parts, per_part = cpu_layout(device, can_split=trace_enabled(device))
     hf_threads = threads or saved
-    report = OfflineReport(workload, {"hf-static": hf_threads, "aioserve": parts * (per_part or 1)})
+    ours = cpu_threads(device, model_parameters(config.model)) or saved
+    report = OfflineReport(workload, {"hf-static": hf_threads, "aioserve": ours})
     hf_model = None
     if compare == "hf-static" or check:
         from transformers import AutoModelForCausalLM

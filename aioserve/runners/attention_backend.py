@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from aioserve.runners import attention, paged_metadata
@@ -38,8 +39,9 @@ class AttentionBackend(Protocol):
         ...
 
     def build_metadata(
-        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], start_positions: list[int],
-        num_new_tokens: list[int], block_tables: list[list[int]], block_size: int,
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        start_positions: list[int] | np.ndarray, num_new_tokens: list[int] | np.ndarray,
+        block_tables: list[list[int]] | np.ndarray, block_size: int,
         device: torch.device, windows: tuple[int, ...],
     ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
         """The step's metadata and packed position ids ``[T]`` int64, built once."""
@@ -68,8 +70,9 @@ class ReferenceBackend:
         return None
 
     def build_metadata(
-        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], start_positions: list[int],
-        num_new_tokens: list[int], block_tables: list[list[int]], block_size: int,
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        start_positions: list[int] | np.ndarray, num_new_tokens: list[int] | np.ndarray,
+        block_tables: list[list[int]] | np.ndarray, block_size: int,
         device: torch.device, windows: tuple[int, ...],
     ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
         return paged_metadata.build_metadata(
@@ -83,3 +86,14 @@ class ReferenceBackend:
     ) -> torch.Tensor:
         layer = None if rules.plain else rules
         return attention.attend_groups(q, k_cache, v_cache, meta, rules.scaling, layer, sinks)
+
+
+def backend_for(name: str, device: torch.device) -> AttentionBackend:
+    """The attention backend called ``name`` (``"reference"``).
+
+    Raises:
+        ValueError: an unknown name (the message names the option).
+    """
+    if name == "reference":
+        return ReferenceBackend()
+    raise ValueError(f"attention_backend: unknown backend {name!r} (choose: reference)")

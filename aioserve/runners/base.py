@@ -1,7 +1,9 @@
 """The runner boundary: a ``ScheduledBatch`` goes in, a ``RunnerOutput`` comes out.
 
 Only plain data crosses it (lists of ints, frozen params), never tensors or live
-engine objects, so a runner can live in a worker thread or another process.
+engine objects, so a runner can live in a worker thread or another process. The
+batch carries changes (new requests, new blocks, released ids, counts per request),
+not the whole state: the runner keeps that between steps.
 """
 
 from __future__ import annotations
@@ -14,39 +16,70 @@ from aioserve.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduledBatch:
-    """One step's work, one entry per scheduled request (all lists aligned).
+class NewRequest:
+    """A request that takes a slot in the runner (first admission, or readmission
+    after a preemption: then it is recomputed from its tokens so far).
 
     Attributes:
-        request_ids: the requests.
-        token_ids: the new tokens each request feeds this step (a prefill chunk,
-            a recompute, or the one last sampled token while decoding).
-        start_positions: position of each request's first new token (= its
-            ``num_computed_tokens``).
-        block_tables: each request's KV blocks, in position order.
+        request_id: the request.
+        token_ids: its known tokens, prompt then output (a recompute feeds them all).
+        num_prompt_tokens: of ``token_ids``, the prompt.
+        params: its sampling parameters.
+        block_ids: its KV blocks, in position order (cached prefix blocks first).
+        num_computed_tokens: leading tokens whose KV the blocks already hold (a prefix
+            cache hit); the first step starts at this position.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledBatch:
+    """One step's work, as changes to the runner's persistent state (vLLM V1's
+    ``SchedulerOutput``): the runner keeps each request's tokens, positions, block
+    table and sampling state between steps, so a decoding request costs one id and
+    one count here. The lists ``request_ids`` .. ``num_output_tokens`` are aligned,
+    one entry per scheduled request, in batch order.
+
+    A step's input tokens are the request's known tokens (prompt, chunks, recompute)
+    or, for the one position after them, the token the previous step sampled: that
+    token may still be on the device when this step is scheduled (overlapped
+    scheduling), and the runner feeds it from there.
+
+    Attributes:
+        request_ids: the scheduled requests.
+        num_scheduled_tokens: tokens each feeds this step, from position
+            ``start_positions[i]`` on.
+        start_positions: each request's first new position (its tokens before it are
+            in the KV cache, or being written by the step in flight).
         sample: whether a token is sampled after the request's last new token (False
-            for a prefill chunk that does not reach the end of the prompt).
-        sampling_params: each request's parameters.
-        penalty_token_ids: prompt + output token ids for requests with a repetition
-            penalty, else None.
-        num_output_tokens: tokens each request had generated before this step.
-        released_ids: finished requests whose per-request runner state can go.
+            for a prefill chunk that does not reach the end of the known tokens).
+        num_output_tokens: output index of the token sampled this step (the request's
+            output tokens before it, including one still in flight).
+        new_requests: requests that take a slot this step (state to create).
+        new_block_ids: request id -> blocks appended to its block table this step.
+        released_ids: requests finished or preempted since the last step: their state
+            goes (a preempted one comes back later as a :class:`NewRequest`).
     """
 
     request_ids: list[str]
-    token_ids: list[list[int]]
+    num_scheduled_tokens: list[int]
     start_positions: list[int]
-    block_tables: list[list[int]]
     sample: list[bool]
-    sampling_params: list[SamplingParams]
-    penalty_token_ids: list[list[int] | None]
     num_output_tokens: list[int]
+    new_requests: list[NewRequest] = field(default_factory=list)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     released_ids: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         """Tokens fed to the model this step (prefill + decode)."""
-        return sum(len(t) for t in self.token_ids)
+        return sum(self.num_scheduled_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +114,12 @@ class ModelRunner(Protocol):
     vocab_size: int
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
-        """Run one forward pass over the batch and sample. May raise; the engine
-        then ends the batch's requests with an error and keeps serving."""
+        """Apply the batch's changes, run one forward pass over it and sample. Steps
+        run in the order they are called; a runner may also offer
+        ``submit(batch) -> asyncio.Future[RunnerOutput]``, which starts the step and
+        returns at once, so the engine schedules the next step while this one runs.
+        May raise; the engine then ends the batch's requests with an error and keeps
+        serving."""
         ...
 
     def close(self) -> None:

@@ -190,9 +190,9 @@ def split_by_length(rows: np.ndarray, seq_lens: np.ndarray, call_cost: int) -> l
 
 def build_metadata(
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-    start_positions: list[int],
-    num_new_tokens: list[int],
-    block_tables: list[list[int]],
+    start_positions: list[int] | np.ndarray,
+    num_new_tokens: list[int] | np.ndarray,
+    block_tables: list[list[int]] | np.ndarray,
     block_size: int,
     device: torch.device,
     *,
@@ -206,7 +206,8 @@ def build_metadata(
         kv_caches: the runner's per-layer (K, V) caches.
         start_positions: per sequence, the position of its first new token.
         num_new_tokens: per sequence, how many tokens it feeds (>= 1).
-        block_tables: per sequence, its KV blocks in position order.
+        block_tables: per sequence, its KV blocks in position order (lists), or a
+            ``[B, W]`` int64 array whose entries past a table are any valid block.
         block_size: tokens per block.
         device: where the tensors go.
         split_cost: the cost of one more attention call for :func:`split_by_length`
@@ -215,7 +216,8 @@ def build_metadata(
         windows: the model's sliding windows (tokens); each group gets a mask per window.
     """
     batch = len(start_positions)
-    tables = block_table_array(block_tables)
+    tables = (block_tables if isinstance(block_tables, np.ndarray)
+              else block_table_array(block_tables))
     starts = np.asarray(start_positions, dtype=np.int64)
     counts = np.asarray(num_new_tokens, dtype=np.int64)
     offsets = np.cumsum(counts) - counts

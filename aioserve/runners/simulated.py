@@ -102,9 +102,9 @@ class SimulatedRunner:
         """Cost of a step in nanoseconds: ``step_ms`` plus the prefill cost of every
         token fed that is not a decode token (a request's one last sampled token)."""
         prefill = sum(
-            len(tokens)
-            for tokens, produced in zip(batch.token_ids, batch.num_output_tokens)
-            if not (len(tokens) == 1 and produced > 0)
+            count
+            for count, produced in zip(batch.num_scheduled_tokens, batch.num_output_tokens)
+            if not (count == 1 and produced > 0)
         )
         self.prefill_tokens += prefill
         return self.step_ns + prefill * self.prefill_ns_per_token

@@ -1,80 +1,30 @@
-"""TorchRunner: any transformers causal LM, a paged KV cache, packed batches."""
+"""TorchRunner: any transformers causal LM, a paged KV cache, persistent batch state."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_all
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from transformers import GenerationConfig
 
 from aioserve.config import EngineConfig
-from aioserve.runners import layer_rules, model_loader, step_split
-from aioserve.runners.attention_backend import AttentionBackend, ReferenceBackend
+from aioserve.runners import layer_rules, model_loader
+from aioserve.runners.attention_backend import AttentionBackend, backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.runners.sampler import Sampler
-from aioserve.runners.step_split import StartLatch, StepPart
-from aioserve.runners.traced import TracedDecode, trace_enabled
+from aioserve.runners.batch_sampler import BatchSampler
+from aioserve.runners.input_batch import InputBatch, StepInputs
+from aioserve.runners.pending_output import PendingOutput
+from aioserve.runners.runner_setup import (
+    context_length,
+    cpu_threads,
+    eos_token_ids,
+    free_memory_bytes,
+    resolve_device,
+    resolve_dtype,
+)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """``"auto"`` picks CUDA when present, else the CPU.
-
-    Raises:
-        ValueError: CUDA asked for where this torch build or machine has none.
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        build = "has no CUDA support" if torch.version.cuda is None else "sees no CUDA device"
-        raise ValueError(f"device {name!r}: this torch ({torch.__version__}) {build}; "
-                         "use --device cpu or auto")
-    return device
-
-
-def context_length(requested: int | None, text_config: object) -> int:
-    """The context length in tokens: ``requested`` or the model's
-    ``max_position_embeddings``.
-
-    Raises:
-        ValueError: ``requested`` exceeds what the model was built for (as vLLM refuses
-            it); UnsupportedModelError: neither is known.
-    """
-    if requested is None:
-        return model_loader.context_length(text_config)
-    model_len = getattr(text_config, "max_position_embeddings", None)
-    if model_len is not None and requested > int(model_len):
-        raise ValueError(f"max_model_len: {requested} exceeds the model's context of "
-                         f"{int(model_len)} tokens (max_position_embeddings)")
-    return requested
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``"auto"`` is bfloat16 on CUDA and float32 elsewhere."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
-
-
-def eos_token_ids(model_path: str, generation_config: GenerationConfig | None) -> tuple[int, ...]:
-    """End-of-sequence ids from the model's generation config (int or list)."""
-    eos = generation_config.eos_token_id if generation_config is not None else None
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-
-
-def free_memory_bytes(device: torch.device) -> int:
-    """Free memory of ``device`` in bytes: the GPU's free memory, or the RAM available
-    to new allocations on the CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+__all__ = ["TorchRunner", "free_memory_bytes"]
 
 
 class TorchRunner:
@@ -83,23 +33,22 @@ class TorchRunner:
     The KV cache is, per layer, K ``[num_kv_blocks * block_size, kv_heads, k_dim]`` and
     V ``[..., kv_heads, v_dim]`` (the model's dtype), indexed by the engine's block ids
     and shaped from each layer's own rules, found by one recording forward at load
-    (:func:`~aioserve.runners.layer_rules.discover`). The forward pass runs in a worker thread so
-    the event loop stays free; on the CPU with the traced forward, a big enough step
-    is cut into parts that run side by side in their own threads
-    (:mod:`~aioserve.runners.step_split`).
-
-    Attributes:
-        step_parts: most parts a step is cut into (1: never cut).
-        num_threads: intra-op threads of each part's forward (None: torch's setting).
+    (:func:`~aioserve.runners.layer_rules.discover`). Per-request state (tokens, block
+    tables, sampling parameters, last sampled tokens) persists between steps
+    (:class:`~aioserve.runners.input_batch.InputBatch`); each step applies the engine's
+    changes. Steps run in order in one worker thread, so the event loop stays free and
+    the engine can schedule step N+1 while step N runs; N+1 reads N's sampled tokens
+    on the device. On CUDA the tokens come back through pinned host buffers and an
+    event, waited for in a second thread, so the worker launches N+1 at once.
 
     Args:
-        config: the engine configuration (model, dtype, device, cache size).
+        config: the engine configuration (model, dtype, device, cache size, slots).
 
     Raises:
         OSError: the model cannot be loaded.
         UnsupportedModelError: the model cannot be served exactly (ALiBi, layers that
             bypass transformers' attention interface, rules the backend lacks).
-        ValueError: the KV-cache budget holds no block.
+        ValueError: the KV-cache budget holds no block; an unknown attention backend.
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -108,7 +57,7 @@ class TorchRunner:
         local = config.model.startswith((".", "/", "~"))
         if local and not os.path.isdir(os.path.expanduser(config.model)):
             raise OSError(f"model directory {config.model!r} does not exist")
-        self.backend: AttentionBackend = ReferenceBackend()
+        self.backend: AttentionBackend = backend_for(config.attention_backend, self.device)
         model, self.layer_rules = model_loader.load_model(
             config.model, self.dtype, self.device, self.backend
         )
@@ -124,26 +73,23 @@ class TorchRunner:
         self.kv_caches = model_loader.allocate_kv_cache(
             self.layer_rules, self.num_kv_blocks * self.block_size, self.dtype, self.device
         )
-        self.sampler = Sampler(self.device, config.seed)
-        self._started = StartLatch()
-        self.traced: TracedDecode | None = None
-        plain = all(rules.plain for rules in self.layer_rules.values())
-        if trace_enabled(self.device) and plain:  # the traces carry no layer rules
-            traced = TracedDecode(self.model, self.kv_caches, self.block_size, self.device)
-            self.traced = traced if traced.prepare() else None
-        self.step_parts, self.num_threads = step_split.cpu_layout(
-            self.device, can_split=self.traced is not None
-        )
+        # Twice the slots: a request whose last token is in flight still holds its
+        # state while the request admitted in its place arrives (overlapped scheduling).
+        slots = 2 * config.max_num_seqs
+        self.batch = InputBatch(slots, self.max_model_len, self.block_size, self.device)
+        self.sampler = BatchSampler(slots, self.vocab_size, self.device, config.seed)
+        self.num_threads = cpu_threads(self.device, sum(p.numel() for p in model.parameters()))
         self._saved_threads = torch.get_num_threads()
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="aioserve-runner", initializer=self._init_thread
         )
-        self._helpers: ThreadPoolExecutor | None = None
-        if self.step_parts > 1:
-            self._helpers = ThreadPoolExecutor(
-                max_workers=self.step_parts - 1, thread_name_prefix="aioserve-runner-part",
-                initializer=self._init_thread,
-            )
+        self._waiter: ThreadPoolExecutor | None = None
+        self._pinned: list[torch.Tensor] = []
+        if self.device.type == "cuda":
+            self._waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aioserve-wait")
+            self._pinned = [torch.empty(slots, dtype=torch.int64, pin_memory=True)
+                            for _ in range(2)]
+        self._steps = 0
 
     def _init_thread(self) -> None:
         if self.num_threads is not None:
@@ -167,130 +113,79 @@ class TorchRunner:
         return blocks
 
     def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
-        """Prepare the step's inputs here, then start it in the runner's threads; returns
-        its future (the engine does its bookkeeping while the step runs).
-
-        The inputs are built on the calling thread, while the runner's threads are idle,
-        rather than in them while the caller's fan-out holds the GIL; every part is
-        started from here. With the traced forward the caller then waits (at most 2 ms,
-        GIL released) until the last part has entered its forward, which runs without
-        the GIL: otherwise a part's first Python lines wait behind the fan-out (up to
-        the 5 ms switch interval).
-        """
+        """Start the step in the worker thread (after the steps submitted before it)
+        and return at once; the future resolves to the step's output."""
         loop = asyncio.get_running_loop()
-        try:
-            parts = self.plan(batch)
-        except Exception as exc:  # reported through the future, like a failed forward
-            failed: asyncio.Future[RunnerOutput] = loop.create_future()
-            failed.set_exception(exc)
-            return failed
-        traced_parts = sum(part.traced_args is not None for part in parts)
-        self._started.reset(traced_parts)
-        others = self._start_helpers(parts)
-        future = loop.run_in_executor(self._executor, self.execute, batch, parts, others)
-        if traced_parts:
-            self._started.wait(0.002)
-        return future
+        if self._waiter is None:
+            return loop.run_in_executor(self._executor, self.execute, batch)
+        launched = loop.run_in_executor(self._executor, self.launch, batch)
+        return asyncio.ensure_future(self._wait(launched))
+
+    async def _wait(self, launched: asyncio.Future[PendingOutput]) -> RunnerOutput:
+        pending = await launched
+        assert self._waiter is not None
+        return await asyncio.get_running_loop().run_in_executor(self._waiter, pending.result)
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
-        """Run :meth:`execute` in the runner's worker threads."""
+        """Run one step (see :meth:`submit`)."""
         return await self.submit(batch)
 
-    def plan(self, batch: ScheduledBatch) -> list[StepPart]:
-        """The step's parts with their prepared inputs: one part, or on the CPU with
-        the traced forward, a big enough step cut in parts of about equal work (see
-        :mod:`~aioserve.runners.step_split`)."""
-        if not batch.request_ids:
-            return []
-        groups = None
-        if self._helpers is not None:
-            counts = [len(t) for t in batch.token_ids]
-            groups = step_split.split_rows(counts, batch.start_positions, self.step_parts)
-        return [
-            StepPart.of(batch, rows, self.traced, self.device)
-            for rows in groups or [list(range(len(batch.request_ids)))]
-        ]
-
-    def _start_helpers(self, parts: list[StepPart]) -> list[Future[torch.Tensor]]:
-        """Start every part but the first in the helper threads."""
-        if len(parts) < 2:
-            return []
-        assert self._helpers is not None
-        return [self._helpers.submit(self._forward_part, part) for part in parts[1:]]
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        """One step, blocking: :meth:`launch`, then wait for its tokens."""
+        return self.launch(batch).result()
 
     @torch.inference_mode()
-    def execute(
-        self, batch: ScheduledBatch, parts: list[StepPart] | None = None,
-        others: list[Future[torch.Tensor]] | None = None,
-    ) -> RunnerOutput:
-        """One step: the forward of each part (side by side), then sampling (blocking).
+    def launch(self, batch: ScheduledBatch) -> PendingOutput:
+        """Apply the batch's changes, run the forward and sample, without waiting for
+        the device; the sampled tokens stay on the device as the next step's inputs.
 
-        Args:
-            batch: the step.
-            parts: its :meth:`plan` (made here when None).
-            others: the futures of ``parts[1:]`` already started in the helper
-                threads (started here when None).
+        Raises:
+            KeyError: a scheduled request the runner holds no state for.
+            RuntimeError: no free slot; a failed forward.
         """
-        if parts is None:
-            parts = self.plan(batch)
-        if others is None:
-            others = self._start_helpers(parts)
-        self.sampler.release(batch.released_ids)
-        if not parts:
-            return RunnerOutput(token_ids=[])
-        try:
-            first = self._forward_part(parts[0])
-        finally:  # even a failed step ends only when every part has (they share the cache)
-            wait_all(others)
-        logits = [first, *(future.result() for future in others)]
-        tokens = [-1] * len(batch.request_ids)
-        rows = [i for i, sample in enumerate(batch.sample) if sample]
-        if not rows:
-            return RunnerOutput(token_ids=tokens)
-        merged = step_split.merge_logits([p.rows for p in parts], logits, batch.sample)
-        sampled, logprobs = self.sampler.sample(
-            merged.float(),
-            [batch.request_ids[i] for i in rows],
-            [batch.sampling_params[i] for i in rows],
-            [batch.penalty_token_ids[i] for i in rows],
-        )
-        per_request = [None] * len(tokens) if logprobs is not None else None
-        for row, token, index in zip(range(len(rows)), sampled, rows):
-            tokens[index] = token
-            if per_request is not None and logprobs is not None:
-                per_request[index] = logprobs[row]
-        return RunnerOutput(token_ids=tokens, logprobs=per_request)
+        released, added = self.batch.apply(batch)
+        for slot in released:
+            self.sampler.remove(slot)
+        for slot, new in added:
+            self.sampler.add(slot, new.params, new.token_ids,
+                             len(new.token_ids) - new.num_prompt_tokens)
+        if not batch.request_ids:
+            return PendingOutput(0, None, None, None)
+        step = self.batch.inputs(batch)
+        logits = self._forward(step)
+        if not len(step.sample_rows):
+            return PendingOutput(len(batch.request_ids), None, None, None)
+        sampled = self.sampler.sample(logits.float(), step.sample_slots,
+                                      step.sample_slots.tolist())
+        self.batch.last_sampled[step.sample_slots] = sampled.token_ids
+        host = None
+        if self._pinned:
+            self._steps += 1
+            buffer = self._pinned[self._steps % 2][: len(step.sample_rows)]
+            buffer.copy_(sampled.token_ids, non_blocking=True)
+            host = (buffer, torch.cuda.Event())
+            host[1].record()
+        return PendingOutput(len(batch.request_ids), step.sample_rows, sampled, host)
 
-    @torch.inference_mode()
-    def _forward_part(self, part: StepPart) -> torch.Tensor:
-        """Logits ``[k, vocab]`` of one part's kept rows: its traced forward, or the
-        eager one (signalling :meth:`submit` before a traced forward starts)."""
-        if part.traced_args is None:
-            return self._forward(part)
-        self._started.arrive()
-        return self.traced(*part.traced_args)[0]  # type: ignore[misc]
-
-    def _forward(self, part: StepPart) -> torch.Tensor:
-        """The eager forward over a part; logits ``[K, vocab]`` of its kept rows."""
+    def _forward(self, step: StepInputs) -> torch.Tensor:
+        """Logits ``[S, vocab]`` of the sampled sequences' last tokens."""
         meta, positions = self.backend.build_metadata(
-            self.kv_caches, part.start_positions, [len(t) for t in part.token_ids],
-            part.block_tables, self.block_size, self.device, self.windows,
+            self.kv_caches, step.start_positions, step.num_new_tokens, step.block_table,
+            self.block_size, self.device, self.windows,
         )
-        flat = [token for tokens in part.token_ids for token in tokens]
-        input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device).unsqueeze(0)
         with layer_rules.metadata_context(meta):  # for models that drop kwargs (stablelm)
             return self.model(
-                input_ids=input_ids,
+                input_ids=step.input_ids.unsqueeze(0),
                 position_ids=positions.unsqueeze(0),
                 use_cache=False,
-                logits_to_keep=part.keep,
+                logits_to_keep=step.logits_index,
                 paged_metadata=meta,
             ).logits[0]
 
     def close(self) -> None:
         """Stop the worker threads and restore torch's thread count."""
         self._executor.shutdown(wait=True)
-        if self._helpers is not None:
-            self._helpers.shutdown(wait=True)
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=True)
         if self.num_threads is not None:
             torch.set_num_threads(self._saved_threads)

@@ -1,0 +1,176 @@
+"""The runner's persistent per-request state, and each step's inputs built from it.
+
+As vLLM V1's persistent ``InputBatch``: a request takes a *slot* (a row of the
+persistent arrays) when it arrives in a :class:`~aioserve.runners.base.NewRequest`
+and keeps it until it is released; each step then only applies the changes the
+engine sends (new requests, new blocks, released ids) and reads the rest from here.
+The block table lives on the host (numpy, read by the reference attention) and,
+off the CPU, as a device tensor updated in place with the new entries only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from aioserve.runners.base import NewRequest, ScheduledBatch
+
+
+@dataclass
+class RequestState:
+    """One request's state in the runner.
+
+    Attributes:
+        slot: its row in the persistent arrays.
+        token_ids: its tokens known at arrival (prompt, then output so far); later
+            positions are fed from the tokens the runner samples.
+        num_blocks: entries of its block-table row in use.
+    """
+
+    slot: int
+    token_ids: list[int]
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One step's model inputs (T tokens, B sequences, S of them sampled).
+
+    Attributes:
+        input_ids: ``[T]`` int64 on the device (previously sampled tokens filled in).
+        start_positions, num_new_tokens: ``[B]`` int64 numpy, per sequence.
+        block_table: ``[B, W]`` int64 numpy, each sequence's blocks (unused entries 0).
+        slots: ``[B]`` int64 numpy, each sequence's slot.
+        sample_rows: ``[S]`` int64 numpy, the sequences that sample, in batch order.
+        logits_index: ``[S]`` int64 on the device, packed index of each sampled
+            sequence's last token.
+        sample_slots: ``[S]`` int64 on the device, their slots.
+    """
+
+    input_ids: torch.Tensor
+    start_positions: np.ndarray
+    num_new_tokens: np.ndarray
+    block_table: np.ndarray
+    slots: np.ndarray
+    sample_rows: np.ndarray
+    logits_index: torch.Tensor
+    sample_slots: torch.Tensor
+
+
+class InputBatch:
+    """Slots, token ids, block tables and last sampled tokens of the running requests.
+
+    Args:
+        max_num_seqs: slots.
+        max_model_len: context length in tokens.
+        block_size: tokens per KV block.
+        device: where the model runs.
+
+    Attributes:
+        requests: request id -> :class:`RequestState`.
+        last_sampled: ``[max_num_seqs]`` int64 on the device, each slot's last sampled
+            token (the next step's input when the request decodes).
+        block_table: ``[max_num_seqs, max_blocks_per_seq]`` int32 on the device (off
+            the CPU; on the CPU a view of the host table), kept up to date in place.
+    """
+
+    def __init__(
+        self, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device
+    ) -> None:
+        self.device = device
+        self.block_size = block_size
+        max_blocks_per_seq = -(-max_model_len // block_size)
+        self.requests: dict[str, RequestState] = {}
+        self._free_slots = list(range(max_num_seqs - 1, -1, -1))
+        self.host_block_table = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int64)
+        self.last_sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
+        if device.type == "cpu":
+            self.block_table = torch.from_numpy(self.host_block_table)
+        else:
+            self.block_table = torch.zeros(
+                (max_num_seqs, max_blocks_per_seq), dtype=torch.int32, device=device
+            )
+
+    def apply(self, batch: ScheduledBatch) -> tuple[list[int], list[tuple[int, NewRequest]]]:
+        """Apply a step's changes: release, then add, then extend block tables.
+        Returns the slots released and the (slot, request) pairs added, for the sampler.
+
+        Raises:
+            RuntimeError: no free slot, or a block table longer than the context.
+        """
+        released = []
+        for request_id in batch.released_ids:
+            state = self.requests.pop(request_id, None)
+            if state is not None:
+                self._free_slots.append(state.slot)
+                released.append(state.slot)
+        added = [(self._add(new), new) for new in batch.new_requests]
+        changed: list[tuple[int, int, int]] = []
+        for request_id, blocks in batch.new_block_ids.items():
+            state = self.requests[request_id]
+            changed += self._extend(state, blocks)
+        for slot, new in added:
+            changed += [(slot, i, b) for i, b in enumerate(new.block_ids)]
+        if changed and self.device.type != "cpu":
+            rows, cols, values = (torch.tensor(c, dtype=torch.int64) for c in zip(*changed))
+            self.block_table[rows.to(self.device), cols.to(self.device)] = values.to(
+                self.device, torch.int32
+            )
+        return released, added
+
+    def _add(self, new: NewRequest) -> int:
+        if not self._free_slots:
+            raise RuntimeError(f"no free slot for {new.request_id!r}")
+        slot = self._free_slots.pop()
+        self.requests[new.request_id] = RequestState(slot, new.token_ids, 0)
+        self.host_block_table[slot] = 0
+        self._extend(self.requests[new.request_id], new.block_ids)
+        return slot
+
+    def _extend(self, state: RequestState, blocks: list[int]) -> list[tuple[int, int, int]]:
+        start, end = state.num_blocks, state.num_blocks + len(blocks)
+        if end > self.host_block_table.shape[1]:
+            raise RuntimeError(f"block table of {end} blocks exceeds the context length")
+        self.host_block_table[state.slot, start:end] = blocks
+        state.num_blocks = end
+        return [(state.slot, start + i, b) for i, b in enumerate(blocks)]
+
+    def inputs(self, batch: ScheduledBatch) -> StepInputs:
+        """The step's inputs: known tokens from the host, each decoding request's last
+        sampled token from :attr:`last_sampled` (it may still be on the device).
+
+        Raises:
+            KeyError: a scheduled request the runner holds no state for.
+        """
+        requests = self.requests
+        states = [requests[request_id] for request_id in batch.request_ids]
+        slots = np.fromiter((s.slot for s in states), dtype=np.int64, count=len(states))
+        starts = np.asarray(batch.start_positions, dtype=np.int64)
+        counts = np.asarray(batch.num_scheduled_tokens, dtype=np.int64)
+        flat: list[int] = []
+        pending_at: list[int] = []  # packed indices fed from last_sampled
+        pending_slots: list[int] = []
+        for state, start, count in zip(states, batch.start_positions,
+                                       batch.num_scheduled_tokens):
+            known = state.token_ids
+            if start < len(known):
+                flat += known[start : start + count]
+            else:  # the one token sampled by the request's previous step
+                pending_at.append(len(flat))
+                pending_slots.append(state.slot)
+                flat.append(0)
+        ids = torch.tensor(flat, dtype=torch.int64).to(self.device, non_blocking=True)
+        if pending_at:
+            at = torch.tensor(pending_at, dtype=torch.int64).to(self.device, non_blocking=True)
+            rows = torch.tensor(pending_slots, dtype=torch.int64).to(self.device, non_blocking=True)
+            ids[at] = self.last_sampled[rows]
+        sample_rows = np.flatnonzero(np.asarray(batch.sample, dtype=bool))
+        ends = np.cumsum(counts) - 1
+        width = max(1, -(-int((starts + counts).max()) // self.block_size))
+        return StepInputs(
+            ids, starts, counts, self.host_block_table[slots, :width], slots, sample_rows,
+            torch.from_numpy(ends[sample_rows]).to(self.device),
+            torch.from_numpy(slots[sample_rows]).to(self.device),
+        )
