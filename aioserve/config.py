@@ -36,6 +36,10 @@ class EngineConfig:
             shared by reference count, evicted least recently used first).
         attention_backend: the attention implementation behind the runner's seam
             (``"reference"``: exact on any device).
+        forward: the model's forward: ``"transformers"`` (the model's own, any
+            decoder) or ``"lean-llama"`` (opt-in, Llama checkpoints: the same
+            arithmetic in fewer Python calls, checked bit for bit against
+            transformers' at load; pays on small models on the CPU).
 
     Raises:
         ValueError: a field is out of range; the message names the field.
@@ -56,6 +60,7 @@ class EngineConfig:
     seed: int = 0
     enable_prefix_caching: bool = True
     attention_backend: str = "reference"
+    forward: str = "transformers"
 
     def __post_init__(self) -> None:
         positive = {
@@ -80,6 +85,10 @@ class EngineConfig:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"EngineConfig.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}"
+            )
+        if self.forward not in ("transformers", "lean-llama"):
+            raise ValueError(
+                f"EngineConfig.forward must be transformers or lean-llama, got {self.forward!r}"
             )
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             raise ValueError(

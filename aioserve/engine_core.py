@@ -14,10 +14,11 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from aioserve.batch_builder import BatchBuilder, InFlight
 from aioserve.kv_cache import BlockManager
 from aioserve.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
 from aioserve.request import FinishReason, Request, RequestStatus
-from aioserve.runners.base import NewRequest, RunnerOutput, ScheduledBatch
+from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.scheduling import Scheduler, SchedulerState
 
 logger = logging.getLogger(__name__)
@@ -25,9 +26,6 @@ logger = logging.getLogger(__name__)
 #: (request, sampled token id, index of the request in the batch)
 StepResult = tuple[Request, int, int]
 
-#: A scheduled request as the core remembers it until its step ends:
-#: (request, its epoch then, tokens fed, whether a token is sampled)
-InFlight = tuple[Request, int, int, bool]
 
 
 class EngineCore:
@@ -184,20 +182,28 @@ class EngineCore:
             request = self.requests.get(request_id)
             if request is not None and request.status is RequestStatus.RUNNING:
                 self.preempt(request)
-        scheduled: list[tuple[Request, int]] = []
-        budget = self._schedule_running(scheduled)
+        batch = BatchBuilder(self.max_model_len)
+        budget = self._schedule_running(batch)
         admit = list(decision.admit)
-        if not scheduled and not self.running and self.waiting and not admit:
+        if not batch.request_ids and not self.running and self.waiting and not admit:
             admit = [self.waiting[0].request_id]  # never idle with work queued
-        self._schedule_admissions(admit, scheduled, budget)
-        return self._build_batch(scheduled) if scheduled else None
+        self._schedule_admissions(admit, batch, budget)
+        if not batch.request_ids:
+            return None
+        self._finishing.update(batch.finishing)
+        self._in_flight.append(batch.record)
+        released, self._released = self._released, []
+        new_blocks, self._new_blocks = self._new_blocks, {}
+        return batch.build(new_blocks, released)
 
-    def _schedule_running(self, scheduled: list[tuple[Request, int]]) -> int:
+    def _schedule_running(self, batch: BatchBuilder) -> int:
+        """Schedule the running requests' next tokens (decode, or the rest of a
+        chunked prefill) within the token budget; returns the budget left."""
         budget = self.max_num_batched_tokens
         block_size = self.blocks.block_size
         running = RequestStatus.RUNNING
         max_model_len = self.max_model_len
-        for request in list(self.running):
+        for request in list(self.running):  # _reserve may preempt
             if request.status is not running or budget <= 0:
                 continue
             computed = request.num_computed_tokens
@@ -212,20 +218,21 @@ class EngineCore:
             # Hot path: the request's blocks already hold the new tokens (most decode
             # steps), so there is nothing to reserve.
             if computed + count <= len(request.block_ids) * block_size or self._reserve(
-                request, count, scheduled
+                request, count, batch.request_ids
             ):
-                scheduled.append((request, count))
+                batch.add(request, count)
                 budget -= count
         return budget
 
-    def _reserve(self, request: Request, count: int, scheduled: list[tuple[Request, int]]) -> bool:
+    def _reserve(self, request: Request, count: int, scheduled: list[str]) -> bool:
         """Give ``request`` the blocks for ``count`` more tokens, preempting the newest
         unscheduled running requests if needed (the request itself when it is the
-        newest). A request alone that cannot grow ends with ``length``."""
+        newest). A request alone that cannot grow ends with ``length`` (after the
+        token its step in flight samples, if any)."""
         need = self.blocks.blocks_for_tokens(request.num_computed_tokens + count)
         need -= len(request.block_ids)
         while need > self.blocks.num_free_blocks:
-            busy = {r.request_id for r, _ in scheduled}
+            busy = set(scheduled)
             victim = next((r for r in reversed(self.running) if r.request_id not in busy), None)
             if victim is None or (victim is request and len(self.running) == 1):
                 if request.num_output_placeholders:
@@ -243,9 +250,7 @@ class EngineCore:
         self._new_blocks.setdefault(request.request_id, []).extend(new)
         return True
 
-    def _schedule_admissions(
-        self, admit: list[str], scheduled: list[tuple[Request, int]], budget: int
-    ) -> None:
+    def _schedule_admissions(self, admit: list[str], batch: BatchBuilder, budget: int) -> None:
         now = self.clock()
         for request_id in admit:
             request = self.requests.get(request_id)
@@ -267,48 +272,9 @@ class EngineCore:
                 request.metrics.first_scheduled_time = now
                 # the index of the step it runs in (steps ended + the one in flight)
                 request.metrics.first_scheduled_step = self.step_count + len(self._in_flight)
-            scheduled.append((request, count))
+            self._slots.add(request_id)
+            batch.add_new(request, count)
             budget -= count
-
-    def _build_batch(self, scheduled: list[tuple[Request, int]]) -> ScheduledBatch:
-        """The batch of changes, and the in-flight record :meth:`update` reads back;
-        advances each request's counters by what is now in flight."""
-        released, self._released = self._released, []
-        new_blocks, self._new_blocks = self._new_blocks, {}
-        ids, counts, starts, sample, produced = [], [], [], [], []
-        new_requests: list[NewRequest] = []
-        record: list[InFlight] = []
-        for request, count in scheduled:
-            start = request.num_computed_tokens
-            output = request.output_token_ids
-            placeholders = request.num_output_placeholders
-            if request.request_id not in self._slots:
-                new_blocks.pop(request.request_id, None)
-                new_requests.append(NewRequest(
-                    request.request_id, request.prompt_token_ids + output,
-                    len(request.prompt_token_ids), request.params, list(request.block_ids),
-                    start,
-                ))
-                self._slots.add(request.request_id)
-            known = len(request.prompt_token_ids) + len(output) + placeholders
-            samples = start + count == known
-            ids.append(request.request_id)
-            counts.append(count)
-            starts.append(start)
-            sample.append(samples)
-            produced.append(len(output) + placeholders)
-            request.num_computed_tokens = start + count
-            request.num_in_flight_tokens += count
-            if samples:
-                request.num_output_placeholders = placeholders + 1
-                if len(output) + placeholders + 1 >= request.params.max_tokens \
-                        or known + 1 >= self.max_model_len:
-                    self._finishing.add(request.request_id)
-            record.append((request, request.epoch, count, samples))
-        self._in_flight.append(record)
-        return ScheduledBatch(
-            ids, counts, starts, sample, produced, new_requests, new_blocks, released
-        )
 
     def update(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:
         """Take the oldest scheduled batch's sampled tokens: confirm its computed
@@ -322,46 +288,39 @@ class EngineCore:
         running = RequestStatus.RUNNING
         sampled = output.token_ids
         caching = self.blocks.block_size if self.blocks.enable_caching else 0
+        eos, max_model_len = self.eos_token_ids, self.max_model_len
         for index, (request, epoch, count, samples) in enumerate(record):
             if request.status is not running or request.epoch != epoch:
                 continue  # finished, aborted or preempted while the step ran
             request.num_in_flight_tokens -= count
-            if caching and request.num_confirmed_tokens >= caching * (
-                request.num_registered_blocks + 1
+            if caching and request.num_computed_tokens - request.num_in_flight_tokens >= (
+                caching * (request.num_registered_blocks + 1)
             ):  # a block just filled up
                 register_computed(self.blocks, request)
             if not samples:
                 continue
             request.num_output_placeholders -= 1
             token = sampled[index]
-            request.output_token_ids.append(token)
+            out = request.output_token_ids
+            out.append(token)
             metrics = request.metrics
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
             metrics.last_token_time = now
             results.append((request, token, index))
-            reason = self._stop_reason(request, token)
-            if reason is not None:
-                self.finish(request, reason)
+            params = request.params
+            if token in params.stop_token_ids or (token in eos and not params.ignore_eos):
+                self.finish(request, FinishReason.STOP)
+            elif len(out) >= params.max_tokens or (
+                len(request.prompt_token_ids) + len(out) >= max_model_len
+            ):
+                self.finish(request, FinishReason.LENGTH)
         return results
 
     def abandon(self, batch: ScheduledBatch) -> None:
         """Forget the oldest scheduled batch, whose step failed (its requests are
         being ended by the caller)."""
         self._in_flight.popleft()
-
-    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
-        params = request.params
-        if token in params.stop_token_ids or (
-            not params.ignore_eos and token in self.eos_token_ids
-        ):
-            return FinishReason.STOP
-        if (
-            request.num_output_tokens >= params.max_tokens
-            or request.num_tokens >= self.max_model_len
-        ):
-            return FinishReason.LENGTH
-        return None
 
     def fail(self, request_ids: list[str]) -> list[Request]:
         """End the given requests with ``error`` (after a failed step); returns them."""

@@ -26,7 +26,7 @@ class FCFSScheduler(Scheduler):
         free = state.num_free_blocks
         running: list[RequestView] = list(state.running)
         preempt: list[str] = []
-        need = sum(state.blocks_needed(r, state.tokens_to_compute(r)) for r in running)
+        running_tokens, need = state.running_demand()
         while need > free and len(running) > 1:
             victim = running.pop()
             preempt.append(victim.request_id)
@@ -37,7 +37,7 @@ class FCFSScheduler(Scheduler):
             return SchedulerOutput(preempt=preempt)
         reserve = int(self.watermark * state.num_total_blocks)
         slots = state.max_num_seqs - len(running)
-        budget = state.max_num_batched_tokens - sum(state.tokens_to_compute(r) for r in running)
+        budget = state.max_num_batched_tokens - running_tokens
         admit: list[str] = []
         for request in state.waiting:
             if slots <= 0 or budget <= 0:

@@ -52,6 +52,11 @@ class NullRunner:
         token = self._token
         return RunnerOutput(token_ids=[token if s else -1 for s in batch.sample])
 
+    def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
+        """Start :meth:`step` as a task, so the engine overlaps steps as with a real
+        runner (it schedules the next step before this one's tokens are back)."""
+        return asyncio.ensure_future(self.step(batch))
+
     def close(self) -> None:
         """Nothing to release."""
 

@@ -15,7 +15,7 @@ from aioserve.bench.workloads import (
     prefix_repetition_requests,
     random_requests,
 )
-from aioserve.commands.common import add_prefix_caching_option
+from aioserve.commands.common import add_prefix_caching_option, add_runner_options
 from aioserve.config import EngineConfig
 
 
@@ -50,6 +50,7 @@ def _add_throughput(sub: Any) -> None:
                    help="auto: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     add_prefix_caching_option(p)
+    add_runner_options(p)
     _workload_options(p, 64)
     p.add_argument("--compare", choices=["hf-static", "no-prefix-caching"], default=None,
                    help="also run transformers generate() static batching, or aioserve "
@@ -130,6 +131,7 @@ def _throughput(args: argparse.Namespace) -> int:
         model=args.model, tokenizer=args.tokenizer, scheduler=args.scheduler,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype, device=args.device, enable_prefix_caching=args.enable_prefix_caching,
+        forward=args.forward, attention_backend=args.attention_backend,
     )
     report = run_offline(
         config, num_prompts=args.num_prompts, input_len=args.input_len,

@@ -36,6 +36,21 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="auto (CUDA when present), cpu or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without one")
     add_prefix_caching_option(parser)
+    add_runner_options(parser)
+
+
+def add_runner_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--forward`` and ``--attention-backend`` (how the runner runs the model)."""
+    parser.add_argument(
+        "--forward", default="transformers", choices=["transformers", "lean-llama"],
+        help="the model's forward: its own (any decoder), or the opt-in lean forward of "
+             "Llama checkpoints (fewer Python calls; pays on small models on the CPU; "
+             "checked bit for bit against transformers' at load)",
+    )
+    parser.add_argument(
+        "--attention-backend", default="reference", choices=["reference"],
+        help="attention implementation behind the runner's seam",
+    )
 
 
 def add_prefix_caching_option(parser: argparse.ArgumentParser) -> None:
@@ -71,4 +86,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         seed=args.seed,
         enable_prefix_caching=args.enable_prefix_caching,
+        forward=args.forward,
+        attention_backend=args.attention_backend,
     )

@@ -1,21 +1,21 @@
-"""A lean forward for Llama-architecture checkpoints: transformers' arithmetic, fewer ops.
+"""The opt-in lean forward for Llama-architecture checkpoints (``--forward lean-llama``):
+transformers' arithmetic in fewer Python calls, for small models on the CPU.
 
 transformers' ``LlamaForCausalLM`` is written for every use (training, caches,
-tensor parallelism); traced for one serving step it records about 560 aten ops
-for a 5-layer model, a third of them shape arithmetic on 0-d tensors. On the CPU a
-small model's step costs what its ops cost to launch, so this module runs the same
-computation in fewer ops: the rotary embedding applied to queries and keys together,
-views without shape arithmetic, and the decode attention of
-:mod:`~aioserve.runners.decode_attention` over whole-block gathers. (The q/k/v
-projections stay three matrix products: fused into one, MKL's single-row kernel
-sums in another order and the logits are no longer bitwise transformers'.)
+tensor parallelism): module calls, decorators and config look-ups around a few
+hundred aten ops per step. On the CPU a small model's step costs what its ops cost
+to launch from Python, so this forward runs the same computation with fewer ops and
+no module calls: the rotary embedding applied to queries and keys together, views
+without shape arithmetic, and aioserve's paged attention called directly. (The
+q/k/v projections stay three matrix products: fused into one, MKL's single-row
+kernel sums in another order and the logits are no longer bitwise transformers'.)
 
 Every element is computed by the same operations in the same order as in
 transformers (RMSNorm in float32, ``q * cos + rotate_half(q) * sin``, residual
-adds, SiLU-gated MLP), so :class:`~aioserve.runners.traced.TracedDecode` accepts
-it only where its logits equal the eager model's bit for bit, and keeps
-transformers' own forward otherwise. Supported: ``model_type == "llama"`` without
-projection biases, SiLU activation and a static rotary embedding.
+adds, SiLU-gated MLP), and the runner checks at load that its logits equal the
+model's own bit for bit on a probe step (else it keeps transformers' forward).
+Supported: ``model_type == "llama"`` without projection biases, SiLU activation, a
+static rotary embedding and plain attention layers.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from aioserve.runners import decode_attention
 from aioserve.runners.attention import attend_groups
-from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata
+from aioserve.runners.paged_metadata import PagedAttentionMetadata
 
 _STATIC_ROPE = {"default", "linear", "llama3"}
 
@@ -54,23 +53,12 @@ class LeanLlama(torch.nn.Module):
 
     Args:
         model: a transformers ``LlamaForCausalLM`` (see :func:`supports`).
-        kv_caches: the runner's per-layer (K, V) caches.
-        block_size: tokens per KV block.
-        make_groups: turns the forward's group tensors into attention groups (the
-            argument layout of :class:`~aioserve.runners.traced.TracedDecode`).
     """
 
-    def __init__(
-        self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        block_size: int,
-        make_groups: Callable[[tuple[torch.Tensor, ...]], tuple[AttentionGroup, ...]],
-    ) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         config = model.config
         inner = model.model
-        self.kv_caches = kv_caches
-        self.block_size = block_size
-        self.make_groups = make_groups
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -82,9 +70,6 @@ class LeanLlama(torch.nn.Module):
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.layers = [self._layer(layer) for layer in inner.layers]
         self.scaling = float(inner.layers[0].self_attn.scaling)
-        # made now, so that a trace holds it as a constant instead of rebuilding it
-        decode_attention.head_selector(self.heads, self.kv_heads, self.embed.dtype,
-                                       self.embed.device)
 
     @staticmethod
     def _layer(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
@@ -117,14 +102,19 @@ class LeanLlama(torch.nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
-        slot_mapping: torch.Tensor, *group_tensors: torch.Tensor,
+        meta: PagedAttentionMetadata,
     ) -> torch.Tensor:
-        """Logits ``[1, K, vocab]`` of the kept tokens (arguments: see TracedDecode)."""
-        groups = self.make_groups(group_tensors)
-        meta = PagedAttentionMetadata(self.kv_caches, slot_mapping, groups, self.block_size)
-        x = F.embedding(input_ids[0], self.embed)  # [T, hidden]
-        cos, sin = self._rope(position_ids[0], x.dtype)
+        """Logits ``[S, vocab]`` of the kept tokens.
+
+        Args:
+            input_ids, position_ids: ``[T]`` int64, the step's packed tokens.
+            keep: ``[S]`` int64, the packed indices whose logits are wanted.
+            meta: the step's paged-attention metadata (its KV caches are written).
+        """
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        cos, sin = self._rope(position_ids, x.dtype)
         half = self.head_dim // 2
+        slot_mapping = meta.slot_mapping
         for index, (norm1, q_w, k_w, v_w, o_w, norm2, gate_w, up_w, down_w) in enumerate(
             self.layers
         ):
@@ -135,7 +125,7 @@ class LeanLlama(torch.nn.Module):
             qk = (qk * cos) + (rotated * sin)
             q, k = qk[:, : self.heads], qk[:, self.heads :]
             v = F.linear(h, v_w).unflatten(1, (-1, self.head_dim))
-            k_cache, v_cache = self.kv_caches[index]
+            k_cache, v_cache = meta.kv_caches[index]
             k_cache.index_copy_(0, slot_mapping, k)
             v_cache.index_copy_(0, slot_mapping, v)
             attn = attend_groups(q, k_cache, v_cache, meta, self.scaling)
@@ -143,4 +133,29 @@ class LeanLlama(torch.nn.Module):
             h = self._rms_norm(x, norm2)
             x = x + F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
         kept = self._rms_norm(x, self.final_norm).index_select(0, keep)
-        return F.linear(kept, self.lm_head).unsqueeze(0)
+        return F.linear(kept, self.lm_head)
+
+
+def lean_forward(
+    model: torch.nn.Module, all_plain: bool,
+    probe: Callable[[LeanLlama | None], list[torch.Tensor]],
+) -> LeanLlama:
+    """The lean forward of ``model``, checked: ``probe(forward)`` runs the same probe
+    steps through transformers' forward (None) or the lean one and returns the logits;
+    the lean forward is returned only if they are equal bit for bit.
+
+    Raises:
+        ValueError: the model is not a supported Llama (``forward``), or the lean
+            forward's logits differ from transformers' on the probe.
+    """
+    if not (supports(model) and all_plain):
+        raise ValueError(
+            "forward: lean-llama needs a Llama model (no projection biases, SiLU, a static "
+            "rotary embedding, plain attention layers); use --forward transformers"
+        )
+    lean = LeanLlama(model)
+    want, got = probe(None), probe(lean)
+    if not all(torch.equal(a, b) for a, b in zip(want, got)):
+        raise ValueError("forward: lean-llama's logits differ from transformers' on this "
+                         "model; use --forward transformers")
+    return lean

@@ -6,6 +6,7 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from aioserve.config import EngineConfig
@@ -14,6 +15,7 @@ from aioserve.runners.attention_backend import AttentionBackend, backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.batch_sampler import BatchSampler
 from aioserve.runners.input_batch import InputBatch, StepInputs
+from aioserve.runners.lean_llama import LeanLlama, lean_forward
 from aioserve.runners.pending_output import PendingOutput
 from aioserve.runners.runner_setup import (
     context_length,
@@ -78,6 +80,10 @@ class TorchRunner:
         slots = 2 * config.max_num_seqs
         self.batch = InputBatch(slots, self.max_model_len, self.block_size, self.device)
         self.sampler = BatchSampler(slots, self.vocab_size, self.device, config.seed)
+        self.lean: LeanLlama | None = None
+        if config.forward == "lean-llama":
+            plain = all(rules.plain for rules in self.layer_rules.values())
+            self.lean = lean_forward(model, plain, self._probe)
         self.num_threads = cpu_threads(self.device, sum(p.numel() for p in model.parameters()))
         self._saved_threads = torch.get_num_threads()
         self._executor = ThreadPoolExecutor(
@@ -155,8 +161,8 @@ class TorchRunner:
         logits = self._forward(step)
         if not len(step.sample_rows):
             return PendingOutput(len(batch.request_ids), None, None, None)
-        sampled = self.sampler.sample(logits.float(), step.sample_slots,
-                                      step.sample_slots.tolist())
+        slot_list = step.slots[step.sample_rows].tolist()  # host data: no device sync
+        sampled = self.sampler.sample(logits.float(), step.sample_slots, slot_list)
         self.batch.last_sampled[step.sample_slots] = sampled.token_ids
         host = None
         if self._pinned:
@@ -169,18 +175,47 @@ class TorchRunner:
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         """Logits ``[S, vocab]`` of the sampled sequences' last tokens."""
+        return self._run_model(step.input_ids, step.start_positions, step.num_new_tokens,
+                               step.block_table, step.logits_index, self.lean)
+
+    def _run_model(
+        self, input_ids: torch.Tensor, starts: np.ndarray, counts: np.ndarray,
+        block_table: np.ndarray, keep: torch.Tensor, lean: LeanLlama | None,
+    ) -> torch.Tensor:
         meta, positions = self.backend.build_metadata(
-            self.kv_caches, step.start_positions, step.num_new_tokens, step.block_table,
-            self.block_size, self.device, self.windows,
+            self.kv_caches, starts, counts, block_table, self.block_size, self.device,
+            self.windows,
         )
+        if lean is not None:
+            return lean.forward(input_ids, positions, keep, meta)
         with layer_rules.metadata_context(meta):  # for models that drop kwargs (stablelm)
             return self.model(
-                input_ids=step.input_ids.unsqueeze(0),
+                input_ids=input_ids.unsqueeze(0),
                 position_ids=positions.unsqueeze(0),
                 use_cache=False,
-                logits_to_keep=step.logits_index,
+                logits_to_keep=keep,
                 paged_metadata=meta,
             ).logits[0]
+
+    @torch.inference_mode()
+    def _probe(self, lean: LeanLlama | None) -> list[torch.Tensor]:
+        """Logits of two probe steps (two prompts, then one decode step each) on KV
+        blocks 0-3, before any request holds them: transformers' forward (None) or
+        the lean one.
+
+        Raises:
+            ValueError: fewer than 4 KV blocks.
+        """
+        if self.num_kv_blocks < 4:
+            raise ValueError("forward: lean-llama's load check needs at least 4 KV blocks")
+        table = np.array([[0, 1], [2, 3]], dtype=np.int64)
+        first = np.array([min(7, 2 * self.block_size - 1), min(4, 2 * self.block_size - 1)])
+        logits = []
+        for starts, counts in ((np.zeros(2, np.int64), first), (first, np.ones(2, np.int64))):
+            ids = torch.arange(int(counts.sum()), device=self.device) * 7 % self.vocab_size
+            keep = torch.from_numpy(np.cumsum(counts) - 1).to(self.device)
+            logits.append(self._run_model(ids, starts, counts, table, keep, lean))
+        return logits
 
     def close(self) -> None:
         """Stop the worker threads and restore torch's thread count."""
