@@ -48,8 +48,10 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
              "checked bit for bit against transformers' at load)",
     )
     parser.add_argument(
-        "--attention-backend", default="reference", choices=["reference"],
-        help="attention implementation behind the runner's seam",
+        "--attention-backend", default="reference", choices=["reference", "flex"],
+        help="attention implementation behind the runner's seam: reference (exact, any "
+             "device) or flex (FlexAttention over the paged cache; compiled, with CUDA "
+             "graphs for decode steps, on CUDA)",
     )
 
 

@@ -88,12 +88,31 @@ class ReferenceBackend:
         return attention.attend_groups(q, k_cache, v_cache, meta, rules.scaling, layer, sinks)
 
 
+#: The names :func:`backend_for` knows.
+BACKEND_NAMES = ("reference", "flex")
+
+
 def backend_for(name: str, device: torch.device) -> AttentionBackend:
-    """The attention backend called ``name`` (``"reference"``).
+    """The attention backend called ``name`` for ``device``: ``"reference"`` (exact,
+    any device) or ``"flex"`` (FlexAttention; compiled on CUDA, unfused on the CPU).
 
     Raises:
-        ValueError: an unknown name (the message names the option).
+        ValueError: an unknown name, or ``"flex"`` where it cannot run.
     """
     if name == "reference":
         return ReferenceBackend()
-    raise ValueError(f"attention_backend: unknown backend {name!r} (choose: reference)")
+    if name != "flex":
+        raise ValueError(f"attention backend: {name!r} is not one of {', '.join(BACKEND_NAMES)}")
+    from aioserve.runners.flex_backend import FlexBackend
+
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"attention backend 'flex' runs on cuda or cpu, not {device.type}")
+    if not torch._dynamo.is_dynamo_supported():
+        raise ValueError("attention backend 'flex' needs torch.compile (dynamo), "
+                         "which this Python/torch does not support")
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise ValueError("attention backend 'flex' on cuda needs Triton (not installed)")
+    return FlexBackend(device)

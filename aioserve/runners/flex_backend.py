@@ -1,0 +1,182 @@
+"""FlexBackend: attention through torch's FlexAttention over the paged KV cache.
+
+The fast path on CUDA, where ``flex_attention`` runs compiled (``torch.compile``,
+fused Triton kernels that read the cache in place, block-sparse by each sequence's
+block table; see :mod:`~aioserve.runners.flex_masks`). Sliding windows are mask
+functions and logit soft-capping a score function (``tanh(s / cap) * cap`` after
+scaling, as gemma2's eager attention), per the FlexAttention paper
+(arXiv:2412.05496) and the PyTorch blog "FlexAttention: The Flexibility of PyTorch
+with the Performance of FlashAttention". Layers it cannot serve exactly (attention
+sinks, K and V of different widths, query heads that do not share KV heads evenly,
+on CUDA heads narrower than 16) are refused by :meth:`FlexBackend.unsupported`.
+
+On the CPU ``flex_attention`` runs unfused (eager): exact, but it materialises
+``[b, q_heads, Q, S]`` float32 scores over the whole cache of S slots, so it is
+for tests only. A step attends in up to two calls (decoding and prefilling
+sequences, queries of the latter padded to the longest), with metadata from
+:mod:`~aioserve.runners.flex_metadata`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+from transformers import AttentionInterface
+
+from aioserve.runners import attention, flex_metadata, layer_rules
+from aioserve.runners.flex_metadata import FlexGroup, FlexMetadata
+from aioserve.runners.layer_rules import LayerRules
+from aioserve.runners.paged_metadata import PagedAttentionMetadata
+
+ATTENTION_NAME = "aioserve_flex"
+
+ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                    torch.Tensor]
+
+
+@functools.cache
+def softcap_mod(cap: float) -> ScoreMod:
+    """The score function of logit soft-capping (one function object per cap)."""
+
+    def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
+                  kv: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(score / cap) * cap
+
+    return score_mod
+
+
+@functools.cache
+def flex_function(device_type: str) -> Callable[..., Any]:
+    """``flex_attention`` compiled on CUDA (``fullgraph``), as is elsewhere."""
+    if device_type == "cuda":
+        return torch.compile(flex_attention, fullgraph=True)
+    return flex_attention
+
+
+def _attend_group(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: FlexGroup,
+    rules: LayerRules, block_size: int,
+) -> torch.Tensor:
+    """One group: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``."""
+    heads, dim = int(q.shape[1]), int(q.shape[2])
+    if group.query_index is None:
+        batch = q.unsqueeze(2)  # [b, heads, 1, k_dim]
+    else:
+        batch = q.index_select(0, group.query_index).view(group.size, group.q_len, heads, dim)
+        batch = batch.transpose(1, 2)
+    options = {"BLOCK_N": min(block_size, 64)} if q.device.type == "cuda" else None
+    out = flex_function(q.device.type)(
+        batch, keys, values,
+        score_mod=None if rules.softcap is None else softcap_mod(rules.softcap),
+        block_mask=group.masks[rules.window],
+        scale=rules.scaling if rules.scaling is not None else rules.k_dim**-0.5,
+        enable_gqa=heads != int(keys.shape[1]), kernel_options=options,
+    ).transpose(1, 2)  # [b, q_len, heads, v_dim]
+    if group.query_valid is None:
+        return out.squeeze(1)
+    return out.reshape(-1, heads, out.shape[-1]).index_select(0, group.query_valid)
+
+
+def attend(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: FlexMetadata,
+    rules: LayerRules,
+) -> torch.Tensor:
+    """One layer over the paged cache (the step's K/V already written): ``q``
+    ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]`` in ``q``'s dtype."""
+    keys = k_cache.permute(1, 0, 2).unsqueeze(0)  # [1, kv_heads, S, k_dim], a view
+    values = v_cache.permute(1, 0, 2).unsqueeze(0)
+    size = meta.block_size
+    groups = meta.flex_groups
+    if len(groups) == 1 and groups[0].token_index is None:
+        return _attend_group(q, keys, values, groups[0], rules, size)
+    out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))
+    for group in groups:
+        assert group.token_index is not None
+        part = q.index_select(0, group.token_index)
+        out.index_copy_(0, group.token_index, _attend_group(part, keys, values, group, rules, size))
+    return out
+
+
+def flex_paged_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+    paged_metadata: PagedAttentionMetadata | None = None, **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The attention function registered as :data:`ATTENTION_NAME` (shapes as
+    :func:`~aioserve.runners.attention.paged_attention`); without
+    :class:`FlexMetadata` (rule discovery) the reference function answers."""
+    meta = paged_metadata if paged_metadata is not None else layer_rules.CURRENT_METADATA.get()
+    if not isinstance(meta, FlexMetadata):
+        return attention.paged_attention(module, query, key, value, attention_mask, scaling,
+                                         dropout, paged_metadata, **kwargs)
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("flex backend: attention sinks are not supported")
+    rules = LayerRules.of_call(query, key, value, scaling, kwargs)
+    k_cache, v_cache = meta.kv_caches[module.layer_idx]
+    k_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
+    out = attend(query[0].transpose(0, 1), k_cache, v_cache, meta, rules)
+    return out.unsqueeze(0), None
+
+
+class FlexBackend:
+    """The FlexAttention backend (see the module docstring) for ``device``."""
+
+    attention_name = ATTENTION_NAME
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def register(self) -> str:
+        AttentionInterface.register(ATTENTION_NAME, flex_paged_attention)
+        return ATTENTION_NAME
+
+    def unsupported(self, rules: LayerRules) -> str | None:
+        if rules.q_heads % rules.kv_heads:
+            return f"{rules.q_heads} query heads do not share {rules.kv_heads} KV heads evenly"
+        if rules.sinks:
+            return "attention sinks: flex's score function cannot add a sink to the softmax"
+        if rules.k_dim != rules.v_dim:
+            return f"K width {rules.k_dim} differs from V width {rules.v_dim} (flex backend)"
+        if self.device.type == "cuda" and rules.k_dim < 16:
+            return f"head width {rules.k_dim} < 16, below the Triton flex kernels' tiles"
+        return None
+
+    def build_metadata(
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        start_positions: list[int] | np.ndarray, num_new_tokens: list[int] | np.ndarray,
+        block_tables: list[list[int]] | np.ndarray, block_size: int,
+        device: torch.device, windows: tuple[int, ...],
+    ) -> tuple[FlexMetadata, torch.Tensor]:
+        """See :func:`aioserve.runners.flex_metadata.build_metadata`."""
+        return flex_metadata.build_metadata(
+            kv_caches, start_positions, num_new_tokens, block_tables, block_size, device, windows
+        )
+
+    def decode_metadata(
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], slot_mapping: torch.Tensor,
+        block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+        windows: tuple[int, ...],
+    ) -> FlexMetadata:
+        """Graph-safe decode metadata (static buffers, no host sync): see
+        :func:`aioserve.runners.flex_metadata.decode_metadata`."""
+        return flex_metadata.decode_metadata(
+            kv_caches, slot_mapping, block_table, seq_lens, block_size, windows
+        )
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: PagedAttentionMetadata, rules: LayerRules, sinks: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """See :func:`attend`. Raises TypeError without :class:`FlexMetadata` and
+        ValueError with sinks."""
+        if not isinstance(meta, FlexMetadata):
+            raise TypeError("FlexBackend.attend needs FlexMetadata (FlexBackend.build_metadata)")
+        if sinks is not None:
+            raise ValueError("flex backend: attention sinks are not supported")
+        return attend(q, k_cache, v_cache, meta, rules)
