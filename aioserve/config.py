@@ -36,6 +36,8 @@ class EngineConfig:
             shared by reference count, evicted least recently used first).
         attention_backend: the attention implementation behind the runner's seam
             (``"reference"``: exact on any device).
+        enforce_eager: never capture CUDA graphs (they are captured on CUDA for decode
+            steps when the attention backend supports them, e.g. ``"flex"``).
         forward: the model's forward: ``"transformers"`` (the model's own, any
             decoder) or ``"lean-llama"`` (opt-in, Llama checkpoints: the same
             arithmetic in fewer Python calls, checked bit for bit against
@@ -61,6 +63,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str = "reference"
     forward: str = "transformers"
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         positive = {

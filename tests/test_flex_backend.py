@@ -226,3 +226,22 @@ def test_cuda_graph_replay_equals_eager(tmp_path):
         reference = model_step(reference_model, ReferenceBackend(), caches, [[i] for i in ids],
                                positions, tables, bs, device="cuda")
         assert_close(replayed, reference, rtol=1e-4, atol=2e-4)
+
+
+async def test_engine_on_flex_equals_engine_on_reference(model_dir):
+    import asyncio
+
+    from aioserve import AsyncEngine, EngineConfig, SamplingParams
+
+    async def run(backend: str) -> list[list[int]]:
+        config = EngineConfig(model=model_dir, attention_backend=backend, num_kv_blocks=64,
+                              max_num_seqs=4)
+        params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+        async with AsyncEngine(config) as engine:
+
+            async def one(prompt: list[int]) -> list[int]:
+                return [t async for out in engine.generate(prompt, params) for t in out.token_ids]
+
+            return await asyncio.gather(*(one([1, 5 + i, 9, 33 + 3 * i]) for i in range(6)))
+
+    assert await run("flex") == await run("reference")

@@ -53,6 +53,8 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
              "device) or flex (FlexAttention over the paged cache; compiled, with CUDA "
              "graphs for decode steps, on CUDA)",
     )
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="never capture CUDA graphs (vLLM's flag of the same name)")
 
 
 def add_prefix_caching_option(parser: argparse.ArgumentParser) -> None:
@@ -90,4 +92,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching,
         forward=args.forward,
         attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
     )

@@ -14,6 +14,7 @@ from aioserve.runners import layer_rules, model_loader
 from aioserve.runners.attention_backend import AttentionBackend, backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.batch_sampler import BatchSampler
+from aioserve.runners.cuda_graphs import DecodeGraphs, model_decode_forward
 from aioserve.runners.input_batch import InputBatch, StepInputs
 from aioserve.runners.lean_llama import LeanLlama, lean_forward
 from aioserve.runners.pending_output import PendingOutput
@@ -72,8 +73,12 @@ class TorchRunner:
         self.block_size = config.block_size
         self.kv_block_bytes = self.kv_bytes_per_block()
         self.num_kv_blocks = self._num_blocks(config)
+        graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
+            and not config.enforce_eager
+        # CUDA graphs' padding rows write into one scratch block the engine never sees
         self.kv_caches = model_loader.allocate_kv_cache(
-            self.layer_rules, self.num_kv_blocks * self.block_size, self.dtype, self.device
+            self.layer_rules, (self.num_kv_blocks + graphs) * self.block_size, self.dtype,
+            self.device,
         )
         # Twice the slots: a request whose last token is in flight still holds its
         # state while the request admitted in its place arrives (overlapped scheduling).
@@ -96,6 +101,13 @@ class TorchRunner:
             self._pinned = [torch.empty(slots, dtype=torch.int64, pin_memory=True)
                             for _ in range(2)]
         self._steps = 0
+        self.graphs: DecodeGraphs | None = None
+        if graphs:
+            width = -(-self.max_model_len // self.block_size)
+            self.graphs = DecodeGraphs(config.max_num_seqs, width, self.block_size,
+                                       self.num_kv_blocks, self.device)
+            self.graphs.capture(model_decode_forward(
+                model, self.backend, self.kv_caches, self.block_size, self.windows))
 
     def _init_thread(self) -> None:
         if self.num_threads is not None:
@@ -174,7 +186,17 @@ class TorchRunner:
         return PendingOutput(len(batch.request_ids), step.sample_rows, sampled, host)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
-        """Logits ``[S, vocab]`` of the sampled sequences' last tokens."""
+        """Logits ``[S, vocab]`` of the sampled sequences' last tokens: a CUDA graph's
+        replay for a decode-only step that fits a captured size, else the forward."""
+        graphs = self.graphs
+        if graphs is not None and int(step.num_new_tokens.max()) == 1:
+            rows = len(step.slots)
+            tables = [list(row[: -(-(p + 1) // self.block_size)])
+                      for row, p in zip(step.block_table.tolist(), step.start_positions.tolist())]
+            plan = graphs.stage([0] * rows, step.start_positions.tolist(), tables)
+            if plan is not None:  # the tokens come from the device (placeholders filled)
+                graphs.static.input_ids[:rows].copy_(step.input_ids, non_blocking=True)
+                return graphs.replay(plan).index_select(0, step.logits_index)
         return self._run_model(step.input_ids, step.start_positions, step.num_new_tokens,
                                step.block_table, step.logits_index, self.lean)
 
