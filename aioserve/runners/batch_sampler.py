@@ -180,11 +180,12 @@ class BatchSampler:
             raise ValueError(f"logits {tuple(logits.shape)} for {len(slot_list)} rows")
         params = [self._slot_params(s) for s in slot_list]
         logits = self.penalise(logits, slots, slot_list)
-        chosen = logits.argmax(dim=-1)
         drawn = [i for i, p in enumerate(params) if not p.greedy]
-        if len(drawn) == len(params):
+        if drawn and len(drawn) == len(params):
             chosen = self._race(logits, slots, params)
-        elif drawn:
+        else:
+            chosen = logits.argmax(dim=-1)
+        if drawn and len(drawn) < len(params):
             index = self._to_device(drawn)
             sub = [params[i] for i in drawn]
             race = self._race(logits.index_select(0, index), slots.index_select(0, index), sub)
