@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from aioserve.runners import random_draws
+from aioserve.runners import sampling_ops as ops
 from aioserve.runners.batch_sampler import BatchSampler
+from aioserve.runners.sampler import filter_top_k_top_p
 from aioserve.sampling_params import SamplingParams
 
 CUDA = pytest.param(
@@ -194,6 +195,42 @@ def test_different_seeds_draw_different_tokens(device):
     )
 
 
+@DEVICES
+def test_filter_is_the_current_samplers(device):
+    """Row by row against ``filter_top_k_top_p`` of the per-row sampler."""
+    gen = torch.Generator().manual_seed(11)
+    scaled = (torch.randn(40, V, generator=gen) * 2).to(device)
+    ks = torch.randint(0, 60, (40,), generator=gen).tolist()
+    ps = [1.0 if i % 3 == 0 else 0.05 + 0.9 * i / 40 for i in range(40)]
+    top_k = torch.tensor([[k if k > 0 else V] for k in ks], device=device)
+    top_p = torch.tensor([[p] for p in ps], device=device)
+    got = ops.filtered_out(scaled, top_k, max(ks), top_p)
+    for i in range(40):
+        expected = filter_top_k_top_p(scaled[i], ks[i], ps[i]) == float("-inf")
+        assert torch.equal(got[i], expected), i
+    kept = (~got).sum(dim=1).tolist()
+    assert min(kept) >= 1 and len(set(kept)) > 10  # the masks are not trivial
+
+
+@DEVICES
+def test_filter_keeps_ties_and_ignores_batch_mates(device):
+    row = torch.tensor([[0.0, 5.0, 4.0, 1.0, 4.0, 4.0, -1.0, 2.0]], device=device)
+    k2 = torch.tensor([[2]], device=device)
+    alone = ops.filtered_out(row, k2, 2, None)
+    assert alone[0].tolist() == [True, False, False, True, False, False, True, True]
+    mates = torch.cat([row, torch.randn(3, 8, device=device)])
+    ks = torch.tensor([[2], [7], [8], [1]], device=device)
+    ps = torch.tensor([[1.0], [0.3], [0.9], [1.0]], device=device)
+    assert torch.equal(ops.filtered_out(mates, ks, 7, ps)[0], alone[0])
+    nucleus = ops.filtered_out(row, k2, 2, torch.tensor([[0.5]], device=device))
+    # mass before the first 4 is e / (e + 3) < 0.5: it stays, ties after it (index order) go
+    assert nucleus[0].tolist() == [True, False, False, True, True, True, True, True]
+    peaked = torch.tensor([[40.0, 0, 0, 0, 0, 0, 0, 0], [40.0, 0, 0, 0, 0, 0, 0, 0]], device=device)
+    eight = torch.tensor([[8], [8]], device=device)  # probabilities after the first round to 0
+    mask = ops.filtered_out(peaked, eight, 0, torch.tensor([[1.0], [0.5]], device=device))
+    assert mask.tolist() == [[False] * 8, [False] + [True] * 7]  # top_p 1 drops nothing
+
+
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 
 
@@ -231,24 +268,24 @@ def test_draws_follow_the_filtered_softmax(device, params, expected):
 
 def test_hash_is_splitmix64():
     """Published test vectors of splitmix64 seeded with 1234567 (and other states)."""
-    assert random_draws.splitmix64_reference(1234567, 3) == [
+    assert ops.splitmix64_reference(1234567, 3) == [
         6457827717110365317, 3203168211198807973, 9817491932198370423,
     ]
     for state in [0, 1234567, 2**63 + 5, 2**64 - 1, -42]:
-        key = torch.tensor([random_draws.to_int64(state)])
-        offsets = random_draws.token_offsets(torch.arange(50))
-        words = random_draws.mix_(key.unsqueeze(-1) + offsets)[0].tolist()
-        assert [w % 2**64 for w in words] == random_draws.splitmix64_reference(state, 50)
+        key = torch.tensor([ops.to_int64(state)])
+        offsets = ops.token_offsets(torch.arange(50))
+        words = ops.mix_(key.unsqueeze(-1) + offsets)[0].tolist()
+        assert [w % 2**64 for w in words] == ops.splitmix64_reference(state, 50)
     seed, draw = 77, 5
-    premixed = random_draws.splitmix64_reference(seed - 0x9E3779B97F4A7C15, 1)[0]
-    expected_key = random_draws.splitmix64_reference(premixed, draw + 1)[-1]
-    key = random_draws.draw_keys(torch.tensor([seed]), torch.tensor([draw]))
+    premixed = ops.splitmix64_reference(seed - 0x9E3779B97F4A7C15, 1)[0]
+    expected_key = ops.splitmix64_reference(premixed, draw + 1)[-1]
+    key = ops.draw_keys(torch.tensor([seed]), torch.tensor([draw]))
     assert int(key) % 2**64 == expected_key
 
 
 def test_exponentials_are_positive_finite_with_unit_mean():
-    keys = random_draws.draw_keys(torch.arange(4), torch.zeros(4, dtype=torch.int64))
-    q = random_draws.exponentials(keys, random_draws.token_offsets(torch.arange(100_000)))
+    keys = ops.draw_keys(torch.arange(4), torch.zeros(4, dtype=torch.int64))
+    q = ops.exponentials(keys, ops.token_offsets(torch.arange(100_000)))
     assert q.dtype == torch.float32 and q.shape == (4, 100_000)
     assert bool(torch.isfinite(q).all()) and float(q.min()) > 0
     assert abs(float(q.mean()) - 1) < 0.01  # 400,000 draws: sd of the mean is 0.0016
@@ -258,13 +295,13 @@ def test_exponentials_are_positive_finite_with_unit_mean():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_hash_is_the_same_on_cuda():
-    offsets = random_draws.token_offsets(torch.arange(4096))
-    keys = random_draws.draw_keys(torch.arange(-3, 5), torch.arange(8) * 1000)
-    cpu = random_draws.mix_(keys.unsqueeze(-1) + offsets)
-    cuda = random_draws.mix_(keys.cuda().unsqueeze(-1) + offsets.cuda())
+    offsets = ops.token_offsets(torch.arange(4096))
+    keys = ops.draw_keys(torch.arange(-3, 5), torch.arange(8) * 1000)
+    cpu = ops.mix_(keys.unsqueeze(-1) + offsets)
+    cuda = ops.mix_(keys.cuda().unsqueeze(-1) + offsets.cuda())
     assert torch.equal(cpu, cuda.cpu())
-    q = random_draws.exponentials(keys.cuda(), offsets.cuda()).cpu()
-    assert torch.allclose(q, random_draws.exponentials(keys, offsets), rtol=1e-6)
+    q = ops.exponentials(keys.cuda(), offsets.cuda()).cpu()
+    assert torch.allclose(q, ops.exponentials(keys, offsets), rtol=1e-6)
 
 
 @pytest.mark.gpu

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from aioserve.outputs import TokenLogprob
-from aioserve.runners import random_draws
+from aioserve.runners import sampling_ops as ops
 from aioserve.sampling_params import SamplingParams
 
 
@@ -75,7 +75,7 @@ class BatchSampler:
     top-k; the most likely token always kept), and take the exponential race
     ``argmax(w / q)``: ``w = exp(x / T - max)`` is the softmax before normalisation (the
     normaliser cannot change the argmax) and ``q ~ Exp(1)`` comes from
-    :mod:`aioserve.runners.random_draws`, a hash of (seed, draw index, token id). So a
+    :mod:`aioserve.runners.sampling_ops`, a hash of (seed, draw index, token id). So a
     request's token depends only on its logits, its parameters, its seed and its
     output index: not on its batch-mates, its row, or a preemption in between.
 
@@ -100,7 +100,7 @@ class BatchSampler:
         self._top_k = torch.full((num_slots,), vocab_size, **ints)  # V when off
         self._seed = torch.zeros(num_slots, **ints)
         self._draw = torch.zeros(num_slots, **ints)  # output index of the next draw
-        self._offsets = random_draws.token_offsets(torch.arange(vocab_size, **ints))
+        self._offsets = ops.token_offsets(torch.arange(vocab_size, **ints))
         self._seen: torch.Tensor | None = None  # [num_slots, V] bool, made on first need
         self._params: list[SamplingParams | None] = [None] * num_slots
 
@@ -146,7 +146,7 @@ class BatchSampler:
         """The int64 seed the request in ``slot`` draws with (drawn at :meth:`add` when
         its params had none): re-add a preempted unseeded request with
         ``dataclasses.replace(params, seed=seed_of(slot))`` to continue its stream."""
-        return random_draws.to_int64(self._slot_params(slot).seed or 0)
+        return ops.to_int64(self._slot_params(slot).seed or 0)
 
     def penalise(
         self, logits: torch.Tensor, slots: torch.Tensor, slot_list: list[int]
@@ -181,18 +181,17 @@ class BatchSampler:
         params = [self._slot_params(s) for s in slot_list]
         logits = self.penalise(logits, slots, slot_list)
         drawn = [i for i, p in enumerate(params) if not p.greedy]
-        if drawn and len(drawn) == len(params):
-            chosen = self._race(logits, slots, params)
-        else:
-            chosen = logits.argmax(dim=-1)
-        if drawn and len(drawn) < len(params):
-            index = self._to_device(drawn)
-            sub = [params[i] for i in drawn]
-            race = self._race(logits.index_select(0, index), slots.index_select(0, index), sub)
-            chosen.index_copy_(0, index, race)
+        chosen = logits.argmax(dim=-1)  # for the greedy rows
+        if drawn:
+            index, (sub, sub_slots) = self._select(drawn, logits, slots)
+            race = self._race(sub, sub_slots, [params[i] for i in drawn])
+            chosen = race if index is None else chosen.index_copy_(0, index, race)
         asked = [i for i, p in enumerate(params) if p.logprobs is not None]
         num_top = [params[i].logprobs or 0 for i in asked]
-        logprobs = self._logprobs(logits, chosen, asked, max(num_top)) if asked else None
+        logprobs = None
+        if asked:
+            _, (sub, sub_chosen) = self._select(asked, logits, chosen)
+            logprobs = self._logprobs(sub, sub_chosen, max(num_top))
         self._draw.index_add_(0, slots, torch.ones_like(slots))
         if self._seen is not None:
             self._seen[slots, chosen] = True
@@ -211,39 +210,34 @@ class BatchSampler:
         host = torch.tensor(values, dtype=torch.int64, pin_memory=True)
         return host.to(self.device, non_blocking=True)
 
+    def _select(
+        self, rows: list[int], *tensors: torch.Tensor
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """The index of ``rows`` on the device and those rows of each tensor; no index
+        and the tensors themselves when ``rows`` are all of them."""
+        if len(rows) == tensors[0].shape[0]:
+            return None, list(tensors)
+        index = self._to_device(rows)
+        return index, [t.index_select(0, index) for t in tensors]
+
     def _race(
         self, logits: torch.Tensor, slots: torch.Tensor, params: list[SamplingParams]
     ) -> torch.Tensor:
         """``[R]`` int64 tokens of non-greedy rows: temperature, top-k, top-p, race."""
         scaled = logits / self._temperature.index_select(0, slots).unsqueeze(1)
         weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))
-        if any(0 < p.top_k < self.vocab_size or p.top_p < 1.0 for p in params):
-            weights.masked_fill_(self._filtered_out(scaled, slots), 0.0)
-        keys = random_draws.draw_keys(self._seed.index_select(0, slots),
-                                      self._draw.index_select(0, slots))
-        return weights.div_(random_draws.exponentials(keys, self._offsets)).argmax(dim=-1)
+        max_k = max((p.top_k for p in params if 0 < p.top_k < self.vocab_size), default=0)
+        any_top_p = any(p.top_p < 1.0 for p in params)
+        if max_k or any_top_p:
+            top_k = self._top_k.index_select(0, slots).unsqueeze(1)
+            top_p = self._top_p.index_select(0, slots).unsqueeze(1) if any_top_p else None
+            weights.masked_fill_(ops.filtered_out(scaled, top_k, max_k, top_p), 0.0)
+        keys = ops.draw_keys(self._seed.index_select(0, slots), self._draw.index_select(0, slots))
+        return weights.div_(ops.exponentials(keys, self._offsets)).argmax(dim=-1)
 
-    def _filtered_out(self, scaled: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """``[R, V]`` bool: tokens outside each row's top-k or its top-p nucleus. One
-        stable sort over the batch (ties in index order, whatever the batch)."""
-        ordered, order = scaled.sort(dim=-1, descending=True, stable=True)
-        kth = ordered.gather(1, self._top_k.index_select(0, slots).unsqueeze(1) - 1)
-        drop = ordered < kth
-        probs = (ordered - ordered[:, :1]).exp_().masked_fill_(drop, 0.0)  # the softmax,
-        probs /= probs.sum(dim=-1, keepdim=True)  # not torch.softmax: slow on small CPU rows
-        top_p = self._top_p.index_select(0, slots).unsqueeze(1)
-        outside = (probs.cumsum(dim=-1) - probs >= top_p) & (top_p < 1.0)
-        outside[:, 0] = False
-        drop |= outside
-        return torch.empty_like(drop).scatter_(1, order, drop)
-
-    def _logprobs(
-        self, logits: torch.Tensor, chosen: torch.Tensor, rows: list[int], k: int
-    ) -> LogprobTensors:
-        """Log-softmax of the (penalised, untempered) logits of ``rows``; top ``k``."""
-        if len(rows) != logits.shape[0]:
-            index = self._to_device(rows)
-            logits, chosen = logits.index_select(0, index), chosen.index_select(0, index)
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> LogprobTensors:
+        """Log-softmax of (penalised, untempered) logits ``[L, V]``; ``chosen`` ``[L]``."""
         logprobs = torch.log_softmax(logits, dim=-1)
         token = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
         values, ids = torch.topk(logprobs, k, dim=-1)

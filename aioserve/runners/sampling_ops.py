@@ -1,4 +1,5 @@
-"""Counter-based random numbers for sampling: a hash of (seed, draw index, token id).
+"""Tensor pieces of the batch sampler: the top-k / top-p mask, and counter-based random
+numbers (a hash of seed, draw index and token id).
 
 Every uniform is a pure function of its three coordinates, so a request's draws do not
 depend on its batch-mates, its row, the device or how often it was preempted.
@@ -93,6 +94,43 @@ def exponentials(keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     u = z.bitwise_right_shift_(41).bitwise_and_((1 << 23) - 1)
     u = u.mul_(2).add_(1).to(torch.float32).mul_(2.0**-24)
     return u.log_().neg_()
+
+
+def filtered_out(
+    scaled: torch.Tensor, top_k: torch.Tensor, max_k: int, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Tokens outside each row's top-k or top-p nucleus, as ``filter_top_k_top_p`` of
+    :mod:`aioserve.runners.sampler` defines them: below the k-th largest value (ties
+    with it kept), or after the nucleus of the probabilities left by top-k (the
+    smallest prefix in descending order whose mass reaches ``top_p``; ties in index
+    order; the most likely token always kept).
+
+    Args:
+        scaled: ``[R, V]`` float32 logits divided by the temperature.
+        top_k: ``[R, 1]`` int64, each row's k (V when off).
+        max_k: the largest k below V (0 when no row has top-k).
+        top_p: ``[R, 1]`` float32, each row's top-p (1 when off); None when all are 1.
+
+    Returns:
+        ``[R, V]`` bool. A row's mask depends only on the row: ``topk``'s values (not
+        its ids) do not depend on how it orders ties, and the sort is stable.
+    """
+    vocab = scaled.shape[-1]
+    kth = torch.full_like(scaled[:, :1], float("-inf"))
+    if max_k:
+        values = scaled.topk(max_k, dim=-1).values
+        kth = torch.where(top_k < vocab, values.gather(1, top_k.clamp(max=max_k) - 1), kth)
+    drop = scaled < kth
+    if top_p is None:
+        return drop
+    ordered, order = scaled.masked_fill(drop, float("-inf")).sort(
+        dim=-1, descending=True, stable=True
+    )
+    probs = (ordered - ordered[:, :1]).exp_()  # the softmax (torch.softmax is slow on
+    probs /= probs.sum(dim=-1, keepdim=True)  # small rows on CPU)
+    outside = (probs.cumsum(dim=-1) - probs >= top_p) & (top_p < 1.0)
+    outside[:, 0] = False
+    return drop | torch.empty_like(outside).scatter_(1, order, outside)
 
 
 def splitmix64_reference(seed: int, count: int) -> list[int]:
