@@ -283,6 +283,15 @@ def test_hash_is_splitmix64():
     assert int(key) % 2**64 == expected_key
 
 
+def test_uniforms_are_the_high_bits_of_the_reference_words():
+    seeds, draws = [5, -9, 2**62 + 3], [0, 7, 123_456]
+    keys = ops.draw_keys(torch.tensor(seeds), torch.tensor(draws))
+    got = ops.uniforms(keys, ops.token_offsets(torch.arange(300)))
+    for row, key in enumerate(keys.tolist()):
+        words = ops.splitmix64_reference(key, 300)
+        assert got[row].tolist() == [(2 * (w >> 41) + 1) / 2**24 for w in words]
+
+
 def test_exponentials_are_positive_finite_with_unit_mean():
     keys = ops.draw_keys(torch.arange(4), torch.zeros(4, dtype=torch.int64))
     q = ops.exponentials(keys, ops.token_offsets(torch.arange(100_000)))

@@ -181,16 +181,20 @@ class BatchSampler:
         params = [self._slot_params(s) for s in slot_list]
         logits = self.penalise(logits, slots, slot_list)
         drawn = [i for i, p in enumerate(params) if not p.greedy]
-        chosen = logits.argmax(dim=-1)  # for the greedy rows
-        if drawn:
-            index, (sub, sub_slots) = self._select(drawn, logits, slots)
-            race = self._race(sub, sub_slots, [params[i] for i in drawn])
-            chosen = race if index is None else chosen.index_copy_(0, index, race)
+        if drawn and len(drawn) == len(params):
+            chosen = self._race(logits, slots, params)
+        else:
+            chosen = logits.argmax(dim=-1)
+            if drawn:
+                index = self._to_device(drawn)
+                race = self._race(logits[index], slots[index], [params[i] for i in drawn])
+                chosen.index_copy_(0, index, race)
         asked = [i for i, p in enumerate(params) if p.logprobs is not None]
         num_top = [params[i].logprobs or 0 for i in asked]
         logprobs = None
         if asked:
-            _, (sub, sub_chosen) = self._select(asked, logits, chosen)
+            index = self._to_device(asked) if len(asked) < len(params) else None
+            sub, sub_chosen = (logits, chosen) if index is None else (logits[index], chosen[index])
             logprobs = self._logprobs(sub, sub_chosen, max(num_top))
         self._draw.index_add_(0, slots, torch.ones_like(slots))
         if self._seen is not None:
@@ -209,16 +213,6 @@ class BatchSampler:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
         host = torch.tensor(values, dtype=torch.int64, pin_memory=True)
         return host.to(self.device, non_blocking=True)
-
-    def _select(
-        self, rows: list[int], *tensors: torch.Tensor
-    ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-        """The index of ``rows`` on the device and those rows of each tensor; no index
-        and the tensors themselves when ``rows`` are all of them."""
-        if len(rows) == tensors[0].shape[0]:
-            return None, list(tensors)
-        index = self._to_device(rows)
-        return index, [t.index_select(0, index) for t in tensors]
 
     def _race(
         self, logits: torch.Tensor, slots: torch.Tensor, params: list[SamplingParams]

@@ -80,20 +80,31 @@ def token_offsets(token_ids: torch.Tensor) -> torch.Tensor:
     return (token_ids + 1).mul_(GAMMA)
 
 
-def exponentials(keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Exp(1) variates ``q = -log(u)``, one per (row, token).
+def uniforms(keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Uniforms ``(2 m + 1) / 2**24``, ``m`` the 23 high bits of each (row, token) word.
 
     Args:
         keys: ``[R]`` int64 from :func:`draw_keys`.
         offsets: ``[V]`` or ``[R, V]`` int64 from :func:`token_offsets`.
 
     Returns:
-        ``[R, V]`` float32, all finite and > 0 (at least about 6e-8, at most about 16.6).
+        ``[R, V]`` float32 in ``[2**-24, 1 - 2**-24]``.
     """
-    z = mix_(keys.unsqueeze(-1) + offsets)
-    u = z.bitwise_right_shift_(41).bitwise_and_((1 << 23) - 1)
-    u = u.mul_(2).add_(1).to(torch.float32).mul_(2.0**-24)
-    return u.log_().neg_()
+    z = keys.unsqueeze(-1) + offsets
+    scratch = torch.empty_like(z)
+    _shift_xor_(z, 30, scratch)
+    z.mul_(_MUL1)
+    _shift_xor_(z, 27, scratch)
+    z.mul_(_MUL2)
+    # mix's last step, z ^= z >>> 31, changes bits 0..32 only: skipped (bits 40..63 read)
+    z.bitwise_right_shift_(40).bitwise_and_((1 << 24) - 1).bitwise_or_(1)  # 2 m + 1
+    return z.to(torch.float32).mul_(2.0**-24)
+
+
+def exponentials(keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Exp(1) variates ``q = -log(u)`` of :func:`uniforms` (same arguments): ``[R, V]``
+    float32, all finite and > 0 (from about 6e-8 to about 16.6)."""
+    return uniforms(keys, offsets).log_().neg_()
 
 
 def filtered_out(
