@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from aioserve.runners.batch_sampler import BatchSampler
-from aioserve.runners.sampler import Sampler
+from benchmarks.per_row_sampler import Sampler
 from aioserve.sampling_params import SamplingParams
 
 MODES = {

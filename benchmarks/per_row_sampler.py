@@ -1,4 +1,6 @@
-"""Token sampling: greedy, temperature, top-k, top-p, repetition penalty, per-request seeds."""
+"""The per-row sampler aioserve used before its vectorised BatchSampler: the baseline
+that ``benchmarks/sampler_cost.py`` measures against (greedy, temperature, top-k,
+top-p, repetition penalty, per-request torch.Generator seeds, a Python loop per row)."""
 
 from __future__ import annotations
 
