@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 
 from aioserve.runners.batch_sampler import BatchSampler
-from benchmarks.per_row_sampler import Sampler
 from aioserve.sampling_params import SamplingParams
+from benchmarks.per_row_sampler import Sampler
 
 MODES = {
     "greedy": {"temperature": 0.0},

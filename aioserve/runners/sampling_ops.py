@@ -111,7 +111,8 @@ def filtered_out(
     scaled: torch.Tensor, top_k: torch.Tensor, max_k: int, top_p: torch.Tensor | None
 ) -> torch.Tensor:
     """Tokens outside each row's top-k or top-p nucleus, as ``filter_top_k_top_p`` of
-    :mod:`benchmarks.per_row_sampler` (the former sampler) defines them: below the k-th largest value (ties
+    the former per-row sampler (``benchmarks/per_row_sampler.py``) defines them: below
+    the k-th largest value (ties
     with it kept), or after the nucleus of the probabilities left by top-k (the
     smallest prefix in descending order whose mass reaches ``top_p``; ties in index
     order; the most likely token always kept).
