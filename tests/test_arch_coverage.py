@@ -99,3 +99,14 @@ def test_layers_that_bypass_the_interface_are_refused():
     rules = LayerRules(4, 2, 16, 16, None, None, None, False)
     with pytest.raises(UnsupportedModelError, match=r"falcon: layers \[1\] compute attention"):
         check_coverage("falcon", 2, {0: rules})
+
+
+def test_lean_forward_is_refused_for_a_model_it_does_not_reproduce(model_dir, tmp_path):
+    from aioserve import EngineConfig
+    from aioserve.runners.torch_runner import TorchRunner
+
+    coverage.save("gemma2", tmp_path / "gemma2", model_dir)  # soft-capping, windows
+    config = EngineConfig(model=str(tmp_path / "gemma2"), num_kv_blocks=8, block_size=8,
+                          device="cpu", dtype="float32", forward="lean-llama")
+    with pytest.raises(ValueError, match="forward: lean-llama needs a Llama model"):
+        TorchRunner(config)

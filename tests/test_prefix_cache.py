@@ -134,10 +134,12 @@ async def test_no_leak_after_mixed_requests_and_aborts(model_dir):
         assert blocks.num_cached_blocks > 0 and engine.stats()["prefix_cache_hits"] > 0
 
 
-async def test_runner_is_exact_after_a_cached_prefix(model_dir, solo_greedy):
+@pytest.mark.parametrize("forward", ["transformers", "lean-llama"])
+async def test_every_forward_is_exact_after_a_cached_prefix(model_dir, solo_greedy, forward):
     prompts = shared_prefix_prompts(4, 37, 6, seed=9)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    config = EngineConfig(model=model_dir, block_size=8, max_num_batched_tokens=20)
+    config = EngineConfig(model=model_dir, block_size=8, max_num_batched_tokens=20,
+                          forward=forward)
     async with AsyncEngine(config) as engine:
         results = await run_staggered(engine, prompts, params)
         assert engine.stats()["prefix_cache_hits"] >= 3 * 32
