@@ -12,7 +12,7 @@ import logging
 
 from aioserve.engine_core import EngineCore, StepResult
 from aioserve.errors import EngineError
-from aioserve.request import FinishReason, Request
+from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput
 from aioserve.streams import RequestStream
 
@@ -41,16 +41,21 @@ class Delivery:
         """
         streams = self.streams
         logprobs = output.logprobs
+        stop, finished = FinishReason.STOP, RequestStatus.FINISHED
         for request, token, index in results:
             stream = streams.get(request.request_id)
             if stream is None:
                 continue
             try:
-                text = stream.decode(token)
-                if stream.hit_stop_string and not request.is_finished:
-                    core.finish(request, FinishReason.STOP)
-                logprob = logprobs[index] if logprobs is not None else None
-                stream.put([token], text, [logprob] if logprob is not None else None)
+                detok = stream.detokenizer
+                text = ""
+                # A token that ended the request as a stop token (EOS, stop_token_ids)
+                # adds no text.
+                if detok is not None and request.finish_reason is not stop:
+                    text = detok.add(token)
+                    if detok.stopped and request.status is not finished:
+                        core.finish(request, stop)
+                stream.push_token(token, text, None if logprobs is None else logprobs[index])
             except Exception as exc:  # this request alone ends; its batch-mates go on
                 self.fail_request(core, request, stream, exc)
 

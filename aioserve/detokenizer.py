@@ -13,6 +13,8 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+_MAX_PARTS = 64
+
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
@@ -49,10 +51,22 @@ class IncrementalDetokenizer:
         self._max_stop = max((len(s) for s in stop), default=0)
         self._include_stop = include_stop_str_in_output
         self._token_ids: list[int] = []
-        self.text = ""
+        # The text so far: _text, then pieces not yet joined (without stop strings a
+        # piece is appended, and joined when read or every _MAX_PARTS pieces: growing a
+        # string attribute by += copies it whole each token).
+        self._text = ""
+        self._parts: list[str] = []
         self._emitted = 0
         self.stopped = False
         self.fallback = False
+
+    @property
+    def text(self) -> str:
+        """The text decoded so far (emitted or held back)."""
+        if self._parts:
+            self._text += "".join(self._parts)
+            self._parts.clear()
+        return self._text
 
     def add(self, token_id: int) -> str:
         """Decode one more token; returns the text that is safe to send now.
@@ -61,35 +75,44 @@ class IncrementalDetokenizer:
         stop string (or after it, with ``include_stop_str_in_output``).
         """
         self._token_ids.append(token_id)
-        piece = self._step(token_id)
-        if not piece:
-            return ""
-        self.text += piece
-        if not self._stop:
-            return self._emit(len(self.text))
-        search_from = max(0, len(self.text) - len(piece) - self._max_stop + 1)
-        for stop in self._stop:
-            index = self.text.find(stop, search_from)
-            if index >= 0:
-                self.stopped = True
-                self.text = self.text[: index + len(stop) if self._include_stop else index]
-                return self._emit(len(self.text))
-        return self._emit(len(self.text) - _held_back(self.text, self._stop))
-
-    def _step(self, token_id: int) -> str | None:
-        """New text after ``token_id``: the streaming decoder's, or, once it has failed
-        (``tokenizers`` raises "Invalid prefix encountered while decoding stream" on
-        some byte-fallback sequences), the difference of two full decodes. A trailing
-        U+FFFD (an incomplete UTF-8 character) is held back until :meth:`finish`."""
+        piece: str | None = None
         if not self.fallback:
             try:
-                return self._stream.step(self._tokenizer, token_id)
+                piece = self._stream.step(self._tokenizer, token_id)
             except Exception:
                 self.fallback = True
+        if self.fallback:
+            piece = self._fallback_step()
+        if not piece:
+            return ""
+        if not self._stop:  # nothing held back: the delta is the new piece
+            parts = self._parts
+            parts.append(piece)
+            if len(parts) >= _MAX_PARTS:
+                self._text += "".join(parts)
+                parts.clear()
+            self._emitted += len(piece)
+            return piece
+        self._text = text = self._text + piece  # (no pieces pending with stop strings)
+        search_from = max(0, len(text) - len(piece) - self._max_stop + 1)
+        for stop in self._stop:
+            index = text.find(stop, search_from)
+            if index >= 0:
+                self.stopped = True
+                self._text = text = text[: index + len(stop) if self._include_stop else index]
+                return self._emit(text, len(text))
+        return self._emit(text, len(text) - _held_back(text, self._stop))
+
+    def _fallback_step(self) -> str | None:
+        """New text after the last token once the streaming decoder has failed
+        (``tokenizers`` raises "Invalid prefix encountered while decoding stream" on
+        some byte-fallback sequences): the difference of two full decodes. A trailing
+        U+FFFD (an incomplete UTF-8 character) is held back until :meth:`finish`."""
+        text = self.text
         tail = self._decoded_tail().rstrip("\ufffd")
-        if len(tail) <= len(self.text) or not tail.startswith(self.text):
+        if len(tail) <= len(text) or not tail.startswith(text):
             return None
-        return tail[len(self.text) :]
+        return tail[len(text) :]
 
     def _decoded_tail(self) -> str:
         """The decode of prompt + output minus the decode of the prompt, or the decode
@@ -104,15 +127,17 @@ class IncrementalDetokenizer:
 
     def finish(self) -> str:
         """The text still held back, at the end of generation (not after a stop string)."""
+        text = self.text
         if not self.stopped:
             tail = self._decoded_tail()
-            if tail.startswith(self.text):
-                self.text = tail
-        return self._emit(len(self.text))
+            if tail.startswith(text):
+                self._text = text = tail
+        return self._emit(text, len(text))
 
-    def _emit(self, upto: int) -> str:
+    def _emit(self, text: str, upto: int) -> str:
+        """``text[emitted:upto]``, now emitted ("" when nothing new)."""
         if upto <= self._emitted:
             return ""
-        delta = self.text[self._emitted : upto]
+        delta = text[self._emitted : upto]
         self._emitted = upto
         return delta

@@ -300,9 +300,13 @@ class AsyncEngine:
             EngineError: a model step failed while this request was in it.
         """
         stream = self.add_request(prompt, params, request_id)
+        queue = stream.queue
+        items = queue.items
         try:
             while True:
-                item = await stream.queue.get()
+                while not items:  # one wake-up takes every delta queued meanwhile
+                    await queue.wait()
+                item = items.popleft()
                 if isinstance(item, BaseException):
                     raise item
                 yield item

@@ -16,9 +16,13 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestOutput:
     """A delta of one request's generation.
+
+    Built once per request per step by the step loop, so it is a plain slotted
+    dataclass (not frozen: a frozen one costs about 5x more to construct); treat
+    it as read-only.
 
     Attributes:
         request_id: the request's id.

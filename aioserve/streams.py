@@ -5,7 +5,9 @@ from __future__ import annotations
 from aioserve.delta_queue import DeltaQueue
 from aioserve.detokenizer import IncrementalDetokenizer
 from aioserve.outputs import RequestOutput, TokenLogprob
-from aioserve.request import FinishReason, Request
+from aioserve.request import Request, RequestStatus
+
+_FINISHED = RequestStatus.FINISHED
 
 
 class RequestStream:
@@ -23,17 +25,21 @@ class RequestStream:
         self.detokenizer = detokenizer
         self.closed = False
 
-    def decode(self, token: int) -> str:
-        """Text of one new token that is safe to send now. A token that ended the
-        request as a stop token (EOS, ``stop_token_ids``) adds no text."""
-        request, detok = self.request, self.detokenizer
-        if detok is None or request.finish_reason is FinishReason.STOP:
-            return ""
-        return detok.add(token)
-
-    @property
-    def hit_stop_string(self) -> bool:
-        return self.detokenizer is not None and self.detokenizer.stopped
+    def push_token(self, token: int, text: str, logprob: TokenLogprob | None) -> None:
+        """Queue the delta of one new token (``text``: its detokenized text, maybe "");
+        the request's status says whether it is the last."""
+        if self.closed:
+            return
+        request = self.request
+        logprobs = None if logprob is None else [logprob]
+        if request.status is _FINISHED:
+            self.put([token], text, logprobs)
+            return
+        self.queue.put_nowait(RequestOutput(  # positional: the cheapest construction
+            request.request_id, text, [token], False, None, len(request.prompt_token_ids),
+            len(request.output_token_ids), logprobs, request.metrics, None,
+            request.num_cached_tokens,
+        ))
 
     def push_final(self) -> None:
         """Queue the last delta of a request that ended without a new token."""
@@ -49,22 +55,13 @@ class RequestStream:
             if self.detokenizer is not None and request.finish_reason is not None:
                 text += self.detokenizer.finish()  # may raise: the stream stays open
             self.closed = True
-        self.queue.put_nowait(
-            RequestOutput(
-                request_id=request.request_id,
-                text=text,
-                token_ids=tokens,
-                finished=finished,
-                finish_reason=request.finish_reason.value
-                if finished and request.finish_reason
-                else None,
-                num_prompt_tokens=request.num_prompt_tokens,
-                num_output_tokens=request.num_output_tokens,
-                logprobs=logprobs,
-                metrics=request.metrics,
-                num_cached_tokens=request.num_cached_tokens,
-            )
-        )
+        reason = request.finish_reason
+        self.queue.put_nowait(RequestOutput(  # positional: the cheapest construction
+            request.request_id, text, tokens, finished,
+            reason.value if finished and reason is not None else None,
+            len(request.prompt_token_ids), len(request.output_token_ids), logprobs,
+            request.metrics, None, request.num_cached_tokens,
+        ))
 
     def push_error(self, error: BaseException) -> None:
         """End the stream with an exception."""

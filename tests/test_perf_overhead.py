@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from aioserve.bench.overhead import NullRunner, measure_overhead
 from aioserve.cli import main
 
@@ -12,7 +14,10 @@ async def test_overhead_benchmark_measures_every_part(tokenizer):
     result = await measure_overhead(64, 20, tokenizer=tokenizer)
     assert result.num_requests == 64 and result.num_steps == 20
     assert result.step_us > 0 and min(result.schedule_us, result.update_us, result.fan_out_us) > 0
-    assert "us/step" in result.summary()
+    assert result.loop_us == pytest.approx(
+        result.schedule_us + result.update_us + result.fan_out_us)
+    assert result.other_us == pytest.approx(result.step_us - result.loop_us)
+    assert "us/step" in result.summary() and "loop" in result.summary()
 
 
 def test_overhead_cli_json(capsys):

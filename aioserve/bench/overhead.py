@@ -6,6 +6,7 @@ reports wall microseconds per step and how they split between the scheduler plus
 batch building (``EngineCore.schedule``), the bookkeeping (``EngineCore.update``),
 the fan-out to streams (``AsyncEngine._fan_out``: detokenization, outputs, queue
 puts) and the rest (the consumers' wake-ups, the event loop, the runner's hop).
+The first three together are the step loop's own synchronous work (``loop_us``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class OverheadResult:
         schedule_us: ``EngineCore.schedule`` (policy, checks, batch building).
         update_us: ``EngineCore.update`` (tokens, stop checks).
         fan_out_us: ``AsyncEngine._fan_out`` (detokenization, outputs, queue puts).
+        loop_us: the step loop's own synchronous work, schedule + update + fan-out.
         other_us: the rest: consumers' wake-ups, event loop, runner hop.
     """
 
@@ -81,6 +83,7 @@ class OverheadResult:
     schedule_us: float
     update_us: float
     fan_out_us: float
+    loop_us: float
     other_us: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,7 +95,7 @@ class OverheadResult:
         return (
             f"{self.num_requests} requests, {self.num_steps} steps: {self.step_us:.1f} us/step "
             f"(schedule {self.schedule_us:.1f}, update {self.update_us:.1f}, "
-            f"fan-out {self.fan_out_us:.1f}, other {self.other_us:.1f})"
+            f"fan-out {self.fan_out_us:.1f}; loop {self.loop_us:.1f}, other {self.other_us:.1f})"
         )
 
 
@@ -155,7 +158,8 @@ async def measure_overhead(
     per_step = 1e6 / num_steps
     step_us = (end - marks[0]) * per_step
     parts = {key: value * per_step for key, value in totals.items()}
+    loop_us = sum(parts.values())
     return OverheadResult(
         num_requests, num_steps, step_us, parts["schedule"], parts["update"], parts["fan_out"],
-        step_us - sum(parts.values()),
+        loop_us, step_us - loop_us,
     )
