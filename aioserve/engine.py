@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import time
@@ -106,6 +107,11 @@ class AsyncEngine:
             clock=getattr(runner, "clock", time.monotonic),
         )
         self.core.on_finish = self._on_finish
+        # What start-up allocated (model, tokenizer, modules) lives as long as the
+        # engine: out of the collector's generations, a collection during the step
+        # loop scans only what the loop allocates (vLLM freezes its heap likewise).
+        gc.collect()
+        gc.freeze()
         self._loop_task = asyncio.create_task(self._run(), name="aioserve-step-loop")
         self._loop_task.add_done_callback(self._on_loop_done)
 
@@ -120,6 +126,7 @@ class AsyncEngine:
         if self.runner is not None and not self._closed:
             self._closed = True
             self.runner.close()
+            gc.unfreeze()  # what start() froze can be collected again
 
     def drain(self) -> None:
         """Stop admitting work, as on SIGTERM: new requests raise EngineNotRunningError
