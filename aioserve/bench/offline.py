@@ -121,6 +121,7 @@ def run_offline(
     threads: int | None = None,
     check: bool = False,
     progress: bool = False,
+    tokenizer: bool = True,
 ) -> OfflineReport:
     """Run the workload ``runs`` times through aioserve and the ``compare`` baseline
     (``"hf-static"``, or ``"no-prefix-caching"``: aioserve with the prefix cache off,
@@ -130,6 +131,8 @@ def run_offline(
     compute threads: transformers' intra-op threads and aioserve's thread budget
     (``AIOSERVE_NUM_THREADS``); default: each backend's own default (torch's thread
     count, every core; aioserve's :func:`~aioserve.runners.runner_setup.cpu_threads`).
+    ``tokenizer=False``: aioserve loads no tokenizer and detokenizes nothing (a model
+    directory without one, e.g. a random model).
 
     Raises:
         ValueError: bad sizes or an unknown ``compare``. OSError: the model cannot load.
@@ -152,7 +155,7 @@ def run_offline(
         "scheduler": config.scheduler, "hf_batch_size": hf_batch_size,
         "dataset": "random" if prefix is None else "prefix-repetition",
         "prefix_len_suffix_len_num_prefixes": list(prefix) if prefix else None,
-        "enable_prefix_caching": config.enable_prefix_caching,
+        "enable_prefix_caching": config.enable_prefix_caching, "detokenize": tokenizer,
     }
     from aioserve.runners.runner_setup import cpu_threads, resolve_device
 
@@ -181,11 +184,15 @@ def run_offline(
                 )
                 torch.set_num_threads(saved)
                 report.runs.setdefault("hf-static", []).append(result)
-            result, outputs = run_aioserve(config, requests, progress=progress)
+            result, outputs = run_aioserve(
+                config, requests, progress=progress, tokenizer=tokenizer
+            )
             report.runs.setdefault("aioserve", []).append(result)
             if compare == "no-prefix-caching":
                 off = dataclasses.replace(config, enable_prefix_caching=False)
-                result, _ = run_aioserve(off, requests, progress=progress, backend="no-caching")
+                result, _ = run_aioserve(
+                    off, requests, progress=progress, backend="no-caching", tokenizer=tokenizer
+                )
                 report.runs.setdefault("no-caching", []).append(result)
         if check and hf_model is not None:
             torch.set_num_threads(hf_threads)

@@ -153,21 +153,32 @@ def run_aioserve(
     progress: bool = False,
     warmup: bool = True,
     backend: str = "aioserve",
+    tokenizer: bool = True,
 ) -> tuple[ThroughputResult, list[list[int]]]:
     """Start an engine for ``config`` (not timed), warm it up on two short requests
     (then empty the prefix cache, so the timed run starts cold), then time
-    :func:`run_engine`.
+    :func:`run_engine`. ``tokenizer=False``: no tokenizer is loaded (a model directory
+    without one), so outputs are token ids only and nothing is detokenized.
 
     Raises:
         OSError: the model cannot be loaded. ValueError: a request does not fit the model.
     """
 
     async def main() -> tuple[ThroughputResult, list[list[int]]]:
-        async with AsyncEngine(config) as engine:
-            if warmup:
-                short = [BenchRequest(r.prompt_token_ids, 4) for r in requests[:2]]
-                await run_engine(engine, short)
-                engine.reset_prefix_cache()
-            return await run_engine(engine, requests, progress=progress, backend=backend)
+        runner = None
+        if not tokenizer:  # an engine given its runner loads no tokenizer
+            from aioserve.runners.torch_runner import TorchRunner
+
+            runner = await asyncio.to_thread(TorchRunner, config)
+        try:
+            async with AsyncEngine(config, runner=runner) as engine:
+                if warmup:
+                    short = [BenchRequest(r.prompt_token_ids, 4) for r in requests[:2]]
+                    await run_engine(engine, short)
+                    engine.reset_prefix_cache()
+                return await run_engine(engine, requests, progress=progress, backend=backend)
+        finally:
+            if runner is not None:  # also when the engine failed to start (close is idempotent)
+                runner.close()
 
     return asyncio.run(main())

@@ -40,8 +40,14 @@ def _workload_options(parser: argparse.ArgumentParser, prompts: int) -> None:
 
 def _add_throughput(sub: Any) -> None:
     p = sub.add_parser("throughput", help="offline: every request at t=0")
-    p.add_argument("--model", required=True, help="model directory or hub id")
-    p.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="model directory or hub id")
+    model.add_argument("--random-model", metavar="CONFIG",
+                       help="random weights of a real shape: a transformers config.json, or "
+                            "a shipped shape (smollm2-135m, qwen3-0.6b); built once, float32, "
+                            "into ~/.cache/aioserve/random-models/ (no tokenizer)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer (default: the model's; none with --random-model)")
     p.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")
     p.add_argument("--max-num-seqs", type=int, default=32, help="slots")
     p.add_argument("--max-num-batched-tokens", type=int, default=4096,
@@ -127,8 +133,13 @@ def _requests(args: argparse.Namespace) -> list[BenchRequest]:
 def _throughput(args: argparse.Namespace) -> int:
     from aioserve.bench.offline import run_offline
 
+    model = args.model
+    if args.random_model is not None:
+        from aioserve.bench.random_model import ensure_random_model
+
+        model = str(ensure_random_model(args.random_model))  # ValueError: exit status 2
     config = EngineConfig(
-        model=args.model, tokenizer=args.tokenizer, scheduler=args.scheduler,
+        model=model, tokenizer=args.tokenizer, scheduler=args.scheduler,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype, device=args.device, enable_prefix_caching=args.enable_prefix_caching,
         forward=args.forward, attention_backend=args.attention_backend,
@@ -139,12 +150,16 @@ def _throughput(args: argparse.Namespace) -> int:
         output_len=args.output_len, seed=args.seed, compare=args.compare, prefix=_prefix(args),
         hf_batch_size=args.hf_batch_size, runs=args.runs, threads=args.threads,
         check=args.check, progress=not args.no_progress and not args.json,
+        tokenizer=args.random_model is None or args.tokenizer is not None,
     )
+    report.workload["random_model"] = args.random_model
     if args.json:
         print(json.dumps(report.to_dict()))
         return 0
     prompt = (f"prefix {args.prefix_len} x {args.num_prefixes} + suffix {args.suffix_len}"
               if args.dataset == "prefix-repetition" else f"prompt {args.input_len}")
+    if args.random_model is not None:
+        print(f"random weights, shape {args.random_model}: {model}")
     print(f"{args.num_prompts} requests, {prompt}, output {args.output_len}, "
           f"{args.max_num_seqs} slots, compute threads "
           + ", ".join(f"{name} {count}" for name, count in report.threads.items()))

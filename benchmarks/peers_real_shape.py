@@ -1,0 +1,225 @@
+"""vLLM CPU (offline) against aioserve on a real-shape random-weight model, same workload.
+
+The workload is exactly ``aioserve bench throughput --num-prompts N --input-len LO:HI
+--output-len LO:HI --seed S``'s: this driver loads ``aioserve/bench/workloads.py`` by
+file (standard library only, no torch) and calls its ``random_requests`` with the model
+config's vocab size and BOS id, as ``aioserve.bench.offline.run_offline`` does. Every
+request is released at t=0, greedy, EOS ignored, each generating exactly its output
+length; at most --max-num-seqs run at once. Figure of merit: output tokens / wall s.
+
+Steps (each engine in its own process; nothing else of ours runs during a timed pass):
+  1. the model directory: ``ensure_random_model(--random-model)`` with this Python (built
+     once into ~/.cache/aioserve/random-models/, float32 safetensors, no tokenizer);
+  2. vLLM, per --vllm-bind entry: this file re-run with --vllm-python (``--_worker``):
+     ``LLM(model=DIR, dtype=float32, max_num_seqs, skip_tokenizer_init=True, ...)``,
+     ``TokensPrompt`` and ``SamplingParams(temperature=0, max_tokens=outs[i],
+     ignore_eos=True, detokenize=False)``; one short warm-up generate, then the timed one;
+     its log goes to $PEERS_DIR/vllm-real-shape-<bind>.log;
+  3. aioserve (unless --no-aioserve): ``python -m aioserve.cli bench throughput
+     --random-model ... --json --runs 1`` (its own warm-up, then one timed run); its
+     prompt and output token totals are checked against this driver's workload.
+One JSON line per engine run, then a summary line with aioserve / vLLM.
+
+Neither engine detokenizes (the directory has no tokenizer). VLLM_CPU_OMP_THREADS_BIND:
+"auto" (vLLM's default: OMP threads on all cores of the node but one, reserved for the
+engine-core process; on 2 cores, 1 OMP thread) or an explicit list such as "0-1" (both
+cores, shared with the scheduler). VLLM_CPU_KVCACHE_SPACE: --vllm-kv-gib GiB.
+
+    python3 benchmarks/peers_real_shape.py                      # smollm2-135m, bind auto
+    python3 benchmarks/peers_real_shape.py --vllm-bind auto,0-1 --random-model qwen3-0.6b
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PEERS = Path(os.environ.get("PEERS_DIR", "/work/peers"))
+
+
+def emit(row: dict[str, Any]) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def load_workloads() -> Any:
+    """``aioserve/bench/workloads.py`` as a module, without importing the package."""
+    spec = importlib.util.spec_from_file_location(
+        "aioserve_workloads", REPO / "aioserve" / "bench" / "workloads.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def workload(model: Path, a: argparse.Namespace) -> tuple[list[list[int]], list[int]]:
+    """(prompts, output lengths) exactly as ``aioserve bench throughput`` draws them."""
+    config = json.loads((model / "config.json").read_text())
+    text = config.get("text_config") or config
+    bos = text.get("bos_token_id", config.get("bos_token_id"))
+    requests = load_workloads().random_requests(
+        a.num_prompts, a.input_len, a.output_len, vocab_size=int(text["vocab_size"]),
+        seed=a.seed, bos_token_id=bos if bos is not None else 1)
+    return [r.prompt_token_ids for r in requests], [r.output_len for r in requests]
+
+
+def model_dir(spec: str) -> Path:
+    """The random model's directory, built by aioserve (this Python) if not cached."""
+    code = ("import sys; from aioserve.bench.random_model import ensure_random_model; "
+            "print(ensure_random_model(sys.argv[1]))")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code, spec], env=env, check=True,
+                         capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def run_vllm(a: argparse.Namespace, model: Path, job: Path, bind: str) -> dict[str, Any]:
+    """One vLLM process (``--_worker``) with OMP bind ``bind``; its JSON row."""
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=bind,
+               VLLM_CPU_KVCACHE_SPACE=str(a.vllm_kv_gib), HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env.pop("OMP_NUM_THREADS", None)  # vLLM sets it from the bind list
+    env.pop("PYTHONPATH", None)
+    log_path = PEERS / f"vllm-real-shape-{bind}.log"
+    result = job.with_name(f"vllm-{bind}.json")
+    cmd = [a.vllm_python, str(Path(__file__).resolve()), "--_worker", str(job), str(result)]
+    with open(log_path, "w") as log:  # vLLM logs to both streams
+        try:
+            proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=a.vllm_timeout)
+        except subprocess.TimeoutExpired:
+            return {"engine": "vllm", "omp_bind": bind, "error": "timeout", "log": str(log_path)}
+    text = log_path.read_text(errors="replace")
+    if proc.returncode != 0 or not result.is_file():
+        return {"engine": "vllm", "omp_bind": bind, "error": f"worker rc={proc.returncode}",
+                "log": str(log_path), "tail": text.strip().splitlines()[-5:]}
+    cores = re.findall(r"core ids=\[([^\]]*)\]", text)
+    omp = [c for c in (cores[-1].split(",") if cores else []) if c.strip()]
+    return json.loads(result.read_text()) | {
+        "omp_bind": bind, "omp_threads": len(omp) or None,
+        "omp_core_ids": cores[-1] if cores else None, "log": str(log_path)}
+
+
+def vllm_worker(job_path: str, result_path: str) -> None:
+    """Runs in the vLLM venv: load, warm up, time one generate over the workload; the
+    row goes to ``result_path`` (JSON)."""
+    job = json.loads(Path(job_path).read_text())
+    prompts, outs = job["prompts"], job["outs"]
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    start = time.perf_counter()
+    llm = LLM(model=job["model"], dtype="float32", max_num_seqs=job["max_num_seqs"],
+              max_model_len=job["max_model_len"], max_num_batched_tokens=4096,
+              enable_prefix_caching=job["prefix_caching"], skip_tokenizer_init=True, seed=0)
+    load_s = time.perf_counter() - start
+
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False)
+
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0][:8])], [params(8)], use_tqdm=False)
+    tps = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    start = time.perf_counter()
+    res = llm.generate(tps, [params(n) for n in outs], use_tqdm=False)
+    wall = time.perf_counter() - start
+    got = [len(r.outputs[0].token_ids) for r in res]
+    Path(result_path).write_text(json.dumps({
+        "engine": "vllm", "version": vllm.__version__, "wall_s": round(wall, 3),
+        "output_tok_s": round(sum(outs) / wall, 1), "output_tokens": sum(outs),
+        "generated_tokens": sum(got), "exact_token_counts": got == outs,
+        "prompt_tokens": sum(map(len, prompts)), "load_s": round(load_s, 1),
+        "prefix_caching": job["prefix_caching"], "max_model_len": job["max_model_len"],
+    }))
+
+
+def run_aioserve(a: argparse.Namespace, prompts: list[list[int]], outs: list[int],
+                 model: Path) -> dict[str, Any]:
+    """``aioserve bench throughput --random-model ... --json`` in its own process."""
+    cmd = [sys.executable, "-m", "aioserve.cli", "bench", "throughput",
+           "--random-model", a.random_model, "--num-prompts", str(a.num_prompts),
+           "--input-len", f"{a.input_len[0]}:{a.input_len[1]}",
+           "--output-len", f"{a.output_len[0]}:{a.output_len[1]}", "--seed", str(a.seed),
+           "--max-num-seqs", str(a.max_num_seqs), "--runs", "1", "--json",
+           "--enable-prefix-caching" if a.prefix_caching else "--no-enable-prefix-caching"]
+    out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        return {"engine": "aioserve", "error": f"rc={out.returncode}",
+                "tail": out.stderr.strip().splitlines()[-5:]}
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    median = report["median"]["aioserve"]
+    same = (median["output_tokens"] == sum(outs)
+            and median["prompt_tokens"] == sum(map(len, prompts))
+            and report["workload"]["model"] == str(model))
+    return {"engine": "aioserve", "wall_s": round(median["elapsed_s"], 3),
+            "output_tok_s": round(median["output_tokens_per_s"], 1),
+            "output_tokens": median["output_tokens"], "prompt_tokens": median["prompt_tokens"],
+            "same_workload_and_model": same, "threads": report["threads"],
+            "env": {k: v for k, v in os.environ.items() if k.startswith("AIOSERVE_")}}
+
+
+def range_arg(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(":")
+    return int(lo), int(hi or lo)
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--_worker":
+        return vllm_worker(sys.argv[2], sys.argv[3])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--random-model", default="smollm2-135m", help="shape name or config.json")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--input-len", type=range_arg, default=(8, 128))
+    ap.add_argument("--output-len", type=range_arg, default=(16, 256))
+    ap.add_argument("--seed", type=int, default=0, help="workload seed (aioserve's default)")
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                    help="both engines without prefix caching (default: on, both defaults)")
+    ap.add_argument("--vllm-python", default=str(PEERS / "vllm-venv" / "bin" / "python"))
+    ap.add_argument("--vllm-bind", default="auto", help="VLLM_CPU_OMP_THREADS_BIND value(s)")
+    ap.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
+    ap.add_argument("--vllm-max-model-len", type=int, default=512)
+    ap.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
+    ap.add_argument("--no-aioserve", dest="aioserve", action="store_false")
+    a = ap.parse_args()
+    model = model_dir(a.random_model)
+    prompts, outs = workload(model, a)
+    emit({"model": str(model), "requests": len(prompts), "output_tokens": sum(outs),
+          "prompt_tokens": sum(map(len, prompts)), "load": os.getloadavg()})
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({
+            "model": str(model), "prompts": prompts, "outs": outs,
+            "max_num_seqs": a.max_num_seqs, "max_model_len": a.vllm_max_model_len,
+            "prefix_caching": a.prefix_caching}))
+        for bind in [b.strip() for b in a.vllm_bind.split(",") if b.strip()]:
+            if not Path(a.vllm_python).is_file():
+                rows.append({"engine": "vllm", "unavailable": f"{a.vllm_python} not found"})
+                break
+            rows.append(run_vllm(a, model, job, bind) | {"load": os.getloadavg()})
+            emit(rows[-1])
+    if a.aioserve:
+        rows.append(run_aioserve(a, prompts, outs, model) | {"load": os.getloadavg()})
+        emit(rows[-1])
+    ours = next((r["output_tok_s"] for r in rows if r["engine"] == "aioserve"
+                 and "output_tok_s" in r), None)
+    for row in rows:
+        if row["engine"] == "vllm" and "output_tok_s" in row and ours is not None:
+            emit({"summary": f"aioserve / vllm (bind {row['omp_bind']})",
+                  "ratio": round(ours / row["output_tok_s"], 3)})
+
+
+if __name__ == "__main__":
+    main()
