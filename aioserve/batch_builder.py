@@ -42,14 +42,17 @@ class BatchBuilder:
         self.record: list[InFlight] = []
         self.finishing: list[str] = []
 
-    def add(self, request: Request, count: int) -> None:
+    def add(self, request: Request, count: int, produced: int, total: int) -> None:
         """Schedule ``count`` tokens of ``request`` from its ``num_computed_tokens`` on;
-        a token is sampled when they reach the end of its tokens (placeholders
-        included). Advances its counters by what is now in flight."""
+        a token is sampled when they reach ``total``, the end of its tokens. Advances
+        its counters by what is now in flight.
+
+        Args:
+            produced: its output tokens, placeholders included (the caller has them).
+            total: its prompt plus ``produced`` tokens.
+        """
         start = request.num_computed_tokens
         placeholders = request.num_output_placeholders
-        produced = len(request.output_token_ids) + placeholders
-        total = len(request.prompt_token_ids) + produced
         samples = start + count == total
         self.request_ids.append(request.request_id)
         self._counts.append(count)
@@ -72,7 +75,8 @@ class BatchBuilder:
             len(request.prompt_token_ids), request.params, list(request.block_ids),
             request.num_computed_tokens,
         ))
-        self.add(request, count)
+        produced = len(request.output_token_ids)
+        self.add(request, count, produced, len(request.prompt_token_ids) + produced)
 
     def build(self, new_block_ids: dict[str, list[int]], released_ids: list[str]
               ) -> ScheduledBatch:

@@ -220,7 +220,7 @@ class EngineCore:
             if computed + count <= len(request.block_ids) * block_size or self._reserve(
                 request, count, batch.request_ids
             ):
-                batch.add(request, count)
+                batch.add(request, count, output, total)
                 budget -= count
         return budget
 
@@ -293,7 +293,7 @@ class EngineCore:
             if request.status is not running or request.epoch != epoch:
                 continue  # finished, aborted or preempted while the step ran
             request.num_in_flight_tokens -= count
-            if caching and request.num_computed_tokens - request.num_in_flight_tokens >= (
+            if caching and request.num_confirmed_tokens >= (
                 caching * (request.num_registered_blocks + 1)
             ):  # a block just filled up
                 register_computed(self.blocks, request)

@@ -12,6 +12,7 @@ from transformers import RepetitionPenaltyLogitsProcessor
 from aioserve.runners import sampling_ops as ops
 from aioserve.runners.batch_sampler import BatchSampler
 from aioserve.sampling_params import SamplingParams
+from benchmarks.per_row_sampler import filter_top_k_top_p  # the former sampler: reference
 
 CUDA = pytest.param(
     "cuda",
@@ -27,22 +28,6 @@ PROMPT = [3, 17, 17, 200, 511, 42]
 X = SamplingParams(
     temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.3, seed=1234, logprobs=3
 )
-
-
-def filter_top_k_top_p(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """The per-row reference (aioserve's former sampler): logits outside the top-k and
-    the top-p nucleus set to -inf, the most likely token always kept."""
-    if top_k > 0 and top_k < row.numel():
-        kth = torch.topk(row, top_k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        drop = mass_before >= top_p
-        drop[0] = False
-        row = row.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return row
 
 
 def step_logits(step: int, rows: int = 1, vocab: int = V) -> torch.Tensor:

@@ -4,8 +4,8 @@ As vLLM V1's persistent ``InputBatch``: a request takes a *slot* (a row of the
 persistent arrays) when it arrives in a :class:`~aioserve.runners.base.NewRequest`
 and keeps it until it is released; each step then only applies the changes the
 engine sends (new requests, new blocks, released ids) and reads the rest from here.
-The block table lives on the host (numpy, read by the reference attention) and,
-off the CPU, as a device tensor updated in place with the new entries only.
+The block table lives on the host (numpy); each step's attention metadata reads its
+rows (one host-to-device copy of the step's rows off the CPU).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ class InputBatch:
         requests: request id -> :class:`RequestState`.
         last_sampled: ``[max_num_seqs]`` int64 on the device, each slot's last sampled
             token (the next step's input when the request decodes).
-        block_table: ``[max_num_seqs, max_blocks_per_seq]`` int32 on the device (off
-            the CPU; on the CPU a view of the host table), kept up to date in place.
+        host_block_table: ``[max_num_seqs, max_blocks_per_seq]`` int64 numpy, each
+            slot's blocks (entries past a table are 0), kept up to date in place.
     """
 
     def __init__(
@@ -86,12 +86,6 @@ class InputBatch:
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
         self.host_block_table = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int64)
         self.last_sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
-        if device.type == "cpu":
-            self.block_table = torch.from_numpy(self.host_block_table)
-        else:
-            self.block_table = torch.zeros(
-                (max_num_seqs, max_blocks_per_seq), dtype=torch.int32, device=device
-            )
 
     def apply(self, batch: ScheduledBatch) -> tuple[list[int], list[tuple[int, NewRequest]]]:
         """Apply a step's changes: release, then add, then extend block tables.
@@ -107,17 +101,8 @@ class InputBatch:
                 self._free_slots.append(state.slot)
                 released.append(state.slot)
         added = [(self._add(new), new) for new in batch.new_requests]
-        changed: list[tuple[int, int, int]] = []
         for request_id, blocks in batch.new_block_ids.items():
-            state = self.requests[request_id]
-            changed += self._extend(state, blocks)
-        for slot, new in added:
-            changed += [(slot, i, b) for i, b in enumerate(new.block_ids)]
-        if changed and self.device.type != "cpu":
-            rows, cols, values = (torch.tensor(c, dtype=torch.int64) for c in zip(*changed))
-            self.block_table[rows.to(self.device), cols.to(self.device)] = values.to(
-                self.device, torch.int32
-            )
+            self._extend(self.requests[request_id], blocks)
         return released, added
 
     def _add(self, new: NewRequest) -> int:
@@ -129,13 +114,12 @@ class InputBatch:
         self._extend(self.requests[new.request_id], new.block_ids)
         return slot
 
-    def _extend(self, state: RequestState, blocks: list[int]) -> list[tuple[int, int, int]]:
+    def _extend(self, state: RequestState, blocks: list[int]) -> None:
         start, end = state.num_blocks, state.num_blocks + len(blocks)
         if end > self.host_block_table.shape[1]:
             raise RuntimeError(f"block table of {end} blocks exceeds the context length")
         self.host_block_table[state.slot, start:end] = blocks
         state.num_blocks = end
-        return [(state.slot, start + i, b) for i, b in enumerate(blocks)]
 
     def inputs(self, batch: ScheduledBatch) -> StepInputs:
         """The step's inputs: known tokens from the host, each decoding request's last
