@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.engine_core import EngineCore
 from aioserve.kv_cache import BlockManager
@@ -113,3 +115,20 @@ async def test_eos_and_max_tokens_under_overlap_give_exactly_the_script():
             assert (tokens, reason) == (scripts[f"r{i}"][:6], "length")
         else:  # the EOS id ends it; nothing sampled after it reaches the user
             assert (tokens, reason) == (scripts[f"r{i}"][:5], "stop")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("forward", "jit"), ("max_num_seqs", 0), ("dtype", "int8")]
+)
+def test_bad_engine_options_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"EngineConfig.{field}"):
+        EngineConfig(model="m", **{field: value})
+
+
+def test_unknown_attention_backend_is_refused_naming_the_option():
+    import torch
+
+    from aioserve.runners.attention_backend import backend_for
+
+    with pytest.raises(ValueError, match="attention backend: 'fast' is not one of"):
+        backend_for("fast", torch.device("cpu"))

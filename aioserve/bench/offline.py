@@ -84,7 +84,11 @@ def model_vocab(model: str) -> tuple[int, int | None]:
 
 def model_parameters(model: str) -> int:
     """Parameters of a model, counted from its config on the meta device (no weights
-    are read)."""
+    are read).
+
+    Raises:
+        OSError: the model's config cannot be read.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
