@@ -108,18 +108,22 @@ async def test_prefill_split_equals_solo_generate(model_dir, solo_greedy, monkey
         assert got == solo_greedy(prompt, n)
 
 
-def test_block_diagonal_decode_matches_sdpa():
+def test_head_major_decode_matches_sdpa():
     from aioserve.runners.decode_attention import decode_attention
 
     torch.manual_seed(0)
     q = torch.randn(5, 8, 16)
-    keys, values = torch.randn(5, 40, 4 * 16), torch.randn(5, 40, 4 * 16)
+    keys, values = torch.randn(4, 5, 40, 16), torch.randn(4, 5, 40, 16)
     lens = torch.tensor([40, 3, 17, 1, 39])
     allowed = torch.arange(40)[None, :] < lens[:, None]
     mask = torch.zeros(5, 1, 1, 40).masked_fill(~allowed[:, None, None, :], float("-inf"))
-    got = decode_attention(q, keys, values, mask, None, 4)
+    got = decode_attention(q, keys, values, mask, None)
     want = torch.nn.functional.scaled_dot_product_attention(
-        q.unsqueeze(2), keys.view(5, 40, 4, 16).transpose(1, 2),
-        values.view(5, 40, 4, 16).transpose(1, 2), attn_mask=mask, enable_gqa=True,
+        q.unsqueeze(2), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask,
+        enable_gqa=True,
     ).squeeze(2)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # every query head reads its own KV head: changing KV head 3 moves only heads 6, 7
+    keys[3] += 1.0
+    moved = (decode_attention(q, keys, values, mask, None) - got).abs().amax(dim=(0, 2))
+    assert moved[:6].eq(0).all() and moved[6:].gt(0).all()

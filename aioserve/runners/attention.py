@@ -10,7 +10,8 @@ hook points are the ones transformers' own continuous batching uses
 
 This is the reference path: exact on CPU (``scaled_dot_product_attention`` per layer
 over a gathered, masked context: one call for the decoding sequences, one for the
-prefilling ones). No mask function is registered, so transformers skips building a
+prefilling ones; on the CPU decode groups take two batched products over a
+head-major cache, :mod:`~aioserve.runners.decode_attention`). No mask function is registered, so transformers skips building a
 causal mask (``masking_utils`` exits early for attention implementations without one).
 """
 
@@ -39,14 +40,25 @@ __all__ = [
 
 
 def _gather(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``[b * num_blocks, block_size * heads * dim]``: whole blocks of ``cache``.
+    """``[heads, n, block_size, dim]``: whole blocks ``blocks`` (``[n]`` int64) of a
+    layer's cache ``[rows, heads, dim]``, head-major.
 
-    index_select of whole blocks (rows of a 2-D view) is a plain copy of
-    block_size * heads * dim values each: several times cheaper on CPU than advanced
+    A head-major cache (a transposed view of ``[heads, rows, dim]`` storage, as the CPU
+    reference backend allocates it) gathers each head's blocks as contiguous slabs; a
+    token-major one (contiguous) gathers whole blocks as rows of a 2-D view, then
+    moves the head axis to the front (a view; with one head, no copy). index_select of
+    whole blocks is a plain copy, several times cheaper on the CPU than advanced
     indexing per slot, with the same values.
     """
-    width = int(cache.shape[1:].numel())  # a constant of the model, also while tracing
-    return cache.view(-1, block_size * width).index_select(0, blocks)
+    heads, dim = int(cache.shape[1]), int(cache.shape[2])
+    if cache.is_contiguous():
+        rows = cache.view(-1, block_size * heads * dim).index_select(0, blocks)
+        return rows.view(-1, block_size, heads, dim).permute(2, 0, 1, 3)
+    slabs = cache.transpose(0, 1).reshape(-1, block_size * dim)  # [heads * blocks, ...]
+    per_head = int(cache.shape[0]) // block_size
+    offsets = torch.arange(0, heads * per_head, per_head, device=blocks.device)
+    return slabs.index_select(0, (offsets[:, None] + blocks).view(-1)).view(
+        heads, -1, block_size, dim)
 
 
 def _attend(
@@ -62,21 +74,17 @@ def _attend(
     """One group's attention: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``."""
     batch, num_blocks = group.gather_blocks.shape
     blocks = group.gather_blocks.view(-1)
-    keys = _gather(k_cache, blocks, block_size)
-    values = _gather(v_cache, blocks, block_size)
-    kv_heads = int(k_cache.shape[1])
+    kv_heads, length = int(k_cache.shape[1]), num_blocks * block_size
+    keys = _gather(k_cache, blocks, block_size).reshape(kv_heads, batch, length, -1)
+    values = _gather(v_cache, blocks, block_size).reshape(kv_heads, batch, length, -1)
     mask = group.mask
     plain = rules is None or rules.plain
     if rules is not None and rules.window is not None:
         mask = group.window_masks[rules.window]
-    if plain and group.query_index is None and decode_attention.usable(q, kv_heads):
-        width = int(k_cache.shape[1:].numel())
-        return decode_attention.decode_attention(
-            q, keys.view(batch, -1, width), values.view(batch, -1, width), mask,
-            scaling, kv_heads,
-        )
-    keys = keys.view(batch, num_blocks * block_size, *k_cache.shape[1:]).transpose(1, 2)
-    values = values.view(batch, num_blocks * block_size, *v_cache.shape[1:]).transpose(1, 2)
+    if plain and group.query_index is None and q.device.type == "cpu" \
+            and keys.is_contiguous() and values.is_contiguous():
+        return decode_attention.decode_attention(q, keys, values, mask, scaling)
+    keys, values = keys.transpose(0, 1), values.transpose(0, 1)  # [b, kv_heads, L, dim]
     heads, dim = q.shape[1], q.shape[2]
     if group.query_index is None:
         q = q.unsqueeze(2)  # [b, q_heads, 1, k_dim]
@@ -86,7 +94,7 @@ def _attend(
     if rules is not None and (rules.softcap is not None or sinks is not None):
         out = eager_attention.attend(q, keys, values, mask, rules, sinks).transpose(1, 2)
     else:
-        gqa = bool(heads != kv_heads)  # a plain bool also while torch.jit traces
+        gqa = bool(heads != kv_heads)
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=scaling, enable_gqa=gqa
         ).transpose(1, 2)  # [b, Q, q_heads, v_dim]

@@ -1,46 +1,23 @@
-"""Decode attention on the CPU as two batched matrix products (block-diagonal queries).
+"""Decode attention on the CPU over head-major gathered keys: two batched matrix products.
 
 For a decode group (one query per sequence) ``scaled_dot_product_attention``'s CPU
-kernel works per (sequence, head) pair, and with small heads (head_dim 8-64) that
-bookkeeping costs more than the arithmetic. Here each sequence's query heads are
-laid out block-diagonally against its keys ``[L, kv_heads * head_dim]`` (the layout
-the block gather produces, no transpose copy): one ``baddbmm`` gives every head's
-scores, masked and scaled, one ``bmm`` every head's weighted values, and each head
-keeps the block of its own key/value head. The products with the zero blocks are
-exact zeros, so each head sees the same numbers as in a per-head product; only the
-summation order inside the matrix products differs from the fused kernel (about
-1e-7 relative, like any two attention kernels).
+kernel works per (sequence, head) pair, and with small heads that bookkeeping costs
+more than the arithmetic. On the CPU the reference backend keeps each layer's cache
+head-major (storage ``[kv_heads, rows, dim]``, see
+:func:`~aioserve.runners.model_loader.allocate_kv_cache`), so a block gather yields
+``[kv_heads, b, L, dim]``: every (KV head, sequence) pair is one contiguous ``[L, dim]``
+matrix, and the query heads sharing a KV head are the rows of one product. One
+``baddbmm`` gives every head's scores, masked and scaled, one ``bmm`` every head's
+weighted values; no product does work for another head (a block-diagonal form over
+token-major keys did ``kv_heads`` times the multiply-adds). Measured on the 2-core
+development box, 32 sequences x 304 keys, per layer: SmolLM2-135M's heads (9 query,
+3 KV, dim 64) 2.4 -> 1.3 ms, 16 query / 8 KV heads 7.8 -> 3.6 ms, the test model's
+(8 / 4, dim 8) 0.37 -> 0.39 ms.
 """
 
 from __future__ import annotations
 
 import torch
-
-#: Most KV heads for which the block-diagonal form is used (its score product does
-#: kv_heads times the useful multiply-adds).
-MAX_KV_HEADS = 8
-
-_SELECTORS: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}
-
-
-def head_selector(
-    heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """``[heads, kv_heads, 1]`` one-hot: query head h reads KV head ``h // (heads // kv_heads)``."""
-    key = (heads, kv_heads, dtype, device)
-    selector = _SELECTORS.get(key)
-    if selector is None:
-        group = heads // kv_heads
-        selector = torch.zeros(heads, kv_heads, 1, dtype=dtype, device=device)
-        selector[torch.arange(heads), torch.arange(heads) // group] = 1
-        _SELECTORS[key] = selector
-    return selector
-
-
-def usable(q: torch.Tensor, kv_heads: int) -> bool:
-    """True on the CPU for a grouped-query layout with few KV heads."""
-    heads = int(q.shape[1])
-    return q.device.type == "cpu" and kv_heads <= MAX_KV_HEADS and heads % kv_heads == 0
 
 
 def decode_attention(
@@ -49,28 +26,30 @@ def decode_attention(
     values: torch.Tensor,
     mask: torch.Tensor | None,
     scaling: float | None,
-    kv_heads: int,
 ) -> torch.Tensor:
-    """Attention of one query per sequence.
+    """Attention of one query per sequence (grouped-query heads).
 
     Args:
-        q: ``[b, heads, head_dim]``.
-        keys, values: ``[b, L, kv_heads * head_dim]``.
+        q: ``[b, heads, k_dim]``; heads a multiple of kv_heads (head h reads KV head
+            ``h // (heads // kv_heads)``).
+        keys: ``[kv_heads, b, L, k_dim]``, values ``[kv_heads, b, L, v_dim]``, contiguous.
         mask: ``[b, 1, 1, L]`` additive (0 or -inf), or None.
-        scaling: score scale (default ``head_dim ** -0.5``).
-        kv_heads: KV heads.
+        scaling: score scale (default ``k_dim ** -0.5``).
 
     Returns:
-        ``[b, heads, head_dim]``.
+        ``[b, heads, v_dim]``.
     """
-    heads, dim = int(q.shape[1]), int(q.shape[2])  # constants of the model
+    batch, heads, dim = (int(n) for n in q.shape)
+    kv_heads, length, v_dim = int(keys.shape[0]), int(keys.shape[2]), int(values.shape[3])
+    group = heads // kv_heads
     scale = scaling if scaling is not None else dim**-0.5
-    selector = head_selector(heads, kv_heads, q.dtype, q.device)
-    blocks = (q.unsqueeze(2) * selector).flatten(2)  # [b, heads, kv_heads * head_dim]
+    queries = q.view(batch, kv_heads, group, dim).transpose(0, 1).reshape(-1, group, dim)
+    keys_t = keys.view(-1, length, dim).transpose(1, 2)
     if mask is None:
-        scores = torch.bmm(blocks, keys.transpose(1, 2)).mul_(scale)
+        scores = torch.bmm(queries, keys_t).mul_(scale)
     else:
-        scores = torch.baddbmm(mask.flatten(1, 2), blocks, keys.transpose(1, 2), alpha=scale)
+        bias = mask.view(1, batch, 1, length).expand(kv_heads, -1, -1, -1)
+        scores = torch.baddbmm(bias.reshape(-1, 1, length), queries, keys_t, alpha=scale)
     weights = torch.softmax(scores, dim=-1)
-    out = torch.bmm(weights, values).unflatten(2, (kv_heads, dim))
-    return (out * selector).sum(2)
+    out = torch.bmm(weights, values.view(-1, length, v_dim))  # [kv_heads * b, group, v_dim]
+    return out.view(kv_heads, batch, group, v_dim).transpose(0, 1).reshape(batch, heads, v_dim)

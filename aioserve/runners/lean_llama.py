@@ -6,9 +6,12 @@ tensor parallelism): module calls, decorators and config look-ups around a few
 hundred aten ops per step. On the CPU a small model's step costs what its ops cost
 to launch from Python, so this forward runs the same computation with fewer ops and
 no module calls: the rotary embedding applied to queries and keys together, views
-without shape arithmetic, and aioserve's paged attention called directly. (The
-q/k/v projections stay three matrix products: fused into one, MKL's single-row
-kernel sums in another order and the logits are no longer bitwise transformers'.)
+without shape arithmetic, and aioserve's paged attention called directly. When the
+model's linear layers are oneDNN-packed (:mod:`~aioserve.runners.packed_linear`) the
+q/k/v projections are one matrix product and gate/up another (oneDNN's columns are
+the same bits fused or not); on plain weights they stay separate (fused, MKL's
+single-row kernel sums in another order and the logits are no longer bitwise
+transformers').
 
 Every element is computed by the same operations in the same order as in
 transformers (RMSNorm in float32, ``q * cos + rotate_half(q) * sin``, residual
@@ -26,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from aioserve.runners.attention import attend_groups
+from aioserve.runners.packed_linear import PackedLinear, linear_pointwise, pack_weight
 from aioserve.runners.paged_metadata import PagedAttentionMetadata
 
 _STATIC_ROPE = {"default", "linear", "llama3"}
@@ -65,20 +69,52 @@ class LeanLlama(torch.nn.Module):
         self.eps = float(config.rms_norm_eps)
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = inner.norm.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()
+        self.packed = isinstance(model.lm_head, PackedLinear)
+        self.lm_head = model.lm_head.packed if self.packed else model.lm_head.weight.detach()
         self.inv_freq = inner.rotary_emb.inv_freq.detach().float()
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.layers = [self._layer(layer) for layer in inner.layers]
         self.scaling = float(inner.layers[0].self_attn.scaling)
 
-    @staticmethod
-    def _layer(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    def _layer(self, layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+        """norm1, (q, k, v), o, norm2, (gate, up), down: dense weights, or on packed
+        models one packed weight for q/k/v and one for gate/up."""
         attn, mlp = layer.self_attn, layer.mlp
-        modules = (
-            layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-            layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj, mlp.down_proj,
-        )
-        return tuple(module.weight.detach() for module in modules)
+        norms = (layer.input_layernorm.weight.detach(),
+                 layer.post_attention_layernorm.weight.detach())
+        if not self.packed:
+            qkv = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+            gate_up = (mlp.gate_proj.weight, mlp.up_proj.weight)
+            return (norms[0], *(w.detach() for w in qkv), attn.o_proj.weight.detach(),
+                    norms[1], *(w.detach() for w in gate_up), mlp.down_proj.weight.detach())
+        fused_qkv = pack_weight(torch.cat([attn.q_proj.weight, attn.k_proj.weight,
+                                           attn.v_proj.weight]).detach())
+        fused_gate_up = pack_weight(torch.cat([mlp.gate_proj.weight,
+                                               mlp.up_proj.weight]).detach())
+        return (norms[0], fused_qkv, attn.o_proj.packed, norms[1], fused_gate_up,
+                mlp.down_proj.packed)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return linear_pointwise(x, weight) if self.packed else F.linear(x, weight)
+
+    def _qkv(self, h: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """Queries and keys side by side ``[T, (heads + kv_heads) * head_dim]``, values."""
+        if self.packed:
+            qkv = linear_pointwise(h, weights[0])
+            width = (self.heads + self.kv_heads) * self.head_dim
+            return qkv[:, :width], qkv[:, width:]
+        q_w, k_w, v_w = weights
+        return torch.cat((F.linear(h, q_w), F.linear(h, k_w)), dim=-1), F.linear(h, v_w)
+
+    def _mlp(self, h: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """``down(silu(gate(h)) * up(h))``."""
+        if self.packed:
+            gate_up = linear_pointwise(h, weights[0])
+            width = gate_up.shape[1] // 2
+            gate = gate_up[:, :width].contiguous()  # SiLU's vectorised kernel, as unfused
+            return linear_pointwise(F.silu(gate) * gate_up[:, width:], weights[1])
+        gate_w, up_w, down_w = weights
+        return F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' LlamaRMSNorm, op for op (float32 statistics; the casts, no-ops
@@ -115,25 +151,25 @@ class LeanLlama(torch.nn.Module):
         cos, sin = self._rope(position_ids, x.dtype)
         half = self.head_dim // 2
         slot_mapping = meta.slot_mapping
-        for index, (norm1, q_w, k_w, v_w, o_w, norm2, gate_w, up_w, down_w) in enumerate(
-            self.layers
-        ):
+        attention_weights = 3 if not self.packed else 1
+        for index, layer in enumerate(self.layers):
+            norm1, norm2 = layer[0], layer[attention_weights + 2]
             h = self._rms_norm(x, norm1)
-            qk = torch.cat((F.linear(h, q_w), F.linear(h, k_w)), dim=-1)
+            qk, v = self._qkv(h, layer[1: attention_weights + 1])
             qk = qk.unflatten(1, (-1, self.head_dim))
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = (qk * cos) + (rotated * sin)
             q, k = qk[:, : self.heads], qk[:, self.heads :]
-            v = F.linear(h, v_w).unflatten(1, (-1, self.head_dim))
+            v = v.unflatten(1, (-1, self.head_dim))
             k_cache, v_cache = meta.kv_caches[index]
             k_cache.index_copy_(0, slot_mapping, k)
             v_cache.index_copy_(0, slot_mapping, v)
             attn = attend_groups(q, k_cache, v_cache, meta, self.scaling)
-            x = x + F.linear(attn.flatten(1), o_w)
+            x = x + self._linear(attn.flatten(1), layer[attention_weights + 1])
             h = self._rms_norm(x, norm2)
-            x = x + F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
+            x = x + self._mlp(h, layer[attention_weights + 3:])
         kept = self._rms_norm(x, self.final_norm).index_select(0, keep)
-        return F.linear(kept, self.lm_head)
+        return self._linear(kept, self.lm_head)
 
 
 def lean_forward(

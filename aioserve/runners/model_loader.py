@@ -13,7 +13,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from aioserve.errors import UnsupportedModelError
-from aioserve.runners import layer_rules, model_adapters
+from aioserve.runners import layer_rules, model_adapters, packed_linear
 from aioserve.runners.attention_backend import AttentionBackend
 from aioserve.runners.layer_rules import LayerRules
 
@@ -21,8 +21,9 @@ from aioserve.runners.layer_rules import LayerRules
 def load_model(
     path: str, dtype: torch.dtype, device: torch.device, backend: AttentionBackend
 ) -> tuple[PreTrainedModel, dict[int, LayerRules]]:
-    """The model (eval mode, on ``device``, attention through ``backend``) and its
-    layers' rules by layer index.
+    """The model (eval mode, on ``device``, attention through ``backend``; its linear
+    layers on oneDNN-packed weights where :func:`~aioserve.runners.packed_linear.available`)
+    and its layers' rules by layer index.
 
     Raises:
         OSError: the model cannot be loaded.
@@ -35,6 +36,8 @@ def load_model(
     model_adapters.prepare(hf_config, name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=name)
     model = model.to(device).eval()
+    if packed_linear.available(device, dtype):
+        packed_linear.pack_linears(model)
     text_config = model.config.get_text_config()
     model_type = str(text_config.model_type)
     rules = layer_rules.discover(model, device)
@@ -68,14 +71,23 @@ def kv_bytes_per_token(rules: dict[int, LayerRules], dtype: torch.dtype) -> int:
 
 
 def allocate_kv_cache(
-    rules: dict[int, LayerRules], rows: int, dtype: torch.dtype, device: torch.device
+    rules: dict[int, LayerRules], rows: int, dtype: torch.dtype, device: torch.device,
+    head_major: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, zeroed K ``[rows, kv_heads, k_dim]`` and V ``[rows, kv_heads, v_dim]``:
-    separate K and V tensors let MLA layers (deepseek_v3) keep a narrower V."""
+    separate K and V tensors let MLA layers (deepseek_v3) keep a narrower V.
+
+    ``head_major``: each tensor is a transposed view of ``[kv_heads, rows, dim]``
+    storage (same shape and indexing, not contiguous), so a gather of one sequence's
+    blocks is one contiguous ``[L, dim]`` matrix per KV head (the CPU decode path,
+    :mod:`~aioserve.runners.decode_attention`)."""
+
+    def zeros(heads: int, dim: int) -> torch.Tensor:
+        if head_major:
+            return torch.zeros((heads, rows, dim), dtype=dtype, device=device).transpose(0, 1)
+        return torch.zeros((rows, heads, dim), dtype=dtype, device=device)
+
     return [
-        (
-            torch.zeros((rows, r.kv_heads, r.k_dim), dtype=dtype, device=device),
-            torch.zeros((rows, r.kv_heads, r.v_dim), dtype=dtype, device=device),
-        )
+        (zeros(r.kv_heads, r.k_dim), zeros(r.kv_heads, r.v_dim))
         for r in (rules[index] for index in range(len(rules)))
     ]

@@ -11,7 +11,7 @@ import torch
 
 from aioserve.config import EngineConfig
 from aioserve.runners import layer_rules, model_loader
-from aioserve.runners.attention_backend import AttentionBackend, backend_for
+from aioserve.runners.attention_backend import AttentionBackend, ReferenceBackend, backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.batch_sampler import BatchSampler
 from aioserve.runners.cuda_graphs import DecodeGraphs, model_decode_forward
@@ -76,9 +76,11 @@ class TorchRunner:
         graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
             and not config.enforce_eager
         # CUDA graphs' padding rows write into one scratch block the engine never sees
+        # the reference backend reads a CPU cache head-major (decode_attention.py)
+        head_major = self.device.type == "cpu" and isinstance(self.backend, ReferenceBackend)
         self.kv_caches = model_loader.allocate_kv_cache(
             self.layer_rules, (self.num_kv_blocks + graphs) * self.block_size, self.dtype,
-            self.device,
+            self.device, head_major,
         )
         # Twice the slots: a request whose last token is in flight still holds its
         # state while the request admitted in its place arrives (overlapped scheduling).

@@ -1,0 +1,82 @@
+"""Linear layers on oneDNN's pre-packed weights, for float32 forwards on the CPU.
+
+``torch.nn.functional.linear`` on the CPU calls MKL's ``sgemm`` with the weight as
+stored; for the small row counts of a decode step (tens of tokens) it reaches about
+half of what oneDNN reaches on a weight reordered once into its blocked layout (the
+same ops Inductor's weight "freezing" emits: ``mkldnn._reorder_linear_weight`` then
+``mkldnn._linear_pointwise``). Measured on the 2-core development box, 32 rows,
+SmolLM2-135M's shapes: q/k/v 68 -> 71, gate 39 -> 96, down 61 -> 75, lm_head
+43 -> 111 GFLOP/s. oneDNN's row results also do not depend on how many rows are in
+the call (a request's logits are the same alone or in a batch), which MKL's do not
+guarantee.
+
+Each ``torch.nn.Linear`` keeps its dense weight (transformers reads ``.weight`` for
+tying, dtypes and devices), so packing costs one more copy of the linear weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["PackedLinear", "available", "linear_pointwise", "pack_linears", "pack_weight"]
+
+#: Row count oneDNN is told to expect when it picks the packed layout (a decode step).
+EXPECTED_ROWS = 32
+
+
+def available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether packing applies: a float32 model on the CPU with oneDNN in this torch."""
+    return (device.type == "cpu" and dtype == torch.float32
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[out, in]`` float32 reordered into oneDNN's blocked layout (an
+    opaque tensor only :func:`linear_pointwise` reads)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, EXPECTED_ROWS)
+
+
+def linear_pointwise(
+    rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` float32 -> ``[n, out]``."""
+    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+
+
+class PackedLinear(torch.nn.Module):
+    """A ``torch.nn.Linear``'s forward on its weight packed by oneDNN.
+
+    Args:
+        linear: the layer (float32, CPU); it stays the owner of ``weight`` and ``bias``.
+    """
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.packed = pack_weight(linear.weight.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[..., in_features]`` float32 -> ``[..., out_features]``."""
+        rows = x.reshape(-1, self.in_features)
+        out = linear_pointwise(rows, self.packed, self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+
+
+def pack_linears(model: torch.nn.Module) -> int:
+    """Replace every ``torch.nn.Linear`` of ``model`` (in place) by a
+    :class:`PackedLinear`; returns how many were replaced. Call only where
+    :func:`available` holds."""
+    targets = [(parent, name, child)
+               for parent in model.modules()
+               for name, child in parent.named_children()
+               if type(child) is torch.nn.Linear]
+    for parent, name, child in targets:
+        setattr(parent, name, PackedLinear(child))
+    return len(targets)

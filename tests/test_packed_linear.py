@@ -1,0 +1,96 @@
+"""The CPU's oneDNN-packed linear layers and head-major KV cache keep the numbers.
+
+Packed linears must agree with ``torch.nn.Linear`` and give a row the same bits in any
+batch (the premise of batch invariance); the head-major cache must attend exactly as
+the token-major one does, for plain, windowed and soft-capped layers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aioserve import EngineConfig
+from aioserve.runners import model_loader, packed_linear
+from aioserve.runners.attention import attend_groups
+from aioserve.runners.layer_rules import LayerRules
+from aioserve.runners.paged_metadata import build_metadata
+
+needs_onednn = pytest.mark.skipif(
+    not packed_linear.available(torch.device("cpu"), torch.float32),
+    reason="this torch has no oneDNN",
+)
+
+
+@needs_onednn
+def test_packed_linear_agrees_with_linear_and_rows_ignore_their_batch():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 172, bias=True)
+    packed = packed_linear.PackedLinear(linear)
+    x = torch.randn(3, 77, 64)
+    with torch.inference_mode():
+        full = packed(x)
+        torch.testing.assert_close(full, linear(x), rtol=1e-5, atol=1e-5)
+        rows = x.reshape(-1, 64)
+        flat = full.reshape(-1, 172)
+        for count in (1, 2, 31, 32, 33, 100):
+            assert torch.equal(packed(rows[:count]), flat[:count])
+        assert torch.equal(packed(rows[150:151]), flat[150:151])
+
+
+@needs_onednn
+def test_fused_packed_projection_equals_its_parts():
+    torch.manual_seed(1)
+    parts = [torch.randn(n, 64) for n in (64, 32, 32)]
+    fused = packed_linear.pack_weight(torch.cat(parts))
+    x = torch.randn(11, 64)
+    want = torch.cat([packed_linear.linear_pointwise(x, packed_linear.pack_weight(w))
+                      for w in parts], dim=1)
+    assert torch.equal(packed_linear.linear_pointwise(x, fused), want)
+
+
+@needs_onednn
+def test_cpu_float32_runner_packs_every_linear(model_dir):
+    from aioserve.runners.torch_runner import TorchRunner
+
+    runner = TorchRunner(EngineConfig(model=model_dir, num_kv_blocks=8, device="cpu",
+                                      dtype="float32"))
+    try:
+        kinds = {type(m) for m in runner.model.modules()}
+        assert packed_linear.PackedLinear in kinds and torch.nn.Linear not in kinds
+        assert not runner.kv_caches[0][0].is_contiguous()  # head-major storage
+    finally:
+        runner.close()
+    assert not packed_linear.available(torch.device("cpu"), torch.bfloat16)
+
+
+RULES = {
+    "plain": None,
+    "window": LayerRules(8, 4, 16, 16, None, 5, None, False),
+    "softcap": LayerRules(8, 4, 16, 16, None, None, 30.0, False),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RULES))
+def test_head_major_cache_attends_as_token_major(kind):
+    torch.manual_seed(2)
+    rules = RULES[kind]
+    layer = LayerRules(8, 4, 16, 16, None, None, None, False)
+    caches = {major: model_loader.allocate_kv_cache({0: layer}, 12 * 4, torch.float32,
+                                                    torch.device("cpu"), major)[0]
+              for major in (False, True)}
+    filled = torch.randn(48, 4, 16), torch.randn(48, 4, 16)
+    for k_cache, v_cache in caches.values():
+        k_cache.copy_(filled[0])
+        v_cache.copy_(filled[1])
+    # two decoding sequences and one prefill chunk, over scattered blocks
+    starts, counts = np.array([9, 3, 4]), np.array([1, 1, 6])
+    tables = [[7, 2, 5], [0], [11, 4, 8]]
+    windows = (5,) if kind == "window" else ()
+    meta, _ = build_metadata([caches[False]], starts, counts, tables, 4,
+                             torch.device("cpu"), windows=windows)
+    q = torch.randn(int(counts.sum()), 8, 16)
+    want = attend_groups(q, *caches[False], meta, 0.25, rules)
+    got = attend_groups(q, *caches[True], meta, 0.25, rules)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
