@@ -18,7 +18,7 @@ from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import build_metadata
 
 needs_onednn = pytest.mark.skipif(
-    not packed_linear.available(torch.device("cpu"), torch.float32),
+    not packed_linear.available(torch.device("cpu"), torch.float32, 10**9),
     reason="this torch has no oneDNN",
 )
 
@@ -51,18 +51,24 @@ def test_fused_packed_projection_equals_its_parts():
 
 
 @needs_onednn
-def test_cpu_float32_runner_packs_every_linear(model_dir):
+@pytest.mark.parametrize("min_parameters", [0, packed_linear.MIN_PARAMETERS])
+def test_cpu_float32_runner_packs_the_linears_of_a_large_model(model_dir, monkeypatch,
+                                                               min_parameters):
     from aioserve.runners.torch_runner import TorchRunner
 
+    monkeypatch.setattr(packed_linear, "MIN_PARAMETERS", min_parameters)
     runner = TorchRunner(EngineConfig(model=model_dir, num_kv_blocks=8, device="cpu",
-                                      dtype="float32"))
+                                      dtype="float32", forward="lean-llama"))
     try:
         kinds = {type(m) for m in runner.model.modules()}
-        assert packed_linear.PackedLinear in kinds and torch.nn.Linear not in kinds
+        large = min_parameters == 0  # the test model has 292,800 parameters
+        assert (packed_linear.PackedLinear in kinds) is large
+        assert (torch.nn.Linear in kinds) is not large
+        assert runner.lean is not None and runner.lean.packed is large  # bitwise checked
         assert not runner.kv_caches[0][0].is_contiguous()  # head-major storage
     finally:
         runner.close()
-    assert not packed_linear.available(torch.device("cpu"), torch.bfloat16)
+    assert not packed_linear.available(torch.device("cpu"), torch.bfloat16, 10**9)
 
 
 RULES = {

@@ -63,6 +63,15 @@ def test_split_by_length_cuts_only_when_it_saves_work():
     assert len(split_by_length(rows[:3], lens, call_cost=0)) == 1
 
 
+def test_split_by_length_cuts_again_up_to_max_groups():
+    lens = np.array([10, 12, 150, 300, 310, 9, 160, 140, 8, 305])
+    rows = np.arange(lens.size)
+    groups = split_by_length(rows, lens, call_cost=100, max_groups=4)
+    assert sorted(np.concatenate(groups).tolist()) == rows.tolist()
+    assert [set(g.tolist()) for g in groups] == [{0, 1, 5, 8}, {2, 6, 7}, {3, 4, 9}]
+    assert len(split_by_length(rows, lens, call_cost=100, max_groups=2)) == 2
+
+
 def test_metadata_groups_cover_every_token_once(monkeypatch):
     monkeypatch.setattr(paged_metadata, "SPLIT_COST", 0)
     caches = [(torch.zeros(64 * 4, 2, 8), torch.zeros(64 * 4, 2, 8))]

@@ -2,8 +2,8 @@
 
 A packed batch is split into groups that attend separately, so one sequence's
 prefill never pads the decoding sequences' queries: *decode* groups (sequences
-feeding one token, Q = 1; split in two by context length when the short ones would
-mostly attend padding) and a *prefill* group (prompts, prompt chunks and recomputes,
+feeding one token, Q = 1; split in up to four by context length when the short
+ones would mostly attend padding) and a *prefill* group (prompts, prompt chunks and recomputes,
 padded to the longest of them). Keys are gathered by whole blocks. The index
 arithmetic runs in numpy (a microsecond per array where a small torch op costs
 several) and each result is copied to the device once.
@@ -52,7 +52,7 @@ class PagedAttentionMetadata:
         kv_caches: per layer, (K, V) of shapes ``[num_blocks * block_size, kv_heads, k_dim]``
             and ``[num_blocks * block_size, kv_heads, v_dim]`` (widths differ for MLA).
         slot_mapping: ``[T]`` int64, the cache slot each new token's K/V is written to.
-        groups: the decode and prefill :class:`AttentionGroup` (one to three).
+        groups: the decode and prefill :class:`AttentionGroup` (one to six).
         block_size: tokens per KV block.
     """
 
@@ -65,6 +65,10 @@ class PagedAttentionMetadata:
 #: Extra attention call, in key visits (rows x context positions): what one more
 #: ``scaled_dot_product_attention`` call plus the query/output shuffles cost on CPU.
 SPLIT_COST = 2048
+
+
+#: Most groups the decoding sequences are split into by context length.
+MAX_DECODE_GROUPS = 4
 
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -165,16 +169,18 @@ def window_mask(query_pos: np.ndarray, width: int, window: int) -> np.ndarray:
     return np.where(allowed, np.float32(0.0), np.float32(-np.inf))[:, None]
 
 
-def split_by_length(rows: np.ndarray, seq_lens: np.ndarray, call_cost: int) -> list[np.ndarray]:
-    """Split rows into one or two groups by length when that saves work.
+def split_by_length(
+    rows: np.ndarray, seq_lens: np.ndarray, call_cost: int, max_groups: int = 2
+) -> list[np.ndarray]:
+    """Split rows into up to ``max_groups`` groups by length when that saves work.
 
     Attention over a group costs about (rows x largest ``seq_lens``) visits, where
     ``seq_lens`` is the context for decode rows (or new tokens x context for
     prefill rows), plus ``call_cost`` for each extra call; the rows are sorted by
-    it and cut where the total is least (a sequence's result does not depend on
-    its group).
+    it and cut in two where the total is least, and each part is cut again while
+    ``max_groups`` allows (a sequence's result does not depend on its group).
     """
-    if rows.size < 4:
+    if rows.size < 4 or max_groups < 2:
         return [rows]
     order = rows[np.argsort(seq_lens[rows], kind="stable")]
     lens = seq_lens[order]
@@ -184,8 +190,12 @@ def split_by_length(rows: np.ndarray, seq_lens: np.ndarray, call_cost: int) -> l
     best = int(np.argmin(cost))
     if cost[best] >= n * lens[-1]:
         return [rows]
-    first, second = order[: best + 1], order[best + 1 :]
-    return [np.sort(first), np.sort(second)]
+    first, second = np.sort(order[: best + 1]), np.sort(order[best + 1 :])
+    if max_groups < 4:
+        return [first, second]
+    half = max_groups // 2
+    return [*split_by_length(first, seq_lens, call_cost, half),
+            *split_by_length(second, seq_lens, call_cost, max_groups - half)]
 
 
 def build_metadata(
@@ -232,7 +242,7 @@ def build_metadata(
     seq_lens = starts + counts
     cost = SPLIT_COST if split_cost is None else split_cost
     parts = [
-        *split_by_length(decode, seq_lens, cost),
+        *split_by_length(decode, seq_lens, cost, MAX_DECODE_GROUPS),
         # a prefill row costs about (new tokens x context) query-key pairs
         *split_by_length(prefill, seq_lens * counts, cost),
     ]
