@@ -15,10 +15,11 @@ Steps (each engine in its own process; nothing else of ours runs during a timed 
      ``TokensPrompt`` and ``SamplingParams(temperature=0, max_tokens=outs[i],
      ignore_eos=True, detokenize=False)``; one short warm-up generate, then the timed one;
      its log goes to $PEERS_DIR/vllm-real-shape-<bind>.log;
-  3. aioserve (unless --no-aioserve): ``python -m aioserve.cli bench throughput
-     --random-model ... --json --runs 1`` (its own warm-up, then one timed run); its
-     prompt and output token totals are checked against this driver's workload.
-One JSON line per engine run, then a summary line with aioserve / vLLM.
+  3. aioserve (unless --no-aioserve), per --aioserve-forward entry: ``python -m aioserve.cli
+     bench throughput --random-model ... --forward F --json --runs 1`` (its own warm-up,
+     then one timed run); its prompt and output token totals are checked against this
+     driver's workload.
+One JSON line per engine run, then a summary line per (aioserve forward, vLLM bind) pair.
 
 Neither engine detokenizes (the directory has no tokenizer). VLLM_CPU_OMP_THREADS_BIND:
 "auto" (vLLM's default: OMP threads on all cores of the node but one, reserved for the
@@ -27,6 +28,7 @@ cores, shared with the scheduler). VLLM_CPU_KVCACHE_SPACE: --vllm-kv-gib GiB.
 
     python3 benchmarks/peers_real_shape.py                      # smollm2-135m, bind auto
     python3 benchmarks/peers_real_shape.py --vllm-bind auto,0-1 --random-model qwen3-0.6b
+    python3 benchmarks/peers_real_shape.py --aioserve-forward transformers,lean-llama
 """
 
 from __future__ import annotations
@@ -144,25 +146,26 @@ def vllm_worker(job_path: str, result_path: str) -> None:
 
 
 def run_aioserve(a: argparse.Namespace, prompts: list[list[int]], outs: list[int],
-                 model: Path) -> dict[str, Any]:
-    """``aioserve bench throughput --random-model ... --json`` in its own process."""
+                 model: Path, forward: str) -> dict[str, Any]:
+    """``aioserve bench throughput --random-model ... --forward F --json`` in its own
+    process."""
     cmd = [sys.executable, "-m", "aioserve.cli", "bench", "throughput",
            "--random-model", a.random_model, "--num-prompts", str(a.num_prompts),
            "--input-len", f"{a.input_len[0]}:{a.input_len[1]}",
            "--output-len", f"{a.output_len[0]}:{a.output_len[1]}", "--seed", str(a.seed),
-           "--max-num-seqs", str(a.max_num_seqs), "--runs", "1", "--json",
+           "--max-num-seqs", str(a.max_num_seqs), "--runs", "1", "--json", "--forward", forward,
            "--enable-prefix-caching" if a.prefix_caching else "--no-enable-prefix-caching"]
     out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
                          text=True)
     if out.returncode != 0:
-        return {"engine": "aioserve", "error": f"rc={out.returncode}",
+        return {"engine": "aioserve", "forward": forward, "error": f"rc={out.returncode}",
                 "tail": out.stderr.strip().splitlines()[-5:]}
     report = json.loads(out.stdout.strip().splitlines()[-1])
     median = report["median"]["aioserve"]
     same = (median["output_tokens"] == sum(outs)
             and median["prompt_tokens"] == sum(map(len, prompts))
             and report["workload"]["model"] == str(model))
-    return {"engine": "aioserve", "wall_s": round(median["elapsed_s"], 3),
+    return {"engine": "aioserve", "forward": forward, "wall_s": round(median["elapsed_s"], 3),
             "output_tok_s": round(median["output_tokens_per_s"], 1),
             "output_tokens": median["output_tokens"], "prompt_tokens": median["prompt_tokens"],
             "same_workload_and_model": same, "threads": report["threads"],
@@ -192,6 +195,9 @@ def main() -> None:
     ap.add_argument("--vllm-max-model-len", type=int, default=512)
     ap.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
     ap.add_argument("--no-aioserve", dest="aioserve", action="store_false")
+    ap.add_argument("--aioserve-forward", default="transformers",
+                    help="aioserve --forward value(s), comma-separated "
+                         "(e.g. transformers,lean-llama)")
     a = ap.parse_args()
     model = model_dir(a.random_model)
     prompts, outs = workload(model, a)
@@ -210,15 +216,17 @@ def main() -> None:
                 break
             rows.append(run_vllm(a, model, job, bind) | {"load": os.getloadavg()})
             emit(rows[-1])
-    if a.aioserve:
-        rows.append(run_aioserve(a, prompts, outs, model) | {"load": os.getloadavg()})
+    forwards = [f.strip() for f in a.aioserve_forward.split(",") if f.strip()]
+    for forward in forwards if a.aioserve else []:
+        rows.append(run_aioserve(a, prompts, outs, model, forward) | {"load": os.getloadavg()})
         emit(rows[-1])
-    ours = next((r["output_tok_s"] for r in rows if r["engine"] == "aioserve"
-                 and "output_tok_s" in r), None)
-    for row in rows:
-        if row["engine"] == "vllm" and "output_tok_s" in row and ours is not None:
-            emit({"summary": f"aioserve / vllm (bind {row['omp_bind']})",
-                  "ratio": round(ours / row["output_tok_s"], 3)})
+    for ours in rows:
+        if ours["engine"] != "aioserve" or "output_tok_s" not in ours:
+            continue
+        for row in rows:
+            if row["engine"] == "vllm" and "output_tok_s" in row:
+                emit({"summary": f"aioserve {ours['forward']} / vllm (bind {row['omp_bind']})",
+                      "ratio": round(ours["output_tok_s"] / row["output_tok_s"], 3)})
 
 
 if __name__ == "__main__":
