@@ -88,10 +88,13 @@ def run_config(batch: int, context: int, dtype: torch.dtype, device: torch.devic
             figures.append(None)
             continue
         backend = backend_for(name, device)
-        meta, _ = backend.build_metadata([(k_cache, v_cache)], [context - 1] * batch,
+        k, v = k_cache, v_cache
+        if name == "reference" and device.type == "cpu":  # the runner's head-major layout
+            k, v = (c.transpose(0, 1).contiguous().transpose(0, 1) for c in (k_cache, v_cache))
+        meta, _ = backend.build_metadata([(k, v)], [context - 1] * batch,
                                          [1] * batch, tables, BLOCK_SIZE, device, ())
-        figures.append(timed(lambda b=backend, m=meta: b.attend(q, k_cache, v_cache, m, rules,
-                                                                None),
+        figures.append(timed(lambda b=backend, m=meta, k=k, v=v: b.attend(q, k, v, m, rules,
+                                                                          None),
                              device, args.warmup, args.runs))
     return figures[0], figures[1]
 

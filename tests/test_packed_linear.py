@@ -65,28 +65,36 @@ def test_cpu_float32_runner_packs_the_linears_of_a_large_model(model_dir, monkey
         assert (packed_linear.PackedLinear in kinds) is large
         assert (torch.nn.Linear in kinds) is not large
         assert runner.lean is not None and runner.lean.packed is large  # bitwise checked
+        if large:  # the lean forward holds q/k/v and gate/up fused; the layers' copies go
+            attn = runner.model.model.layers[0].self_attn
+            q_proj = attn.q_proj
+            assert q_proj.packed is None and attn.o_proj.packed is not None
+            with pytest.raises(RuntimeError, match="released"):
+                q_proj(torch.zeros(1, 64))
         assert not runner.kv_caches[0][0].is_contiguous()  # head-major storage
     finally:
         runner.close()
     assert not packed_linear.available(torch.device("cpu"), torch.bfloat16, 10**9)
 
 
-RULES = {
-    "plain": None,
-    "window": LayerRules(8, 4, 16, 16, None, 5, None, False),
-    "softcap": LayerRules(8, 4, 16, 16, None, None, 30.0, False),
+RULES = {  # (layer rules, or None for a plain layer; KV heads; K width; V width)
+    "plain": (None, 4, 16, 16),
+    "one-kv-head": (None, 1, 16, 16),
+    "window": (LayerRules(8, 4, 16, 16, None, 5, None, False), 4, 16, 16),
+    "softcap": (LayerRules(8, 4, 16, 16, None, None, 30.0, False), 4, 16, 16),
+    "mla-widths": (LayerRules(8, 4, 24, 16, None, None, None, False), 4, 24, 16),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(RULES))
 def test_head_major_cache_attends_as_token_major(kind):
     torch.manual_seed(2)
-    rules = RULES[kind]
-    layer = LayerRules(8, 4, 16, 16, None, None, None, False)
+    rules, kv_heads, k_dim, v_dim = RULES[kind]
+    layer = LayerRules(8, kv_heads, k_dim, v_dim, None, None, None, False)
     caches = {major: model_loader.allocate_kv_cache({0: layer}, 12 * 4, torch.float32,
                                                     torch.device("cpu"), major)[0]
               for major in (False, True)}
-    filled = torch.randn(48, 4, 16), torch.randn(48, 4, 16)
+    filled = torch.randn(48, kv_heads, k_dim), torch.randn(48, kv_heads, v_dim)
     for k_cache, v_cache in caches.values():
         k_cache.copy_(filled[0])
         v_cache.copy_(filled[1])
@@ -96,7 +104,7 @@ def test_head_major_cache_attends_as_token_major(kind):
     windows = (5,) if kind == "window" else ()
     meta, _ = build_metadata([caches[False]], starts, counts, tables, 4,
                              torch.device("cpu"), windows=windows)
-    q = torch.randn(int(counts.sum()), 8, 16)
+    q = torch.randn(int(counts.sum()), 8, k_dim)
     want = attend_groups(q, *caches[False], meta, 0.25, rules)
     got = attend_groups(q, *caches[True], meta, 0.25, rules)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -4,7 +4,7 @@ Any transformers decoder model runs unchanged: the model is loaded with
 ``attn_implementation=ATTENTION_NAME``; each attention layer then calls
 :func:`paged_attention`, which writes the step's new keys/values into the paged KV
 cache and attends over each sequence's own context only (no padding is shared
-between requests, so a request's result never depends on its batch-mates). The
+between requests, so a request never attends its batch-mates' keys). The
 hook points are the ones transformers' own continuous batching uses
 (``AttentionInterface`` / ``AttentionMaskInterface``, Apache-2.0).
 
@@ -83,7 +83,7 @@ def _attend(
     if rules is not None and rules.window is not None:
         mask = group.window_masks[rules.window]
     if plain and group.query_index is None and q.device.type == "cpu" \
-            and keys.is_contiguous() and values.is_contiguous():
+            and q.dtype == torch.float32 and keys.is_contiguous() and values.is_contiguous():
         return decode_attention.decode_attention(q, keys, values, mask, scaling)
     keys, values = keys.transpose(0, 1), values.transpose(0, 1)  # [b, kv_heads, L, dim]
     heads, dim = q.shape[1], q.shape[2]

@@ -1,8 +1,9 @@
 """Per-step metadata of the FlexAttention backend: host-built for any step, or
 graph-safe from static device buffers for a decode step.
 
-A step attends in up to two groups, like the reference backend: the decoding
-sequences (one query each) and the prefilling ones (queries padded to the
+A step attends in up to two groups: the decoding sequences (one query each; the
+reference backend may cut them into up to four by context length) and the prefilling
+ones (queries padded to the
 longest; padding queries see nothing and are dropped). Each group carries one
 :class:`~torch.nn.attention.flex_attention.BlockMask` per sliding window (see
 :mod:`~aioserve.runners.flex_masks`), built once per step and shared by every layer.

@@ -16,7 +16,7 @@ transformers').
 Every element is computed by the same operations in the same order as in
 transformers (RMSNorm in float32, ``q * cos + rotate_half(q) * sin``, residual
 adds, SiLU-gated MLP), and the runner checks at load that its logits equal the
-model's own bit for bit on a probe step (else it keeps transformers' forward).
+model's own bit for bit on a probe step (else it refuses the option).
 Supported: ``model_type == "llama"`` without projection biases, SiLU activation, a
 static rotary embedding and plain attention layers.
 """
@@ -194,4 +194,9 @@ def lean_forward(
     if not all(torch.equal(a, b) for a, b in zip(want, got)):
         raise ValueError("forward: lean-llama's logits differ from transformers' on this "
                          "model; use --forward transformers")
+    if lean.packed:  # its fused copies replace the layers' own: keep one packed copy
+        for layer in model.model.layers:
+            for module in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                           layer.self_attn.v_proj, layer.mlp.gate_proj, layer.mlp.up_proj):
+                module.release()
     return lean

@@ -36,7 +36,7 @@ def load_model(
     model_adapters.prepare(hf_config, name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=name)
     model = model.to(device).eval()
-    if packed_linear.available(device, dtype, model.num_parameters()):
+    if packed_linear.available(device, dtype, packed_linear.linear_parameters(model)):
         packed_linear.pack_linears(model)
     text_config = model.config.get_text_config()
     model_type = str(text_config.model_type)

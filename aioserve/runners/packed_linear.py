@@ -2,13 +2,13 @@
 
 ``torch.nn.functional.linear`` on the CPU calls MKL's ``sgemm`` with the weight as
 stored; for the small row counts of a decode step (tens of tokens) it reaches about
-half of what oneDNN reaches on a weight reordered once into its blocked layout (the
-same ops Inductor's weight "freezing" emits: ``mkldnn._reorder_linear_weight`` then
-``mkldnn._linear_pointwise``). Measured on the 2-core development box, 32 rows,
+half of what oneDNN reaches on a weight reordered once into its blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``, then ``_linear_pointwise``, ops torch
+ships for Inductor). Measured on the 2-core development box (AVX2), 32 rows,
 SmolLM2-135M's shapes: q/k/v 68 -> 71, gate 39 -> 96, down 61 -> 75, lm_head
-43 -> 111 GFLOP/s. oneDNN's row results also do not depend on how many rows are in
-the call (a request's logits are the same alone or in a batch), which MKL's do not
-guarantee.
+43 -> 111 GFLOP/s. There, oneDNN's row results also did not depend on how many rows
+were in the call (1 to 1,000, 1 to 4 threads), where MKL's did; oneDNN picks its
+blocking per shape and machine, so this is a measured property, not a promise.
 
 oneDNN pays a fixed cost per call (25-60 us measured, against 3-20 us for MKL on a
 64 x 172 weight), so a small model, whose step is mostly such calls, is not packed:
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PackedLinear", "available", "linear_pointwise", "pack_linears", "pack_weight"]
+__all__ = ["PackedLinear", "available", "linear_parameters", "linear_pointwise", "pack_linears",
+           "pack_weight"]
 
 #: Row count oneDNN is told to expect when it picks the packed layout (a decode step).
 EXPECTED_ROWS = 32
@@ -32,12 +33,18 @@ MIN_PARAMETERS = 20_000_000
 
 
 def available(device: torch.device, dtype: torch.dtype, num_parameters: int) -> bool:
-    """Whether packing applies: a float32 model of at least :data:`MIN_PARAMETERS`
-    parameters on the CPU, with oneDNN in this torch."""
+    """Whether packing applies: a float32 model whose linear layers hold at least
+    :data:`MIN_PARAMETERS` parameters, on the CPU, with oneDNN in this torch."""
     return (device.type == "cpu" and dtype == torch.float32
             and num_parameters >= MIN_PARAMETERS
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def linear_parameters(model: torch.nn.Module) -> int:
+    """Weights of ``model``'s ``torch.nn.Linear`` layers, in parameters (a tied
+    lm_head counts)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -69,23 +76,36 @@ class PackedLinear(torch.nn.Module):
         self.packed = pack_weight(linear.weight.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` ``[..., in_features]`` float32 -> ``[..., out_features]``."""
+        """``x`` ``[..., in_features]`` float32 -> ``[..., out_features]``.
+
+        Raises:
+            RuntimeError: the packed weight was handed over (:meth:`release`).
+        """
+        if self.packed is None:
+            raise RuntimeError("this layer's packed weight was released (the lean forward "
+                               "holds it fused)")
         rows = x.reshape(-1, self.in_features)
         out = linear_pointwise(rows, self.packed, self.bias)
         return out.view(*x.shape[:-1], self.out_features)
+
+    def release(self) -> None:
+        """Drop the packed copy (a fused copy elsewhere replaces it); the dense
+        weight stays."""
+        self.packed = None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
 
 
 def pack_linears(model: torch.nn.Module) -> int:
-    """Replace every ``torch.nn.Linear`` of ``model`` (in place) by a
+    """Replace every float32 ``torch.nn.Linear`` of ``model`` (in place) by a
     :class:`PackedLinear`; returns how many were replaced. Call only where
-    :func:`available` holds."""
+    :func:`available` holds. The packed copy is taken now: later in-place changes of
+    ``.weight`` do not reach the forward."""
     targets = [(parent, name, child)
                for parent in model.modules()
                for name, child in parent.named_children()
-               if type(child) is torch.nn.Linear]
+               if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child))
     return len(targets)

@@ -178,7 +178,8 @@ def split_by_length(
     ``seq_lens`` is the context for decode rows (or new tokens x context for
     prefill rows), plus ``call_cost`` for each extra call; the rows are sorted by
     it and cut in two where the total is least, and each part is cut again while
-    ``max_groups`` allows (a sequence's result does not depend on its group).
+    ``max_groups`` allows (a sequence attends only its own context in any group; only
+    the padding's length, and so the rounding of its sums, differs).
     """
     if rows.size < 4 or max_groups < 2:
         return [rows]
