@@ -40,9 +40,20 @@ __all__ = [
 ]
 
 
-def _gather(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``[heads, n, block_size, dim]``: whole blocks ``blocks`` (``[n]`` int64) of a
-    layer's cache ``[rows, heads, dim]``, head-major.
+def _gather_index(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Rows of :func:`_gather`'s 2-D view of ``cache`` holding ``blocks`` (``[n]``
+    int64): the blocks themselves for a token-major cache, each head's copy of them
+    (``[heads * n]``) for a head-major one. K and V of a layer share it."""
+    if cache.is_contiguous():
+        return blocks
+    per_head = int(cache.shape[0]) // block_size
+    offsets = torch.arange(0, int(cache.shape[1]) * per_head, per_head, device=blocks.device)
+    return (offsets[:, None] + blocks).view(-1)
+
+
+def _gather(cache: torch.Tensor, index: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[heads, n, block_size, dim]``: whole blocks of a layer's cache
+    ``[rows, heads, dim]``, head-major (``index`` from :func:`_gather_index`).
 
     A head-major cache (a transposed view of ``[heads, rows, dim]`` storage, as the CPU
     reference backend allocates it) gathers each head's blocks as contiguous slabs; a
@@ -53,13 +64,10 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch
     """
     heads, dim = int(cache.shape[1]), int(cache.shape[2])
     if cache.is_contiguous():
-        rows = cache.view(-1, block_size * heads * dim).index_select(0, blocks)
+        rows = cache.view(-1, block_size * heads * dim).index_select(0, index)
         return rows.view(-1, block_size, heads, dim).permute(2, 0, 1, 3)
     slabs = cache.transpose(0, 1).reshape(-1, block_size * dim)  # [heads * blocks, ...]
-    per_head = int(cache.shape[0]) // block_size
-    offsets = torch.arange(0, heads * per_head, per_head, device=blocks.device)
-    return slabs.index_select(0, (offsets[:, None] + blocks).view(-1)).view(
-        heads, -1, block_size, dim)
+    return slabs.index_select(0, index).view(heads, -1, block_size, dim)
 
 
 def _attend(
@@ -74,10 +82,10 @@ def _attend(
 ) -> torch.Tensor:
     """One group's attention: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``."""
     batch, num_blocks = group.gather_blocks.shape
-    blocks = group.gather_blocks.view(-1)
     kv_heads, length = int(k_cache.shape[1]), num_blocks * block_size
-    keys = _gather(k_cache, blocks, block_size).reshape(kv_heads, batch, length, -1)
-    values = _gather(v_cache, blocks, block_size).reshape(kv_heads, batch, length, -1)
+    index = _gather_index(k_cache, group.gather_blocks.view(-1), block_size)
+    keys = _gather(k_cache, index, block_size).reshape(kv_heads, batch, length, -1)
+    values = _gather(v_cache, index, block_size).reshape(kv_heads, batch, length, -1)
     mask = group.mask
     plain = rules is None or rules.plain
     if rules is not None and rules.window is not None:

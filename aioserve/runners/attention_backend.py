@@ -56,6 +56,14 @@ class AttentionBackend(Protocol):
         ...
 
 
+def uneven_heads(rules: LayerRules) -> str | None:
+    """Why no backend can serve a layer whose query heads do not share its KV heads
+    evenly (grouped-query attention needs a whole group per KV head), or None."""
+    if rules.q_heads % rules.kv_heads:
+        return f"{rules.q_heads} query heads do not share {rules.kv_heads} KV heads evenly"
+    return None
+
+
 class ReferenceBackend:
     """The exact backend: every rule of :class:`LayerRules`, on any device."""
 
@@ -65,9 +73,7 @@ class ReferenceBackend:
         return attention.register()
 
     def unsupported(self, rules: LayerRules) -> str | None:
-        if rules.q_heads % rules.kv_heads:
-            return f"{rules.q_heads} query heads do not share {rules.kv_heads} KV heads evenly"
-        return None
+        return uneven_heads(rules)
 
     def build_metadata(
         self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],

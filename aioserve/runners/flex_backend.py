@@ -29,6 +29,7 @@ from torch.nn.attention.flex_attention import flex_attention
 from transformers import AttentionInterface
 
 from aioserve.runners import attention, flex_metadata, layer_rules
+from aioserve.runners.attention_backend import uneven_heads
 from aioserve.runners.flex_metadata import FlexGroup, FlexMetadata
 from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import PagedAttentionMetadata
@@ -137,8 +138,8 @@ class FlexBackend:
         return ATTENTION_NAME
 
     def unsupported(self, rules: LayerRules) -> str | None:
-        if rules.q_heads % rules.kv_heads:
-            return f"{rules.q_heads} query heads do not share {rules.kv_heads} KV heads evenly"
+        if (uneven := uneven_heads(rules)) is not None:
+            return uneven
         if rules.sinks:
             return "attention sinks: flex's score function cannot add a sink to the softmax"
         if rules.k_dim != rules.v_dim:

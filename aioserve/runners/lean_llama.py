@@ -34,6 +34,11 @@ from aioserve.runners.paged_metadata import PagedAttentionMetadata
 
 _STATIC_ROPE = {"default", "linear", "llama3"}
 
+#: One layer's weights: norm1, q/k/v (three, or one fused packed), o, norm2,
+#: gate/up/down (three, or fused gate/up packed and down packed).
+LayerWeights = tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor,
+                     tuple[torch.Tensor, ...]]
+
 
 def supports(model: torch.nn.Module) -> bool:
     """True for a transformers Llama model this forward reproduces."""
@@ -76,23 +81,24 @@ class LeanLlama(torch.nn.Module):
         self.layers = [self._layer(layer) for layer in inner.layers]
         self.scaling = float(inner.layers[0].self_attn.scaling)
 
-    def _layer(self, layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
-        """norm1, (q, k, v), o, norm2, (gate, up), down: dense weights, or on packed
-        models one packed weight for q/k/v and one for gate/up."""
+    def _layer(self, layer: torch.nn.Module) -> LayerWeights:
+        """One layer's weights: dense, or on packed models one packed weight for
+        q/k/v and one for gate/up."""
         attn, mlp = layer.self_attn, layer.mlp
-        norms = (layer.input_layernorm.weight.detach(),
-                 layer.post_attention_layernorm.weight.detach())
+        norm1 = layer.input_layernorm.weight.detach()
+        norm2 = layer.post_attention_layernorm.weight.detach()
         if not self.packed:
-            qkv = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-            gate_up = (mlp.gate_proj.weight, mlp.up_proj.weight)
-            return (norms[0], *(w.detach() for w in qkv), attn.o_proj.weight.detach(),
-                    norms[1], *(w.detach() for w in gate_up), mlp.down_proj.weight.detach())
+            return (norm1, tuple(m.weight.detach() for m in (attn.q_proj, attn.k_proj,
+                                                             attn.v_proj)),
+                    attn.o_proj.weight.detach(), norm2,
+                    tuple(m.weight.detach() for m in (mlp.gate_proj, mlp.up_proj,
+                                                      mlp.down_proj)))
         fused_qkv = pack_weight(torch.cat([attn.q_proj.weight, attn.k_proj.weight,
                                            attn.v_proj.weight]).detach())
         fused_gate_up = pack_weight(torch.cat([mlp.gate_proj.weight,
                                                mlp.up_proj.weight]).detach())
-        return (norms[0], fused_qkv, attn.o_proj.packed, norms[1], fused_gate_up,
-                mlp.down_proj.packed)
+        return norm1, (fused_qkv,), attn.o_proj.packed, norm2, (fused_gate_up,
+                                                                 mlp.down_proj.packed)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return linear_pointwise(x, weight) if self.packed else F.linear(x, weight)
@@ -151,11 +157,9 @@ class LeanLlama(torch.nn.Module):
         cos, sin = self._rope(position_ids, x.dtype)
         half = self.head_dim // 2
         slot_mapping = meta.slot_mapping
-        attention_weights = 3 if not self.packed else 1
-        for index, layer in enumerate(self.layers):
-            norm1, norm2 = layer[0], layer[attention_weights + 2]
+        for index, (norm1, qkv_w, o_w, norm2, mlp_w) in enumerate(self.layers):
             h = self._rms_norm(x, norm1)
-            qk, v = self._qkv(h, layer[1: attention_weights + 1])
+            qk, v = self._qkv(h, qkv_w)
             qk = qk.unflatten(1, (-1, self.head_dim))
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = (qk * cos) + (rotated * sin)
@@ -165,9 +169,9 @@ class LeanLlama(torch.nn.Module):
             k_cache.index_copy_(0, slot_mapping, k)
             v_cache.index_copy_(0, slot_mapping, v)
             attn = attend_groups(q, k_cache, v_cache, meta, self.scaling)
-            x = x + self._linear(attn.flatten(1), layer[attention_weights + 1])
+            x = x + self._linear(attn.flatten(1), o_w)
             h = self._rms_norm(x, norm2)
-            x = x + self._mlp(h, layer[attention_weights + 3:])
+            x = x + self._mlp(h, mlp_w)
         kept = self._rms_norm(x, self.final_norm).index_select(0, keep)
         return self._linear(kept, self.lm_head)
 

@@ -75,9 +75,9 @@ class TorchRunner:
         self.num_kv_blocks = self._num_blocks(config)
         graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
             and not config.enforce_eager
-        # CUDA graphs' padding rows write into one scratch block the engine never sees
         # the reference backend reads a CPU cache head-major (decode_attention.py)
         head_major = self.device.type == "cpu" and isinstance(self.backend, ReferenceBackend)
+        # CUDA graphs' padding rows write into one scratch block the engine never sees
         self.kv_caches = model_loader.allocate_kv_cache(
             self.layer_rules, (self.num_kv_blocks + graphs) * self.block_size, self.dtype,
             self.device, head_major,
