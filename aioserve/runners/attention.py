@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from aioserve.runners import decode_attention, eager_attention, layer_rules
+from aioserve.runners.kv_gather import GatherBuffers, gather, gather_index
 from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
 
@@ -40,36 +41,6 @@ __all__ = [
 ]
 
 
-def _gather_index(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Rows of :func:`_gather`'s 2-D view of ``cache`` holding ``blocks`` (``[n]``
-    int64): the blocks themselves for a token-major cache, each head's copy of them
-    (``[heads * n]``) for a head-major one. K and V of a layer share it."""
-    if cache.is_contiguous():
-        return blocks
-    per_head = int(cache.shape[0]) // block_size
-    offsets = torch.arange(0, int(cache.shape[1]) * per_head, per_head, device=blocks.device)
-    return (offsets[:, None] + blocks).view(-1)
-
-
-def _gather(cache: torch.Tensor, index: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``[heads, n, block_size, dim]``: whole blocks of a layer's cache
-    ``[rows, heads, dim]``, head-major (``index`` from :func:`_gather_index`).
-
-    A head-major cache (a transposed view of ``[heads, rows, dim]`` storage, as the CPU
-    reference backend allocates it) gathers each head's blocks as contiguous slabs; a
-    token-major one (contiguous) gathers whole blocks as rows of a 2-D view, then
-    moves the head axis to the front (a view; with one head, no copy). index_select of
-    whole blocks is a plain copy, several times cheaper on the CPU than advanced
-    indexing per slot, with the same values.
-    """
-    heads, dim = int(cache.shape[1]), int(cache.shape[2])
-    if cache.is_contiguous():
-        rows = cache.view(-1, block_size * heads * dim).index_select(0, index)
-        return rows.view(-1, block_size, heads, dim).permute(2, 0, 1, 3)
-    slabs = cache.transpose(0, 1).reshape(-1, block_size * dim)  # [heads * blocks, ...]
-    return slabs.index_select(0, index).view(heads, -1, block_size, dim)
-
-
 def _attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -79,13 +50,15 @@ def _attend(
     block_size: int,
     rules: LayerRules | None = None,
     sinks: torch.Tensor | None = None,
+    buffers: GatherBuffers | None = None,
 ) -> torch.Tensor:
-    """One group's attention: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``."""
+    """One group's attention: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``
+    (keys and values gathered into ``buffers``, see :mod:`~aioserve.runners.kv_gather`)."""
     batch, num_blocks = group.gather_blocks.shape
     kv_heads, length = int(k_cache.shape[1]), num_blocks * block_size
-    index = _gather_index(k_cache, group.gather_blocks.view(-1), block_size)
-    keys = _gather(k_cache, index, block_size).reshape(kv_heads, batch, length, -1)
-    values = _gather(v_cache, index, block_size).reshape(kv_heads, batch, length, -1)
+    index = gather_index(k_cache, group.gather_blocks.view(-1), block_size)
+    keys = gather(k_cache, index, block_size, buffers, 0).reshape(kv_heads, batch, length, -1)
+    values = gather(v_cache, index, block_size, buffers, 1).reshape(kv_heads, batch, length, -1)
     mask = group.mask
     plain = rules is None or rules.plain
     if rules is not None and rules.window is not None:
@@ -174,14 +147,15 @@ def attend_groups(
     ``rules`` None: a plain layer (no window, soft-cap or sinks; equal K/V widths)."""
     size = meta.block_size
     if len(meta.groups) == 1 and meta.groups[0].token_index is None:
-        return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size, rules, sinks)
+        return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size, rules, sinks,
+                       meta.buffers)
     out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))
     for group in meta.groups:
         assert group.token_index is not None
         part = q.index_select(0, group.token_index)
         out.index_copy_(
             0, group.token_index,
-            _attend(part, k_cache, v_cache, group, scaling, size, rules, sinks),
+            _attend(part, k_cache, v_cache, group, scaling, size, rules, sinks, meta.buffers),
         )
     return out
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from aioserve.runners import attention, paged_metadata
+from aioserve.runners.kv_gather import GatherBuffers
 from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import PagedAttentionMetadata
 
@@ -65,9 +66,14 @@ def uneven_heads(rules: LayerRules) -> str | None:
 
 
 class ReferenceBackend:
-    """The exact backend: every rule of :class:`LayerRules`, on any device."""
+    """The exact backend: every rule of :class:`LayerRules`, on any device. Its
+    layers gather blocks into buffers it keeps (:class:`GatherBuffers`), so one
+    backend serves one runner, whose steps run one after another."""
 
     attention_name = attention.ATTENTION_NAME
+
+    def __init__(self) -> None:
+        self.buffers = GatherBuffers()
 
     def register(self) -> str:
         return attention.register()
@@ -83,7 +89,7 @@ class ReferenceBackend:
     ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
         return paged_metadata.build_metadata(
             kv_caches, start_positions, num_new_tokens, block_tables, block_size, device,
-            windows=windows,
+            windows=windows, buffers=self.buffers,
         )
 
     def attend(

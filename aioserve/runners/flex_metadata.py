@@ -107,7 +107,8 @@ def build_metadata(
             None if everything else to_device(token_index, device),
             query_index, query_valid, int(rows.size), q_len, masks,
         ))
-    meta = FlexMetadata(kv_caches, to_device(slots, device), (), block_size, tuple(groups))
+    meta = FlexMetadata(kv_caches, to_device(slots, device), (), block_size,
+                        flex_groups=tuple(groups))
     return meta, to_device(positions, device)
 
 
@@ -138,4 +139,4 @@ def decode_metadata(
         block_table, seq_lens, block_size, int(kv_caches[0][0].shape[0]), (None, *windows)
     )
     group = FlexGroup(None, None, None, int(block_table.shape[0]), 1, masks)
-    return FlexMetadata(kv_caches, slot_mapping, (), block_size, (group,))
+    return FlexMetadata(kv_caches, slot_mapping, (), block_size, flex_groups=(group,))

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from aioserve.runners.kv_gather import GatherBuffers
+
 
 @dataclass(frozen=True)
 class AttentionGroup:
@@ -54,12 +56,15 @@ class PagedAttentionMetadata:
         slot_mapping: ``[T]`` int64, the cache slot each new token's K/V is written to.
         groups: the decode and prefill :class:`AttentionGroup` (one to six).
         block_size: tokens per KV block.
+        buffers: where the layers' block gathers are written (reused from step to
+            step, :class:`~aioserve.runners.kv_gather.GatherBuffers`); None: new tensors.
     """
 
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     slot_mapping: torch.Tensor
     groups: tuple[AttentionGroup, ...]
     block_size: int
+    buffers: GatherBuffers | None = None
 
 
 #: Extra attention call, in key visits (rows x context positions): what one more
@@ -210,6 +215,7 @@ def build_metadata(
     split_cost: int | None = None,
     always_mask: bool = False,
     windows: tuple[int, ...] = (),
+    buffers: GatherBuffers | None = None,
 ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
     """Build the step's metadata and the packed position ids (``[T]`` int64).
 
@@ -225,6 +231,7 @@ def build_metadata(
             (None: ``SPLIT_COST``; a huge value: never split).
         always_mask: give every group a mask, even one that masks nothing.
         windows: the model's sliding windows (tokens); each group gets a mask per window.
+        buffers: the gather buffers the step's layers reuse (None: new tensors).
     """
     batch = len(start_positions)
     tables = (block_tables if isinstance(block_tables, np.ndarray)
@@ -254,6 +261,6 @@ def build_metadata(
         if rows.size
     )
     metadata = PagedAttentionMetadata(
-        kv_caches, to_device(slot_mapping, device), groups, block_size
+        kv_caches, to_device(slot_mapping, device), groups, block_size, buffers
     )
     return metadata, to_device(positions, device)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from aioserve.config import EngineConfig
-from aioserve.runners import layer_rules, model_loader
+from aioserve.runners import cpu_malloc, layer_rules, model_loader
 from aioserve.runners.attention_backend import AttentionBackend, ReferenceBackend, backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.batch_sampler import BatchSampler
@@ -57,6 +57,8 @@ class TorchRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu":  # large temporaries reuse heap memory (cpu_malloc.py)
+            cpu_malloc.tune_malloc()
         local = config.model.startswith((".", "/", "~"))
         if local and not os.path.isdir(os.path.expanduser(config.model)):
             raise OSError(f"model directory {config.model!r} does not exist")
