@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from aioserve.runners import decode_attention, eager_attention, layer_rules
+from aioserve.runners import decode_attention, eager_attention, layer_rules, sparse_decode
 from aioserve.runners.kv_gather import GatherBuffers, gather, gather_index
 from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
@@ -41,6 +41,29 @@ __all__ = [
 ]
 
 
+def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether a decode group reads the cache in place through the sparse kernels
+    (:mod:`~aioserve.runners.sparse_decode`): float32 on the CPU, a head-major cache,
+    heads at least ``MIN_HEAD_DIM`` wide."""
+    return (q.device.type == "cpu" and q.dtype == torch.float32
+            and int(k_cache.shape[-1]) >= sparse_decode.MIN_HEAD_DIM
+            and k_cache.transpose(0, 1).is_contiguous()
+            and v_cache.transpose(0, 1).is_contiguous())
+
+
+def _sparse_index(
+    group: AttentionGroup, k_cache: torch.Tensor, heads: int, block_size: int,
+) -> sparse_decode.SparseDecodeIndex:
+    """The group's sparse pattern for this head layout, built by its first layer."""
+    kv_heads, rows = int(k_cache.shape[1]), int(k_cache.shape[0])
+    key = (kv_heads, heads, rows)
+    index = group.sparse_indices.get(key)
+    if index is None:
+        index = group.sparse_indices[key] = sparse_decode.SparseDecodeIndex.build(
+            group.gather_blocks, group.mask, block_size, kv_heads, heads // kv_heads, rows)
+    return index
+
+
 def _attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -54,13 +77,16 @@ def _attend(
 ) -> torch.Tensor:
     """One group's attention: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``
     (keys and values gathered into ``buffers``, see :mod:`~aioserve.runners.kv_gather`)."""
+    plain = rules is None or rules.plain
+    if plain and group.query_index is None and _in_place(q, k_cache, v_cache):
+        sparse = _sparse_index(group, k_cache, int(q.shape[1]), block_size)
+        return sparse_decode.sparse_decode_attention(q, k_cache, v_cache, sparse, scaling)
     batch, num_blocks = group.gather_blocks.shape
     kv_heads, length = int(k_cache.shape[1]), num_blocks * block_size
     index = gather_index(k_cache, group.gather_blocks.view(-1), block_size)
     keys = gather(k_cache, index, block_size, buffers, 0).reshape(kv_heads, batch, length, -1)
     values = gather(v_cache, index, block_size, buffers, 1).reshape(kv_heads, batch, length, -1)
     mask = group.mask
-    plain = rules is None or rules.plain
     if rules is not None and rules.window is not None:
         mask = group.window_masks[rules.window]
     if plain and group.query_index is None and q.device.type == "cpu" \

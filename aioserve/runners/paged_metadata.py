@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from aioserve.runners.kv_gather import GatherBuffers
+from aioserve.runners.sparse_decode import SparseDecodeIndex
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class AttentionGroup:
             in order; None when Q = 1.
         window_masks: per sliding window (tokens), the ``[b, 1, Q, L]`` additive mask of
             windowed layers (a query at position p sees keys ``p - window < k <= p``).
+        sparse_indices: a decode group's sparse patterns by (kv_heads, q_heads, cache
+            rows), built by the first layer that reads the cache in place
+            (:mod:`~aioserve.runners.sparse_decode`).
     """
 
     token_index: torch.Tensor | None
@@ -44,6 +48,7 @@ class AttentionGroup:
     query_index: torch.Tensor | None
     query_valid: torch.Tensor | None
     window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    sparse_indices: dict[tuple[int, int, int], SparseDecodeIndex] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
