@@ -10,10 +10,12 @@ hook points are the ones transformers' own continuous batching uses
 
 This is the reference path: exact on CPU (``scaled_dot_product_attention`` per layer
 over a gathered, masked context: one call for the decoding sequences, one for the
-prefilling ones; on the CPU decode groups take two batched products over a
-head-major cache, :mod:`~aioserve.runners.decode_attention`). No mask function is
-registered, so transformers skips building a causal mask (``masking_utils`` exits
-early for attention implementations without one).
+prefilling ones; on the CPU decode groups read a head-major cache in place through
+sparse kernels, :mod:`~aioserve.runners.sparse_decode`, or with heads narrower than 32
+take two batched products over its gathered blocks,
+:mod:`~aioserve.runners.decode_attention`). No mask function is registered, so
+transformers skips building a causal mask (``masking_utils`` exits early for attention
+implementations without one).
 """
 
 from __future__ import annotations
