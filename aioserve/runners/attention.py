@@ -47,7 +47,8 @@ def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> 
     """Whether a decode group reads the cache in place through the sparse kernels
     (:mod:`~aioserve.runners.sparse_decode`): float32 on the CPU, a head-major cache,
     heads at least ``MIN_HEAD_DIM`` wide."""
-    return (q.device.type == "cpu" and q.dtype == torch.float32
+    return (q.device.type == "cpu"
+            and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
             and int(k_cache.shape[-1]) >= sparse_decode.MIN_HEAD_DIM
             and k_cache.transpose(0, 1).is_contiguous()
             and v_cache.transpose(0, 1).is_contiguous())

@@ -12,9 +12,9 @@ thresholds once (``mallopt``, man 3 mallopt) keeps freed blocks in the heap for 
 Measured on the 2-core development box, one 32-row decode step of SmolLM2-135M's shape
 (its gathers already in reused buffers): 142-159 ms -> 138-139 ms, medians of 100 steps.
 
-The setting is process-wide and holds at most :data:`TRIM_THRESHOLD_BYTES` of freed
-memory that the OS could otherwise take back. ``AIOSERVE_MALLOC_TUNING=0`` leaves
-``malloc`` as it is.
+The setting is process-wide; each malloc arena (glibc gives threads their own) keeps up
+to :data:`TRIM_THRESHOLD_BYTES` of freed memory that the OS could otherwise take back.
+``AIOSERVE_MALLOC_TUNING=0`` leaves ``malloc`` as it is.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ class GatherBuffers:
     A gathered tensor lives until its layer's attention returns; the next gather into
     the same buffer overwrites it, so the steps that share one must run one after
     another (a runner's worker thread does; on CUDA, one stream orders them). Memory
-    held: the largest gather seen, twice (bytes: ``2 * max(b * L * kv_heads * dim) *
-    itemsize``), kept for the runner's life as a caching allocator would.
+    held, per (device, dtype): the largest K gather and the largest V gather seen, each
+    with a quarter more room to grow (at most ``2.5 * max(b * L * kv_heads * dim) *
+    itemsize`` bytes), kept for the runner's life as a caching allocator would.
     """
 
     def __init__(self) -> None:
