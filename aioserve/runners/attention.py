@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from aioserve.runners import decode_attention, eager_attention, layer_rules, sparse_decode
-from aioserve.runners.kv_gather import GatherBuffers, gather, gather_index
+from aioserve.runners.kv_gather import GatherBuffers, gather, gather_index, is_head_major
 from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
 
@@ -50,8 +50,7 @@ def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> 
     return (q.device.type == "cpu"
             and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
             and int(k_cache.shape[-1]) >= sparse_decode.MIN_HEAD_DIM
-            and k_cache.transpose(0, 1).is_contiguous()
-            and v_cache.transpose(0, 1).is_contiguous())
+            and is_head_major(k_cache) and is_head_major(v_cache))
 
 
 def _sparse_index(

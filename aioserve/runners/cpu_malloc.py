@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 
@@ -34,17 +35,13 @@ TRIM_THRESHOLD_BYTES = 512 * 1024 * 1024
 
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
-_done: bool | None = None
 
 
+@functools.cache
 def tune_malloc() -> bool:
     """Raise glibc's mmap and trim thresholds (once per process); True when they are
     set, False where the C library is not glibc, ``mallopt`` refused, or
     ``AIOSERVE_MALLOC_TUNING`` is ``0``."""
-    global _done
-    if _done is not None:
-        return _done
-    _done = False
     if os.environ.get("AIOSERVE_MALLOC_TUNING", "1").strip() == "0":
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
@@ -55,7 +52,6 @@ def tune_malloc() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     )
-    return _done

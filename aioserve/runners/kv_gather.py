@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["GatherBuffers", "gather", "gather_index"]
+__all__ = ["GatherBuffers", "gather", "gather_index", "is_head_major"]
 
 
 class GatherBuffers:
@@ -45,6 +45,15 @@ class GatherBuffers:
     def nbytes(self) -> int:
         """Bytes the buffers hold."""
         return sum(flat.numel() * flat.element_size() for flat in self._flat.values())
+
+
+def is_head_major(cache: torch.Tensor) -> bool:
+    """Whether a layer's cache ``[rows, heads, dim]`` is a transposed view of head-major
+    ``[heads, rows, dim]`` storage (with one head both layouts are the same memory).
+    Reads strides only: no view is made (it runs for every layer of every step)."""
+    rows, heads, dim = cache.shape
+    return cache.stride(2) == 1 and cache.stride(0) == dim \
+        and (heads == 1 or cache.stride(1) == rows * dim)
 
 
 def gather_index(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:

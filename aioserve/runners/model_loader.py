@@ -79,8 +79,9 @@ def allocate_kv_cache(
 
     ``head_major``: each tensor is a transposed view of ``[kv_heads, rows, dim]``
     storage (same shape and indexing, not contiguous), so a gather of one sequence's
-    blocks is one contiguous ``[L, dim]`` matrix per KV head (the CPU decode path,
-    :mod:`~aioserve.runners.decode_attention`)."""
+    blocks is one contiguous ``[L, dim]`` matrix per KV head and a KV head's keys one
+    ``[rows, dim]`` matrix (the CPU decode paths, :mod:`~aioserve.runners.sparse_decode`
+    and :mod:`~aioserve.runners.decode_attention`)."""
 
     def zeros(heads: int, dim: int) -> torch.Tensor:
         if head_major:

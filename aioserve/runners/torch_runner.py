@@ -77,7 +77,7 @@ class TorchRunner:
         self.num_kv_blocks = self._num_blocks(config)
         graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
             and not config.enforce_eager
-        # the reference backend reads a CPU cache head-major (decode_attention.py)
+        # the reference backend reads a CPU cache head-major (sparse_decode.py)
         head_major = self.device.type == "cpu" and isinstance(self.backend, ReferenceBackend)
         # CUDA graphs' padding rows write into one scratch block the engine never sees
         self.kv_caches = model_loader.allocate_kv_cache(
