@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from aioserve.runners.attention_backend import ReferenceBackend
@@ -82,3 +83,15 @@ def test_malloc_tuning_is_once_per_process_and_can_be_turned_off():
     off = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, env={"AIOSERVE_MALLOC_TUNING": "0", "PATH": ""})
     assert off.stdout.split()[:2] == ["False", "False"]
+
+
+def test_malloc_tuning_rejects_a_bad_setting(monkeypatch):
+    from aioserve.runners.cpu_malloc import tune_malloc
+
+    monkeypatch.setenv("AIOSERVE_MALLOC_TUNING", "yes")
+    tune_malloc.cache_clear()  # a refused setting is not cached: the next call asks again
+    try:
+        with pytest.raises(ValueError, match="AIOSERVE_MALLOC_TUNING must be 0 or 1"):
+            tune_malloc()
+    finally:
+        tune_malloc.cache_clear()

@@ -41,8 +41,15 @@ _M_MMAP_THRESHOLD = -3
 def tune_malloc() -> bool:
     """Raise glibc's mmap and trim thresholds (once per process); True when they are
     set, False where the C library is not glibc, ``mallopt`` refused, or
-    ``AIOSERVE_MALLOC_TUNING`` is ``0``."""
-    if os.environ.get("AIOSERVE_MALLOC_TUNING", "1").strip() == "0":
+    ``AIOSERVE_MALLOC_TUNING`` is ``0``.
+
+    Raises:
+        ValueError: ``AIOSERVE_MALLOC_TUNING`` is set to something other than 0 or 1.
+    """
+    setting = os.environ.get("AIOSERVE_MALLOC_TUNING", "1").strip() or "1"
+    if setting not in ("0", "1"):
+        raise ValueError(f"AIOSERVE_MALLOC_TUNING must be 0 or 1, got {setting!r}")
+    if setting == "0":
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
