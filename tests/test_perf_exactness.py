@@ -118,7 +118,7 @@ async def test_prefill_split_equals_solo_generate(model_dir, solo_greedy, monkey
 
 
 def test_head_major_decode_matches_sdpa():
-    from aioserve.runners.decode_attention import decode_attention
+    from aioserve.runners.decode_attention import decode_attention, decode_bias
 
     torch.manual_seed(0)
     q = torch.randn(5, 8, 16)
@@ -126,7 +126,7 @@ def test_head_major_decode_matches_sdpa():
     lens = torch.tensor([40, 3, 17, 1, 39])
     allowed = torch.arange(40)[None, :] < lens[:, None]
     mask = torch.zeros(5, 1, 1, 40).masked_fill(~allowed[:, None, None, :], float("-inf"))
-    got = decode_attention(q, keys, values, mask, None)
+    got = decode_attention(q, keys, values, decode_bias(mask, 4), None)
     want = torch.nn.functional.scaled_dot_product_attention(
         q.unsqueeze(2), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask,
         enable_gqa=True,
@@ -134,5 +134,6 @@ def test_head_major_decode_matches_sdpa():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # every query head reads its own KV head: changing KV head 3 moves only heads 6, 7
     keys[3] += 1.0
-    moved = (decode_attention(q, keys, values, mask, None) - got).abs().amax(dim=(0, 2))
+    moved = (decode_attention(q, keys, values, decode_bias(mask, 4), None) - got).abs()
+    moved = moved.amax(dim=(0, 2))
     assert moved[:6].eq(0).all() and moved[6:].gt(0).all()

@@ -85,7 +85,11 @@ def _attend(
         return sparse_decode.sparse_decode_attention(q, k_cache, v_cache, sparse, scaling)
     batch, num_blocks = group.gather_blocks.shape
     kv_heads, length = int(k_cache.shape[1]), num_blocks * block_size
-    index = gather_index(k_cache, group.gather_blocks.view(-1), block_size)
+    layout = (kv_heads, int(k_cache.shape[0]), k_cache.is_contiguous())
+    index = group.gather_indices.get(layout)
+    if index is None:
+        index = group.gather_indices[layout] = gather_index(
+            k_cache, group.gather_blocks.view(-1), block_size)
     keys = gather(k_cache, index, block_size, buffers, 0).reshape(kv_heads, batch, length, -1)
     values = gather(v_cache, index, block_size, buffers, 1).reshape(kv_heads, batch, length, -1)
     mask = group.mask
@@ -93,7 +97,13 @@ def _attend(
         mask = group.window_masks[rules.window]
     if plain and group.query_index is None and q.device.type == "cpu" \
             and q.dtype == torch.float32 and keys.is_contiguous() and values.is_contiguous():
-        return decode_attention.decode_attention(q, keys, values, mask, scaling)
+        bias = None
+        if mask is not None:
+            bias = group.decode_biases.get(kv_heads)
+            if bias is None:
+                bias = group.decode_biases[kv_heads] = decode_attention.decode_bias(
+                    mask, kv_heads)
+        return decode_attention.decode_attention(q, keys, values, bias, scaling)
     keys, values = keys.transpose(0, 1), values.transpose(0, 1)  # [b, kv_heads, L, dim]
     heads, dim = q.shape[1], q.shape[2]
     if group.query_index is None:

@@ -20,11 +20,19 @@ from __future__ import annotations
 import torch
 
 
+def decode_bias(mask: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """A decode group's additive mask ``[b, 1, 1, L]`` repeated per KV head as
+    :func:`decode_attention` adds it: ``[kv_heads * b, 1, L]`` (one copy, made once a
+    step and read by every layer)."""
+    batch, length = int(mask.shape[0]), int(mask.shape[-1])
+    return mask.view(1, batch, 1, length).expand(kv_heads, -1, -1, -1).reshape(-1, 1, length)
+
+
 def decode_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
     scaling: float | None,
 ) -> torch.Tensor:
     """Attention of one query per sequence (grouped-query heads).
@@ -33,7 +41,8 @@ def decode_attention(
         q: ``[b, heads, k_dim]``; heads a multiple of kv_heads (head h reads KV head
             ``h // (heads // kv_heads)``).
         keys: ``[kv_heads, b, L, k_dim]``, values ``[kv_heads, b, L, v_dim]``, contiguous.
-        mask: ``[b, 1, 1, L]`` additive (0 or -inf), or None.
+        bias: the additive mask (0 or -inf) from :func:`decode_bias`,
+            ``[kv_heads * b, 1, L]``, or None.
         scaling: score scale (default ``k_dim ** -0.5``).
 
     Returns:
@@ -45,11 +54,10 @@ def decode_attention(
     scale = scaling if scaling is not None else dim**-0.5
     queries = q.view(batch, kv_heads, group, dim).transpose(0, 1).reshape(-1, group, dim)
     keys_t = keys.view(-1, length, dim).transpose(1, 2)
-    if mask is None:
+    if bias is None:
         scores = torch.bmm(queries, keys_t).mul_(scale)
     else:
-        bias = mask.view(1, batch, 1, length).expand(kv_heads, -1, -1, -1)
-        scores = torch.baddbmm(bias.reshape(-1, 1, length), queries, keys_t, alpha=scale)
+        scores = torch.baddbmm(bias, queries, keys_t, alpha=scale)
     weights = torch.softmax(scores, dim=-1)
     out = torch.bmm(weights, values.view(-1, length, v_dim))  # [kv_heads * b, group, v_dim]
     return out.view(kv_heads, batch, group, v_dim).transpose(0, 1).reshape(batch, heads, v_dim)

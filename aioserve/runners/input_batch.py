@@ -145,11 +145,16 @@ class InputBatch:
                 pending_at.append(len(flat))
                 pending_slots.append(state.slot)
                 flat.append(0)
-        ids = torch.tensor(flat, dtype=torch.int64).to(self.device, non_blocking=True)
-        if pending_at:
-            at = torch.tensor(pending_at, dtype=torch.int64).to(self.device, non_blocking=True)
-            rows = torch.tensor(pending_slots, dtype=torch.int64).to(self.device, non_blocking=True)
-            ids[at] = self.last_sampled[rows]
+        if len(pending_at) == len(flat):  # a decode-only step: every input was sampled
+            ids = self.last_sampled.index_select(0, torch.from_numpy(slots).to(self.device))
+        else:
+            ids = torch.tensor(flat, dtype=torch.int64).to(self.device, non_blocking=True)
+            if pending_at:
+                at = torch.tensor(pending_at, dtype=torch.int64).to(self.device,
+                                                                    non_blocking=True)
+                rows = torch.tensor(pending_slots, dtype=torch.int64).to(self.device,
+                                                                         non_blocking=True)
+                ids[at] = self.last_sampled[rows]
         sample_rows = np.flatnonzero(np.asarray(batch.sample, dtype=bool))
         ends = np.cumsum(counts) - 1
         width = max(1, -(-int((starts + counts).max()) // self.block_size))

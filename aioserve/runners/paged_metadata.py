@@ -40,6 +40,11 @@ class AttentionGroup:
         sparse_indices: a decode group's sparse patterns by (kv_heads, q_heads, cache
             rows), built by the first layer that reads the cache in place
             (:mod:`~aioserve.runners.sparse_decode`).
+        gather_indices: block-gather rows (:func:`~aioserve.runners.kv_gather.gather_index`)
+            by (kv_heads, cache rows, token-major), built by the first layer of that
+            cache layout and read by the others.
+        decode_biases: a decode group's additive mask laid out ``[kv_heads * b, 1, L]``
+            for the batched products, by kv_heads, built once a step.
     """
 
     token_index: torch.Tensor | None
@@ -49,6 +54,8 @@ class AttentionGroup:
     query_valid: torch.Tensor | None
     window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
     sparse_indices: dict[tuple[int, int, int], SparseDecodeIndex] = field(default_factory=dict)
+    gather_indices: dict[tuple[int, int, bool], torch.Tensor] = field(default_factory=dict)
+    decode_biases: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
