@@ -56,13 +56,12 @@ def wait_for_turn(control: Path, name: str, turn: int) -> bool:
 
 
 def vllm_worker(job: dict[str, Any], control: Path) -> None:
-    """Runs in the vLLM venv: load, warm up, then one timed generate per turn."""
-    from vllm import LLM, SamplingParams
+    """Runs in the vLLM venv: load (``peers_real_shape``'s settings), warm up, then one
+    timed generate per turn."""
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=job["model"], dtype="float32", max_num_seqs=job["max_num_seqs"],
-              max_model_len=job["max_model_len"], max_num_batched_tokens=4096,
-              enable_prefix_caching=job["prefix_caching"], skip_tokenizer_init=True, seed=0)
+    llm = peers_module().vllm_llm(job)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False)
               for n in job["outs"]]
     prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
@@ -131,14 +130,13 @@ def take_turn(control: Path, name: str, turn: int, procs: list[subprocess.Popen]
 
 def start_workers(a: argparse.Namespace, peers: Any, job_path: Path, control: Path,
                   logs: list[Any]) -> list[subprocess.Popen]:
-    """Both workers, each in its own process; returns once both are warmed up."""
+    """Both workers, each in its own process; returns once both are warmed up.
+
+    Raises:
+        RuntimeError: a worker exited before it was ready (its log is named).
+    """
     this = str(Path(__file__).resolve())
-    vllm_env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=a.vllm_bind,
-                    VLLM_CPU_KVCACHE_SPACE=str(a.vllm_kv_gib), HF_HUB_OFFLINE="1",
-                    TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                    VLLM_SLEEP_WHEN_IDLE="1")
-    vllm_env.pop("OMP_NUM_THREADS", None)
-    vllm_env.pop("PYTHONPATH", None)
+    vllm_env = peers.vllm_env(a.vllm_bind, a.vllm_kv_gib) | {"VLLM_SLEEP_WHEN_IDLE": "1"}
     ours_env = dict(os.environ, PYTHONPATH=str(HERE.parent))
     procs = []
     for name, cmd, env in (
@@ -192,6 +190,8 @@ def main() -> None:
     ap.add_argument("--vllm-kv-gib", type=int, default=2)
     ap.add_argument("--aioserve-forward", default="lean-llama")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
     a.prefix_caching = True
     model = peers.model_dir(a.random_model)
     prompts, outs = peers.workload(model, a)

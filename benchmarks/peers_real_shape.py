@@ -85,13 +85,30 @@ def model_dir(spec: str) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def run_vllm(a: argparse.Namespace, model: Path, job: Path, bind: str) -> dict[str, Any]:
-    """One vLLM process (``--_worker``) with OMP bind ``bind``; its JSON row."""
+def vllm_env(bind: str, kv_gib: int) -> dict[str, str]:
+    """Environment of a vLLM process: OMP bind ``bind``, ``kv_gib`` GiB of KV cache,
+    offline, no usage stats."""
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=bind,
-               VLLM_CPU_KVCACHE_SPACE=str(a.vllm_kv_gib), HF_HUB_OFFLINE="1",
+               VLLM_CPU_KVCACHE_SPACE=str(kv_gib), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     env.pop("OMP_NUM_THREADS", None)  # vLLM sets it from the bind list
     env.pop("PYTHONPATH", None)
+    return env
+
+
+def vllm_llm(job: dict[str, Any]) -> Any:
+    """vLLM's offline ``LLM`` for a job (runs in the vLLM venv): float32, the job's
+    slots, context and prefix caching, 4,096 batched tokens, no tokenizer."""
+    from vllm import LLM
+
+    return LLM(model=job["model"], dtype="float32", max_num_seqs=job["max_num_seqs"],
+               max_model_len=job["max_model_len"], max_num_batched_tokens=4096,
+               enable_prefix_caching=job["prefix_caching"], skip_tokenizer_init=True, seed=0)
+
+
+def run_vllm(a: argparse.Namespace, model: Path, job: Path, bind: str) -> dict[str, Any]:
+    """One vLLM process (``--_worker``) with OMP bind ``bind``; its JSON row."""
+    env = vllm_env(bind, a.vllm_kv_gib)
     log_path = PEERS / f"vllm-real-shape-{bind}.log"
     result = job.with_name(f"vllm-{bind}.json")
     cmd = [a.vllm_python, str(Path(__file__).resolve()), "--_worker", str(job), str(result)]
@@ -118,13 +135,11 @@ def vllm_worker(job_path: str, result_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     prompts, outs = job["prompts"], job["outs"]
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     start = time.perf_counter()
-    llm = LLM(model=job["model"], dtype="float32", max_num_seqs=job["max_num_seqs"],
-              max_model_len=job["max_model_len"], max_num_batched_tokens=4096,
-              enable_prefix_caching=job["prefix_caching"], skip_tokenizer_init=True, seed=0)
+    llm = vllm_llm(job)
     load_s = time.perf_counter() - start
 
     def params(n: int) -> SamplingParams:

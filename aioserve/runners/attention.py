@@ -20,6 +20,7 @@ implementations without one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -53,17 +54,13 @@ def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> 
             and is_head_major(k_cache) and is_head_major(v_cache))
 
 
-def _sparse_index(
-    group: AttentionGroup, k_cache: torch.Tensor, heads: int, block_size: int,
-) -> sparse_decode.SparseDecodeIndex:
-    """The group's sparse pattern for this head layout, built by its first layer."""
-    kv_heads, rows = int(k_cache.shape[1]), int(k_cache.shape[0])
-    key = (kv_heads, heads, rows)
-    index = group.sparse_indices.get(key)
-    if index is None:
-        index = group.sparse_indices[key] = sparse_decode.SparseDecodeIndex.build(
-            group.gather_blocks, group.mask, block_size, kv_heads, heads // kv_heads, rows)
-    return index
+def _once_a_step(cache: dict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
+    """``cache[key]`` of a group's per-step caches, built by the first layer that asks
+    and read by the others."""
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = build()
+    return value
 
 
 def _attend(
@@ -80,16 +77,17 @@ def _attend(
     """One group's attention: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``
     (keys and values gathered into ``buffers``, see :mod:`~aioserve.runners.kv_gather`)."""
     plain = rules is None or rules.plain
+    kv_heads, rows = int(k_cache.shape[1]), int(k_cache.shape[0])
     if plain and group.query_index is None and _in_place(q, k_cache, v_cache):
-        sparse = _sparse_index(group, k_cache, int(q.shape[1]), block_size)
+        heads = int(q.shape[1])
+        sparse = _once_a_step(group.sparse_indices, (kv_heads, heads, rows), lambda: (
+            sparse_decode.SparseDecodeIndex.build(group.gather_blocks, group.mask, block_size,
+                                                  kv_heads, heads // kv_heads, rows)))
         return sparse_decode.sparse_decode_attention(q, k_cache, v_cache, sparse, scaling)
     batch, num_blocks = group.gather_blocks.shape
-    kv_heads, length = int(k_cache.shape[1]), num_blocks * block_size
-    layout = (kv_heads, int(k_cache.shape[0]), k_cache.is_contiguous())
-    index = group.gather_indices.get(layout)
-    if index is None:
-        index = group.gather_indices[layout] = gather_index(
-            k_cache, group.gather_blocks.view(-1), block_size)
+    length = num_blocks * block_size
+    index = _once_a_step(group.gather_indices, (kv_heads, rows, k_cache.is_contiguous()),
+                         lambda: gather_index(k_cache, group.gather_blocks.view(-1), block_size))
     keys = gather(k_cache, index, block_size, buffers, 0).reshape(kv_heads, batch, length, -1)
     values = gather(v_cache, index, block_size, buffers, 1).reshape(kv_heads, batch, length, -1)
     mask = group.mask
@@ -97,12 +95,8 @@ def _attend(
         mask = group.window_masks[rules.window]
     if plain and group.query_index is None and q.device.type == "cpu" \
             and q.dtype == torch.float32 and keys.is_contiguous() and values.is_contiguous():
-        bias = None
-        if mask is not None:
-            bias = group.decode_biases.get(kv_heads)
-            if bias is None:
-                bias = group.decode_biases[kv_heads] = decode_attention.decode_bias(
-                    mask, kv_heads)
+        bias = None if mask is None else _once_a_step(
+            group.decode_biases, kv_heads, lambda: decode_attention.decode_bias(mask, kv_heads))
         return decode_attention.decode_attention(q, keys, values, bias, scaling)
     keys, values = keys.transpose(0, 1), values.transpose(0, 1)  # [b, kv_heads, L, dim]
     heads, dim = q.shape[1], q.shape[2]

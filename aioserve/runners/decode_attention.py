@@ -20,6 +20,21 @@ from __future__ import annotations
 import torch
 
 
+def queries_by_kv_head(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``q`` ``[b, heads, dim]`` regrouped ``[kv_heads, b, heads // kv_heads, dim]``
+    (contiguous, one copy): the query heads of each KV head side by side; head h reads
+    KV head ``h // (heads // kv_heads)``."""
+    batch, heads, dim = (int(n) for n in q.shape)
+    return q.view(batch, kv_heads, heads // kv_heads, dim).transpose(0, 1).contiguous()
+
+
+def heads_by_sequence(out: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`queries_by_kv_head` for outputs: ``[kv_heads, b, group,
+    v_dim]`` -> ``[b, kv_heads * group, v_dim]`` (one copy)."""
+    kv_heads, batch, group, v_dim = (int(n) for n in out.shape)
+    return out.transpose(0, 1).reshape(batch, kv_heads * group, v_dim)
+
+
 def decode_bias(mask: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """A decode group's additive mask ``[b, 1, 1, L]`` repeated per KV head as
     :func:`decode_attention` adds it: ``[kv_heads * b, 1, L]`` (one copy, made once a
@@ -52,7 +67,7 @@ def decode_attention(
     kv_heads, length, v_dim = int(keys.shape[0]), int(keys.shape[2]), int(values.shape[3])
     group = heads // kv_heads
     scale = scaling if scaling is not None else dim**-0.5
-    queries = q.view(batch, kv_heads, group, dim).transpose(0, 1).reshape(-1, group, dim)
+    queries = queries_by_kv_head(q, kv_heads).view(-1, group, dim)
     keys_t = keys.view(-1, length, dim).transpose(1, 2)
     if bias is None:
         scores = torch.bmm(queries, keys_t).mul_(scale)
@@ -60,4 +75,4 @@ def decode_attention(
         scores = torch.baddbmm(bias, queries, keys_t, alpha=scale)
     weights = torch.softmax(scores, dim=-1)
     out = torch.bmm(weights, values.view(-1, length, v_dim))  # [kv_heads * b, group, v_dim]
-    return out.view(kv_heads, batch, group, v_dim).transpose(0, 1).reshape(batch, heads, v_dim)
+    return heads_by_sequence(out.view(kv_heads, batch, group, v_dim))

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from aioserve.runners.decode_attention import heads_by_sequence, queries_by_kv_head
+
 __all__ = ["MIN_HEAD_DIM", "SparseDecodeIndex", "sparse_decode_attention"]
 
 #: Narrowest head (k_dim, elements) that takes the sparse kernels.
@@ -108,11 +110,11 @@ def sparse_decode_attention(
     kv_heads, v_dim = int(k_cache.shape[1]), int(v_cache.shape[2])
     group = heads // kv_heads
     scale = scaling if scaling is not None else dim**-0.5
-    queries = q.view(batch, kv_heads, group, dim).transpose(0, 1).reshape(kv_heads, -1, dim)
+    queries = queries_by_kv_head(q, kv_heads).view(kv_heads, -1, dim)
     keys_t = k_cache.transpose(0, 1).transpose(1, 2)  # [kv_heads, dim, rows], a view
     scores = torch.sparse.sampled_addmm(index.pattern, queries, keys_t, alpha=scale)
     weights = torch.softmax(scores.values().view(-1, index.length), dim=-1)
     values = v_cache.transpose(0, 1).reshape(-1, v_dim)  # [kv_heads * rows, v_dim], a view
     out = F.embedding_bag(index.bag_rows, values, index.bag_offsets, mode="sum",
                           per_sample_weights=weights.view(-1))
-    return out.view(kv_heads, batch, group, v_dim).transpose(0, 1).reshape(batch, heads, v_dim)
+    return heads_by_sequence(out.view(kv_heads, batch, group, v_dim))
