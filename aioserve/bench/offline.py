@@ -82,20 +82,6 @@ def model_vocab(model: str) -> tuple[int, int | None]:
     return int(text.vocab_size), getattr(text, "bos_token_id", None)
 
 
-def model_parameters(model: str) -> int:
-    """Parameters of a model, counted from its config on the meta device (no weights
-    are read).
-
-    Raises:
-        OSError: the model's config cannot be read.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
-    return sum(p.numel() for p in meta.parameters())
-
-
 def check_exact(model: Any, requests: list[BenchRequest], outputs: list[list[int]]) -> int:
     """How many outputs differ from a solo greedy ``generate()`` of the same request."""
     bad = 0
@@ -169,7 +155,7 @@ def run_offline(
         os.environ["AIOSERVE_NUM_THREADS"] = str(threads)
     device = resolve_device(config.device)
     hf_threads = threads or saved
-    ours = cpu_threads(device, model_parameters(config.model)) or saved
+    ours = cpu_threads(device) or saved
     report = OfflineReport(workload, {"hf-static": hf_threads, "aioserve": ours})
     hf_model = None
     if compare == "hf-static" or check:

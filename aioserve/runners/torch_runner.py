@@ -55,6 +55,22 @@ class TorchRunner:
     """
 
     def __init__(self, config: EngineConfig) -> None:
+        # One thread does all the compute: load, load checks and every step. OpenMP
+        # gives each thread that opens a parallel region its own team of workers, and
+        # libgomp stops its workers spinning between regions once a process holds more
+        # of them than there are cores (GOMP_SPINCOUNT's throttled count); they then
+        # sleep and wake through the kernel thousands of times a step. Measured on the
+        # 2-core box, SmolLM2-135M's shape, a 4-row decode step: 70 ms on the thread that
+        # loaded the model, 100-160 ms on a second thread (and on the first after it).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aioserve-runner")
+        try:
+            self._executor.submit(self._load, config).result()
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            raise
+
+    def _load(self, config: EngineConfig) -> None:
+        """Everything :meth:`__init__` documents, on the worker thread."""
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cpu":  # large temporaries reuse heap memory (cpu_malloc.py)
@@ -89,15 +105,14 @@ class TorchRunner:
         slots = 2 * config.max_num_seqs
         self.batch = InputBatch(slots, self.max_model_len, self.block_size, self.device)
         self.sampler = BatchSampler(slots, self.vocab_size, self.device, config.seed)
+        self.num_threads = cpu_threads(self.device)
+        self._saved_threads = torch.get_num_threads()
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
         self.lean: LeanLlama | None = None
         if config.forward == "lean-llama":
             plain = all(rules.plain for rules in self.layer_rules.values())
             self.lean = lean_forward(model, plain, self._probe)
-        self.num_threads = cpu_threads(self.device, sum(p.numel() for p in model.parameters()))
-        self._saved_threads = torch.get_num_threads()
-        self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="aioserve-runner", initializer=self._init_thread
-        )
         self._waiter: ThreadPoolExecutor | None = None
         self._pinned: list[torch.Tensor] = []
         if self.device.type == "cuda":
@@ -112,10 +127,6 @@ class TorchRunner:
                                        self.num_kv_blocks, self.device)
             self.graphs.capture(model_decode_forward(
                 model, self.backend, self.kv_caches, self.block_size, self.windows))
-
-    def _init_thread(self) -> None:
-        if self.num_threads is not None:
-            torch.set_num_threads(self.num_threads)
 
     def kv_bytes_per_block(self) -> int:
         """Bytes one block takes over all layers (K and V, each layer's own widths)."""

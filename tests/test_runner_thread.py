@@ -1,0 +1,57 @@
+"""A TorchRunner computes on one thread of its own: the model's load, the lean
+forward's load check and every step.
+
+With OpenMP, each thread that opens a parallel region gets its own team of workers;
+once a process holds more of them than there are cores, libgomp stops them spinning
+between regions and a step pays kernel wake-ups thousands of times (see
+:class:`~aioserve.runners.torch_runner.TorchRunner`). So no compute may happen on the
+constructing thread or the event loop's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from aioserve import AsyncEngine, EngineConfig, SamplingParams
+from aioserve.runners import model_loader
+from aioserve.runners.torch_runner import TorchRunner
+
+
+@pytest.fixture
+def compute_threads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """(what, thread id) of every model load and forward, recorded as they run."""
+    seen: list[tuple[str, int]] = []
+    load, run_model = model_loader.load_model, TorchRunner._run_model
+
+    def spy_load(*args, **kwargs):
+        seen.append(("load", threading.get_ident()))
+        return load(*args, **kwargs)
+
+    def spy_run_model(self, *args, **kwargs):
+        seen.append(("forward", threading.get_ident()))
+        return run_model(self, *args, **kwargs)
+
+    monkeypatch.setattr(model_loader, "load_model", spy_load)
+    monkeypatch.setattr(TorchRunner, "_run_model", spy_run_model)
+    return seen
+
+
+async def test_load_check_and_steps_share_one_thread_that_is_not_the_callers(
+    model_dir: str, compute_threads: list[tuple[str, int]]
+) -> None:
+    config = EngineConfig(model=model_dir, device="cpu", forward="lean-llama",
+                          num_kv_blocks=64, max_num_seqs=4)
+    runner = TorchRunner(config)  # built on this (the event loop's) thread
+    loaded = len(compute_threads)
+    assert loaded >= 3  # the load and the lean forward's two probe steps
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    async with AsyncEngine(config, runner=runner) as engine:
+        outs = [o async for o in engine.generate([1, 300, 400], params)]
+    assert outs[-1].finished and outs[-1].num_output_tokens == 5
+    kinds = [kind for kind, _ in compute_threads]
+    assert kinds[0] == "load" and kinds[loaded:].count("forward") >= 5
+    threads = {ident for _, ident in compute_threads}
+    assert len(threads) == 1
+    assert threading.get_ident() not in threads
