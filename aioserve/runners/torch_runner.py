@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,10 +40,11 @@ class TorchRunner:
     (:func:`~aioserve.runners.layer_rules.discover`). Per-request state (tokens, block
     tables, sampling parameters, last sampled tokens) persists between steps
     (:class:`~aioserve.runners.input_batch.InputBatch`); each step applies the engine's
-    changes. Steps run in order in one worker thread, so the event loop stays free and
-    the engine can schedule step N+1 while step N runs; N+1 reads N's sampled tokens
-    on the device. On CUDA the tokens come back through pinned host buffers and an
-    event, waited for in a second thread, so the worker launches N+1 at once.
+    changes. The load and every step run in order in one worker thread (one OpenMP
+    team, see ``__init__``), so the event loop stays free and the engine can schedule
+    step N+1 while step N runs; N+1 reads N's sampled tokens on the device. On CUDA the
+    tokens come back through pinned host buffers and an event, waited for in a second
+    thread, so the worker launches N+1 at once.
 
     Args:
         config: the engine configuration (model, dtype, device, cache size, slots).
@@ -61,7 +63,7 @@ class TorchRunner:
         # of them than there are cores (GOMP_SPINCOUNT's throttled count); they then
         # sleep and wake through the kernel thousands of times a step. Measured on the
         # 2-core box, SmolLM2-135M's shape, a 4-row decode step: 70 ms on the thread that
-        # loaded the model, 100-160 ms on a second thread (and on the first after it).
+        # loaded the model, 100-165 ms on a second thread (and on the first after it).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aioserve-runner")
         try:
             self._executor.submit(self._load, config).result()
@@ -255,9 +257,11 @@ class TorchRunner:
         return logits
 
     def close(self) -> None:
-        """Stop the worker threads and restore torch's thread count."""
+        """Stop the worker threads (idempotent), first putting back on the worker the
+        thread count set there (torch's setting is per thread under OpenMP)."""
+        if self.num_threads is not None:
+            with contextlib.suppress(RuntimeError):  # closed before: no new work accepted
+                self._executor.submit(torch.set_num_threads, self._saved_threads).result()
         self._executor.shutdown(wait=True)
         if self._waiter is not None:
             self._waiter.shutdown(wait=True)
-        if self.num_threads is not None:
-            torch.set_num_threads(self._saved_threads)
