@@ -10,9 +10,11 @@ constructing thread or the event loop's.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
+import torch
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.runners import model_loader
@@ -55,3 +57,21 @@ async def test_load_check_and_steps_share_one_thread_that_is_not_the_callers(
     threads = {ident for _, ident in compute_threads}
     assert len(threads) == 1
     assert threading.get_ident() not in threads
+
+
+def test_thread_count_defaults_to_every_core_and_honours_the_variable(monkeypatch):
+    from aioserve.runners.runner_setup import cpu_threads
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("AIOSERVE_NUM_THREADS", raising=False)
+    assert cpu_threads(cpu) == (os.cpu_count() or 1)
+    assert cpu_threads(torch.device("meta")) is None  # off the CPU: torch's own setting
+    monkeypatch.setenv("AIOSERVE_NUM_THREADS", "3")
+    assert cpu_threads(cpu) == 3
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_thread_count_is_a_value_error_naming_the_variable(model_dir, monkeypatch, value):
+    monkeypatch.setenv("AIOSERVE_NUM_THREADS", value)
+    with pytest.raises(ValueError, match="AIOSERVE_NUM_THREADS"):
+        TorchRunner(EngineConfig(model=model_dir, device="cpu", num_kv_blocks=8))
