@@ -97,7 +97,10 @@ async def test_ws_stats_frames_match_the_engine_at_a_quiescent_moment(tokenizer)
             assert first["scheduler"] == "fcfs" and first["model"] == "scripted"
             load = [asyncio.create_task(http.post(url + "/v1/completions", json=LOAD))
                     for _ in range(6)]
-            await wait_until(lambda: engine.stats()["num_waiting"] == 2, timeout=10)
+            # all six in (4 running, 2 waiting): the next schedule admits nobody, so the
+            # last frame before the gate shows what the engine holds at the gate
+            await wait_until(lambda: (engine.stats()["num_running"],
+                                      engine.stats()["num_waiting"]) == (4, 2), timeout=10)
             runner.gate.clear()
             await wait_until(lambda: runner.at_gate, timeout=10)
             now = engine.snapshot()
