@@ -7,7 +7,9 @@ flight, and the core's record of the step (read back by ``EngineCore.update``).
 
 from __future__ import annotations
 
-from aioserve.request import Request
+from collections.abc import Callable, Iterable
+
+from aioserve.request import Request, RequestStatus
 from aioserve.runners.base import NewRequest, ScheduledBatch
 
 #: A scheduled request as the core remembers it until its step ends:
@@ -66,6 +68,62 @@ class BatchBuilder:
             if produced + 1 >= request.params.max_tokens or total + 1 >= self.max_model_len:
                 self.finishing.append(request.request_id)
         self.record.append((request, request.epoch, count, samples))
+
+    def add_running(
+        self, running: Iterable[Request], budget: int, block_size: int,
+        reserve: Callable[[Request, int, list[str]], bool],
+    ) -> int:
+        """Schedule the running requests' next tokens (decode, or the rest of a chunked
+        prefill) in order, within ``budget`` tokens; returns the budget left. The
+        per-step hot path at hundreds of running requests: the same rows as
+        :meth:`add`, with every lookup bound once.
+
+        Args:
+            block_size: tokens per KV block.
+            reserve: ``reserve(request, count, scheduled_ids)`` gives a request the
+                blocks for ``count`` more tokens (False: not scheduled this step).
+        """
+        ids, counts, starts = self.request_ids, self._counts, self._starts
+        sample, produced_list, record = self._sample, self._produced, self.record
+        finishing, max_model_len = self.finishing, self.max_model_len
+        running_status = RequestStatus.RUNNING
+        for request in running:
+            if budget <= 0:
+                break
+            if request.status is not running_status:
+                continue
+            start = request.num_computed_tokens
+            placeholders = request.num_output_placeholders
+            produced = len(request.output_token_ids) + placeholders
+            total = len(request.prompt_token_ids) + produced
+            max_tokens = request.params.max_tokens
+            if placeholders and (produced >= max_tokens or total >= max_model_len):
+                continue  # its step in flight ends it: nothing more to compute
+            count = total - start
+            if count > budget:
+                count = budget
+            if count <= 0:
+                continue
+            # Most decode steps: the request's blocks already hold the new tokens.
+            if start + count > len(request.block_ids) * block_size and not reserve(
+                request, count, ids
+            ):
+                continue
+            samples = start + count == total
+            ids.append(request.request_id)
+            counts.append(count)
+            starts.append(start)
+            sample.append(samples)
+            produced_list.append(produced)
+            request.num_computed_tokens = start + count
+            request.num_in_flight_tokens += count
+            if samples:
+                request.num_output_placeholders = placeholders + 1
+                if produced + 1 >= max_tokens or total + 1 >= max_model_len:
+                    finishing.append(request.request_id)
+            record.append((request, request.epoch, count, samples))
+            budget -= count
+        return budget
 
     def add_new(self, request: Request, count: int) -> None:
         """Schedule a request the runner holds no state for (admitted, or readmitted

@@ -199,30 +199,10 @@ class EngineCore:
     def _schedule_running(self, batch: BatchBuilder) -> int:
         """Schedule the running requests' next tokens (decode, or the rest of a
         chunked prefill) within the token budget; returns the budget left."""
-        budget = self.max_num_batched_tokens
-        block_size = self.blocks.block_size
-        running = RequestStatus.RUNNING
-        max_model_len = self.max_model_len
-        for request in list(self.running):  # _reserve may preempt
-            if request.status is not running or budget <= 0:
-                continue
-            computed = request.num_computed_tokens
-            placeholders = request.num_output_placeholders
-            output = len(request.output_token_ids) + placeholders
-            total = len(request.prompt_token_ids) + output
-            if placeholders and (output >= request.params.max_tokens or total >= max_model_len):
-                continue  # its step in flight ends it: nothing more to compute
-            count = min(total - computed, budget)
-            if count <= 0:
-                continue
-            # Hot path: the request's blocks already hold the new tokens (most decode
-            # steps), so there is nothing to reserve.
-            if computed + count <= len(request.block_ids) * block_size or self._reserve(
-                request, count, batch.request_ids
-            ):
-                batch.add(request, count, output, total)
-                budget -= count
-        return budget
+        return batch.add_running(  # a copy: _reserve may preempt
+            list(self.running), self.max_num_batched_tokens, self.blocks.block_size,
+            self._reserve,
+        )
 
     def _reserve(self, request: Request, count: int, scheduled: list[str]) -> bool:
         """Give ``request`` the blocks for ``count`` more tokens, preempting the newest
@@ -285,6 +265,7 @@ class EngineCore:
         self.step_count += 1
         now = self.clock()
         results: list[StepResult] = []
+        add_result = results.append
         running = RequestStatus.RUNNING
         sampled = output.token_ids
         caching = self.blocks.block_size if self.blocks.enable_caching else 0
@@ -293,7 +274,7 @@ class EngineCore:
             if request.status is not running or request.epoch != epoch:
                 continue  # finished, aborted or preempted while the step ran
             request.num_in_flight_tokens -= count
-            if caching and request.num_confirmed_tokens >= (
+            if caching and request.num_computed_tokens - request.num_in_flight_tokens >= (
                 caching * (request.num_registered_blocks + 1)
             ):  # a block just filled up
                 register_computed(self.blocks, request)
@@ -307,7 +288,7 @@ class EngineCore:
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
             metrics.last_token_time = now
-            results.append((request, token, index))
+            add_result((request, token, index))
             params = request.params
             if token in params.stop_token_ids or (token in eos and not params.ignore_eos):
                 self.finish(request, FinishReason.STOP)
