@@ -117,8 +117,10 @@ class LeanLlama(torch.nn.Module):
         if self.packed:
             gate_up = linear_pointwise(h, weights[0])
             width = gate_up.shape[1] // 2
-            gate = gate_up[:, :width].contiguous()  # SiLU's vectorised kernel, as unfused
-            return linear_pointwise(F.silu(gate) * gate_up[:, width:], weights[1])
+            # A contiguous copy: SiLU's vectorised kernel, as unfused; then in place
+            # (same kernels, same bits, two fewer temporaries).
+            gate = F.silu(gate_up[:, :width].contiguous(), inplace=True)
+            return linear_pointwise(gate.mul_(gate_up[:, width:]), weights[1])
         gate_w, up_w, down_w = weights
         return F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
 
