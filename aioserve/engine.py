@@ -8,34 +8,30 @@ import gc
 import itertools
 import logging
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aioserve.config import EngineConfig
 from aioserve.delivery import Delivery
 from aioserve.detokenizer import IncrementalDetokenizer
-from aioserve.engine_core import EngineCore, StepResult
+from aioserve.engine_core import EngineCore
+from aioserve.engine_readouts import EngineReadouts
 from aioserve.errors import EngineError, EngineNotRunningError
 from aioserve.kv_cache import BlockManager
 from aioserve.listeners import ListenerHub
 from aioserve.outputs import RequestOutput
 from aioserve.prompts import encode_prompt
 from aioserve.request import Request
-from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
+from aioserve.runners.base import ModelRunner
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduler_registry import load_scheduler
 from aioserve.scheduling import Scheduler
-from aioserve.step_snapshot import EngineListener, StepSnapshot
+from aioserve.step_loop import StepLoop
 from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
 
-#: A submitted step: its batch and the runner's future of its output.
-StepInFlight = tuple[ScheduledBatch, Awaitable[RunnerOutput]]
-
-
-class AsyncEngine:
+class AsyncEngine(EngineReadouts):
     """An asyncio LLM engine with continuous batching and a pluggable scheduler.
 
     ``async with AsyncEngine(config) as engine`` loads the model (off the event loop)
@@ -68,8 +64,7 @@ class AsyncEngine:
         self.core: EngineCore | None = None
         self._delivery = Delivery()
         self.listeners = ListenerHub()
-        self._wakeup = asyncio.Event()
-        self._idle = asyncio.Event()
+        self.step_loop: StepLoop | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._draining = False
@@ -112,7 +107,8 @@ class AsyncEngine:
         # loop scans only what the loop allocates (vLLM freezes its heap likewise).
         gc.collect()
         gc.freeze()
-        self._loop_task = asyncio.create_task(self._run(), name="aioserve-step-loop")
+        self.step_loop = StepLoop(self.core, runner, self._delivery, self.listeners)
+        self._loop_task = asyncio.create_task(self.step_loop.run(), name="aioserve-step-loop")
         self._loop_task.add_done_callback(self._on_loop_done)
 
     async def shutdown(self) -> None:
@@ -147,12 +143,13 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self.core is not None and self.core.has_work and self.is_running:
+            assert self.step_loop is not None
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            self._idle.clear()
+            self.step_loop.idle.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), remaining)
+                await asyncio.wait_for(self.step_loop.idle.wait(), remaining)
         return True
 
     def _on_loop_done(self, task: asyncio.Task[None]) -> None:
@@ -180,53 +177,6 @@ class AsyncEngine:
     def is_draining(self) -> bool:
         """True after :meth:`drain`: no new work is admitted."""
         return self._draining
-
-    def stats(self) -> dict[str, float]:
-        """Running and waiting requests, KV usage (0–1), free blocks, preemptions, steps,
-        and prefix-cache queried and hit tokens."""
-        core = self._require_core()
-        return {
-            "num_running": len(core.running),
-            "num_waiting": len(core.waiting),
-            "kv_cache_usage": core.blocks.usage,
-            "num_free_blocks": core.blocks.num_free_blocks,
-            "num_preemptions": core.num_preemptions,
-            "num_steps": core.step_count,
-            "prefix_cache_queries": core.prefix_cache_queries,
-            "prefix_cache_hits": core.prefix_cache_hits,
-        }
-
-    def add_listener(self, listener: EngineListener, *, step_interval: float | None = 0.0) -> None:
-        """Call ``listener.on_finish`` for every request that ends and, unless
-        ``step_interval`` is None, ``listener.on_step(snapshot)`` after a step at most
-        once per ``step_interval`` seconds of the engine clock (0: every step). Both run
-        in the step loop: they must not block. Works before or after :meth:`start`.
-
-        Raises:
-            ValueError: ``step_interval`` is negative.
-        """
-        self.listeners.add(listener, step_interval)
-
-    def remove_listener(self, listener: EngineListener) -> None:
-        """Stop calling ``listener``; unknown listeners are ignored."""
-        self.listeners.remove(listener)
-
-    def reset_prefix_cache(self) -> None:
-        """Empty the prefix cache (e.g. between benchmark runs); running requests are
-        unaffected.
-
-        Raises:
-            EngineNotRunningError: the engine is not running.
-        """
-        self._require_core().blocks.reset_cache()
-
-    def snapshot(self) -> StepSnapshot:
-        """The engine's slots, queue and KV cache now (what listeners receive).
-
-        Raises:
-            EngineNotRunningError: the engine is not running.
-        """
-        return self.listeners.snapshot(self._require_core())
 
     def _require_core(self) -> EngineCore:
         if self.core is None or not self.is_running:
@@ -279,7 +229,8 @@ class AsyncEngine:
             )
         stream = RequestStream(request, detok)
         self._delivery.streams[request_id] = stream
-        self._wakeup.set()
+        assert self.step_loop is not None
+        self.step_loop.wakeup.set()
         return stream
 
     def release(self, stream: RequestStream) -> None:
@@ -326,96 +277,8 @@ class AsyncEngine:
         """Abort a request now: it leaves its queue and frees its KV blocks. Its stream
         ends with ``finish_reason="abort"``. Unknown ids are ignored."""
         if self.core is not None and self.core.abort(request_id) is not None:
-            self._flush_finished()
-
-    async def _run(self) -> None:
-        """The step loop, overlapped: while step N runs, N+1 is already scheduled and
-        submitted (its decode inputs are N's sampled tokens, still on the runner's
-        side), so the runner never waits for the event loop; then N's tokens are taken
-        (``update``), handed out (fan-out) and N+2 is scheduled while N+1 runs. A
-        runner without ``submit`` (simulated, scripted) runs one step at a time: its
-        ``step`` coroutine is the step, so a virtual clock sees the steps in order."""
-        core = self.core
-        assert core is not None and self.runner is not None
-        overlap = hasattr(self.runner, "submit")
-        in_flight: deque[StepInFlight] = deque()
-        while True:
-            if not in_flight:
-                if not core.has_work:
-                    if self.listeners.has_step_listeners:  # the idle picture, unthrottled
-                        self.listeners.publish_step(core, 0, force=True)
-                    self._idle.set()
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                    continue
-                self._start_step(in_flight)
-                if not in_flight:
-                    await asyncio.sleep(0)
-                    continue
-            if overlap and len(in_flight) == 1:
-                self._start_step(in_flight)  # N+1 goes in while N runs
-            batch, future = in_flight.popleft()
-            try:
-                output = await future
-            except Exception as exc:  # the model failed: end this batch, keep serving
-                logger.exception("model step failed")
-                core.abandon(batch)
-                self._fail(batch.request_ids, exc)
-                continue
-            try:
-                results = core.update(batch, output)
-            except Exception as exc:  # a bookkeeping bug: end this batch, keep serving
-                logger.exception("step bookkeeping failed")
-                self._fail(batch.request_ids, exc, "step bookkeeping failed")
-                continue
-            self._fan_out(output, results)
-            self._flush_finished()
-            if self.listeners.has_step_listeners:
-                self.listeners.publish_step(core, len(results))
-            if not overlap:
-                self._start_step(in_flight)
-
-    def _start_step(self, in_flight: deque[StepInFlight]) -> None:
-        """Schedule the next batch and start the runner on it (nothing when there is
-        nothing to run)."""
-        core = self.core
-        assert core is not None and self.runner is not None
-        if not core.has_work:
-            return
-        try:
-            batch = core.schedule()
-        except Exception as exc:  # a faulty policy: end what it was deciding on
-            logger.exception("scheduler %r failed", core.scheduler)
-            self._fail_all(exc)
-            return
-        self._flush_finished()  # requests the schedule ended (a KV cache too small)
-        if batch is None:
-            return
-        submit = getattr(self.runner, "submit", None)
-        if submit is not None:  # starts now, e.g. in the runner's worker thread
-            in_flight.append((batch, submit(batch)))
-        else:
-            in_flight.append((batch, asyncio.ensure_future(self.runner.step(batch))))
-
-    def _fan_out(self, output: RunnerOutput, results: list[StepResult]) -> None:
-        assert self.core is not None
-        self._delivery.fan_out(self.core, output, results)
-
-    def _flush_finished(self) -> None:
-        assert self.core is not None
-        self._delivery.flush_finished(self.core)
+            self._delivery.flush_finished(self.core)
 
     def _on_finish(self, request: Request) -> None:
         self._delivery.on_finish(request)
         self.listeners.notify_finish(request)
-
-    def _fail_all(self, exc: Exception) -> None:
-        assert self.core is not None
-        ids = [r.request_id for r in (*self.core.running, *self.core.waiting)]
-        self._fail(ids, exc, "scheduler failed")
-
-    def _fail(self, request_ids: list[str], exc: Exception, what: str = "model step failed",
-              ) -> None:
-        assert self.core is not None
-        error = EngineError(f"{what}: {type(exc).__name__}: {exc}")
-        self._delivery.fail(self.core, request_ids, error)

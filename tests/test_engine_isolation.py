@@ -77,7 +77,8 @@ async def test_a_dead_step_loop_ends_every_stream_and_reports_not_running(model_
         def broken_schedule() -> None:
             raise SystemError("injected bug in the step loop itself")
 
-        engine._start_step = broken_schedule  # type: ignore[method-assign]
+        assert engine.step_loop is not None
+        engine.step_loop.start_step = broken_schedule  # type: ignore[method-assign]
         results = await asyncio.wait_for(asyncio.gather(*(collect(s) for s in streams)), 60)
         assert all(isinstance(error, EngineError) for _, _, error in results)
         assert not engine.is_running

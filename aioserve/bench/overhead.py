@@ -4,7 +4,7 @@ Every request is admitted in the first step and then decodes one token a step, s
 each later step schedules, updates and fans out ``num_requests`` requests. The run
 reports wall microseconds per step and how they split between the scheduler plus
 batch building (``EngineCore.schedule``), the bookkeeping (``EngineCore.update``),
-the fan-out to streams (``AsyncEngine._fan_out``: detokenization, outputs, queue
+the fan-out to streams (``StepLoop.fan_out``: detokenization, outputs, queue
 puts) and the rest (the consumers' wake-ups, the event loop, the runner's hop).
 The first three together are the step loop's own synchronous work (``loop_us``).
 """
@@ -72,7 +72,7 @@ class OverheadResult:
         step_us: wall time per step.
         schedule_us: ``EngineCore.schedule`` (policy, checks, batch building).
         update_us: ``EngineCore.update`` (tokens, stop checks).
-        fan_out_us: ``AsyncEngine._fan_out`` (detokenization, outputs, queue puts).
+        fan_out_us: ``StepLoop.fan_out`` (detokenization, outputs, queue puts).
         loop_us: the step loop's own synchronous work, schedule + update + fan-out.
         other_us: the rest: consumers' wake-ups, event loop, runner hop.
     """
@@ -142,7 +142,9 @@ async def measure_overhead(
         assert core is not None
         core.schedule = _timed(core.schedule, totals, "schedule")  # type: ignore[method-assign]
         core.update = _timed(core.update, totals, "update")  # type: ignore[method-assign]
-        engine._fan_out = _timed(engine._fan_out, totals, "fan_out")  # type: ignore[method-assign]
+        step_loop = engine.step_loop
+        assert step_loop is not None
+        step_loop.fan_out = _timed(step_loop.fan_out, totals, "fan_out")  # type: ignore[method-assign]
         marks: list[float] = []
 
         async def consume(index: int) -> None:
