@@ -19,6 +19,7 @@ from aioserve.runners.cuda_graphs import DecodeGraphs, model_decode_forward
 from aioserve.runners.input_batch import InputBatch, StepInputs
 from aioserve.runners.lean_llama import LeanLlama, lean_forward
 from aioserve.runners.pending_output import PendingOutput
+from aioserve.runners.row_padding import RowPadding, probe_row_padding
 from aioserve.runners.runner_setup import (
     context_length,
     cpu_threads,
@@ -97,9 +98,17 @@ class TorchRunner:
             and not config.enforce_eager
         # the reference backend reads a CPU cache head-major (sparse_decode.py)
         head_major = self.device.type == "cpu" and isinstance(self.backend, ReferenceBackend)
-        # CUDA graphs' padding rows write into one scratch block the engine never sees
+        # small steps padded so a row's products do not depend on the step (row_padding.py)
+        self.row_padding = RowPadding([])
+        if self.device.type == "cpu":
+            self.row_padding = probe_row_padding(
+                m.weight for m in model.modules() if type(m) is torch.nn.Linear)
+        # CUDA graphs' and row padding's rows write into one scratch block the engine
+        # never sees
+        self._scratch_block = self.num_kv_blocks
+        scratch = int(graphs or self.row_padding.needed)
         self.kv_caches = model_loader.allocate_kv_cache(
-            self.layer_rules, (self.num_kv_blocks + graphs) * self.block_size, self.dtype,
+            self.layer_rules, (self.num_kv_blocks + scratch) * self.block_size, self.dtype,
             self.device, head_major,
         )
         # Twice the slots: a request whose last token is in flight still holds its
@@ -221,12 +230,24 @@ class TorchRunner:
         self, input_ids: torch.Tensor, starts: np.ndarray, counts: np.ndarray,
         block_table: np.ndarray, keep: torch.Tensor, lean: LeanLlama | None,
     ) -> torch.Tensor:
+        """Logits ``[len(keep), vocab]``; a small step runs padded (see ``row_padding``)."""
+        num_kept = len(keep)
+        extra = self.row_padding.padded(len(input_ids)) - len(input_ids)
+        if extra:  # one-token sequences at position 0 of the scratch block
+            input_ids = torch.cat((input_ids, input_ids.new_zeros(extra)))
+            starts = np.concatenate((starts, np.zeros(extra, np.int64)))
+            counts = np.concatenate((counts, np.ones(extra, np.int64)))
+            block_table = np.concatenate((block_table, np.full(
+                (extra, block_table.shape[1]), self._scratch_block, np.int64)))
+        extra_kept = self.row_padding.padded(num_kept) - num_kept
+        if extra_kept:
+            keep = torch.cat((keep, keep[-1:].expand(extra_kept)))
         meta, positions = self.backend.build_metadata(
             self.kv_caches, starts, counts, block_table, self.block_size, self.device,
             self.windows,
         )
         if lean is not None:
-            return lean.forward(input_ids, positions, keep, meta)
+            return lean.forward(input_ids, positions, keep, meta)[:num_kept]
         with layer_rules.metadata_context(meta):  # for models that drop kwargs (stablelm)
             return self.model(
                 input_ids=input_ids.unsqueeze(0),
@@ -234,7 +255,7 @@ class TorchRunner:
                 use_cache=False,
                 logits_to_keep=keep,
                 paged_metadata=meta,
-            ).logits[0]
+            ).logits[0, :num_kept]
 
     @torch.inference_mode()
     def _probe(self, lean: LeanLlama | None) -> list[torch.Tensor]:

@@ -1,0 +1,64 @@
+"""A request's linear layers give the same bits whatever the number of rows in its step
+(row_padding.py: MKL's products computed a call's last rows with another kernel)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aioserve.config import EngineConfig
+from aioserve.runners.row_padding import RowPadding, probe_row_padding
+from aioserve.runners.torch_runner import TorchRunner
+
+NUM_SEQUENCES = 13
+BLOCKS_PER_SEQUENCE = 8
+
+
+def test_padding_table_only_grows_counts_and_leaves_big_counts():
+    table = probe_row_padding([torch.randn(24, 16), torch.randn(40, 24)], max_rows=20)
+    assert table.targets[0] == 0
+    assert all(target >= rows for rows, target in enumerate(table.targets))
+    assert len(table.targets) == 21
+    assert table.padded(500) == 500
+    assert not RowPadding([0, 1, 2]).needed
+    assert RowPadding([0, 4, 4]).needed
+
+
+@pytest.mark.parametrize("forward", ["transformers", "lean-llama"])
+def test_decode_logits_alone_equal_logits_in_every_batch_size(model_dir, forward):
+    """Contexts of one length in blocks (33-47 tokens: three 16-token blocks), so the
+    test model's narrow-head attention pads every group alike (its score products
+    still round by the padded length, see the note in decode_attention.py) and only
+    the row count of the matrix products changes with the batch."""
+    runner = TorchRunner(EngineConfig(model=model_dir, forward=forward, num_kv_blocks=128,
+                                      device="cpu"))
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(33, 48, NUM_SEQUENCES).astype(np.int64)
+    first = 4  # blocks 0-3 belong to the lean forward's load check
+    tables = np.arange(first, first + NUM_SEQUENCES * BLOCKS_PER_SEQUENCE,
+                       dtype=np.int64).reshape(NUM_SEQUENCES, BLOCKS_PER_SEQUENCE)
+    tokens = torch.from_numpy(rng.integers(3, runner.vocab_size, NUM_SEQUENCES))
+
+    def run() -> dict[int, list[bool]]:
+        with torch.inference_mode():
+            for i, length in enumerate(lengths):  # each prompt alone
+                ids = torch.from_numpy(rng.integers(3, runner.vocab_size, int(length)))
+                runner._run_model(ids, np.zeros(1, np.int64), lengths[i:i + 1],
+                                  tables[i:i + 1], torch.tensor([length - 1]), runner.lean)
+
+            def decode(rows: list[int]) -> torch.Tensor:
+                return runner._run_model(
+                    tokens[rows], lengths[rows], np.ones(len(rows), np.int64), tables[rows],
+                    torch.arange(len(rows)), runner.lean)
+
+            alone = [decode([i])[0] for i in range(NUM_SEQUENCES)]
+            return {size: [torch.equal(row, alone[i]) for i, row in
+                           enumerate(decode(list(range(size))))]
+                    for size in (2, 3, 5, 6, 7, 9, 11, 13)}
+
+    try:
+        same = runner._executor.submit(run).result()
+    finally:
+        runner.close()
+    assert all(all(rows) for rows in same.values()), same
