@@ -96,7 +96,8 @@ def test_prefill_rows_split_by_work(monkeypatch):
     meta, _ = build_metadata(caches, [0] * 5, counts, tables, 16, torch.device("cpu"))
     assert len(meta.groups) == 2
     short, long = sorted(meta.groups, key=lambda g: g.gather_blocks.shape[1])
-    assert short.gather_blocks.shape == (3, 1) and long.gather_blocks.shape == (2, 8)
+    # contexts of 2-4 tokens: one block, widened to MIN_CONTEXT_WIDTH (32 tokens, 2 blocks)
+    assert short.gather_blocks.shape == (3, 2) and long.gather_blocks.shape == (2, 8)
     covered = sorted(t for g in meta.groups for t in g.token_index.tolist())
     assert covered == list(range(sum(counts)))
 

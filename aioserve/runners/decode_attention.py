@@ -14,12 +14,10 @@ development box, 32 sequences x 304 keys, per layer: SmolLM2-135M's heads (9 que
 3 KV, dim 64) 2.4 -> 1.3 ms, 16 query / 8 KV heads 7.8 -> 3.6 ms, the test model's
 (8 / 4, dim 8) 0.37 -> 0.39 ms.
 
-Not bit-stable across batches: MKL computes a product's last columns with another
-kernel, so a sequence's scores round differently when a longer batch-mate pads ``L``
-(greedy tokens agree unless two logits tie within ~1e-6). One product per query head
-(one query row each) does not depend on ``L``, but costs 1.6x the scores (28 sequences,
-the test model's heads: 174 -> 282 us a layer); not adopted. Heads of 32 and more take
-the sparse kernels, whose rows do not depend on their batch-mates.
+A sequence's scores do not depend on its batch-mates as long as the context is at
+least 32 keys wide (MKL computes narrower score products with another kernel, see
+``paged_metadata.MIN_CONTEXT_WIDTH``); the softmax and the weighted sum add exact
+zeros for padding.
 """
 
 from __future__ import annotations

@@ -105,6 +105,11 @@ def block_table_array(block_tables: list[list[int]]) -> np.ndarray:
     return np.fromiter(flat, dtype=np.int64, count=len(flat)).reshape(len(block_tables), width)
 
 
+#: Fewest key columns a group attends over (padding masked): MKL computes the score
+#: products of narrower contexts with another kernel, so a sequence of 16 or fewer
+#: tokens got other bits alone than beside a longer batch-mate (measured, AVX2).
+MIN_CONTEXT_WIDTH = 32
+
 _PREFIX_MASKS = np.zeros((1, 0), dtype=np.float32)
 
 
@@ -134,7 +139,10 @@ def _group(
     """The group of sequences ``rows`` (indices into the batch)."""
     starts, counts, offsets = starts[rows], counts[rows], offsets[rows]
     seq_lens = starts + counts
-    num_blocks = -(-int(seq_lens.max()) // block_size)
+    num_blocks = -(-max(int(seq_lens.max()), MIN_CONTEXT_WIDTH) // block_size)
+    if tables.shape[1] < num_blocks:  # widened: the extra columns are masked
+        extra = np.repeat(tables[:, :1], num_blocks - tables.shape[1], axis=1)
+        tables = np.concatenate((tables, extra), axis=1)
     blocks = tables[rows, :num_blocks]
     width = num_blocks * block_size
     max_new = int(counts.max())

@@ -10,11 +10,16 @@ near-tie), where continuous batching must never change what a user gets.
 
 The kernels' grouping depends on the machine, so it is probed at load: for each row
 count ``m`` up to :data:`PROBE_ROWS`, the smallest count ``m' >= m`` whose every row
-equals the same row computed in a large call, for each of the model's linear shapes.
+equals the same row computed in a large call, for each of the model's linear shapes,
+and a multiple of :data:`ROW_MULTIPLE`: ATen's vectorised elementwise loops take 16
+floats at a time (AVX2) and finish a tensor with scalar code, whose SiLU rounds
+differently, so ``rows x width`` is kept a multiple of 16 for widths divisible by 4.
 The runner then pads a step's tokens (and the rows it keeps for the logits) up to
-that count with throw-away rows. oneDNN's packed products (big models,
+that count with throw-away rows. That makes decode-sized steps exact; a step of
+hundreds of tokens splits its elementwise ops between threads at count-dependent
+points and is not covered. oneDNN's packed products (big models,
 :mod:`~aioserve.runners.packed_linear`) need none: their rows measured the same at
-every count.
+every count, and no padding is done.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PROBE_ROWS", "RowPadding", "probe_row_padding"]
+__all__ = ["PROBE_ROWS", "ROW_MULTIPLE", "RowPadding", "probe_row_padding"]
 
-#: Row counts probed (steps with more tokens are taken as they come).
+#: Row counts probed (beyond, counts are only rounded up to ROW_MULTIPLE).
 PROBE_ROWS = 64
+
+#: Padded counts are multiples of this (see the module's text).
+ROW_MULTIPLE = 4
 
 
 class RowPadding:
@@ -38,12 +46,15 @@ class RowPadding:
             the table are not padded.
     """
 
-    def __init__(self, targets: list[int]) -> None:
+    def __init__(self, targets: list[int], multiple: int = 1) -> None:
         self.targets = targets
+        self.multiple = multiple
 
     def padded(self, rows: int) -> int:
         """The row count ``rows`` rows are computed as."""
-        return self.targets[rows] if rows < len(self.targets) else rows
+        if rows < len(self.targets):
+            return self.targets[rows]
+        return -(-rows // self.multiple) * self.multiple
 
     @property
     def needed(self) -> bool:
@@ -78,8 +89,11 @@ def probe_row_padding(weights: Iterable[torch.Tensor], max_rows: int = PROBE_ROW
     with torch.inference_mode():
         for weight in shapes.values():
             exact = [a and b for a, b in zip(exact, _row_exact_counts(weight, max_rows))]
+    if all(exact):
+        return RowPadding(list(range(max_rows + 1)))
     targets = []
     for rows in range(max_rows + 1):
-        target = next((m for m in range(rows, max_rows + 1) if exact[m]), rows)
+        target = next((m for m in range(rows, max_rows + 1)
+                       if exact[m] and m % ROW_MULTIPLE == 0), rows)
         targets.append(target)
-    return RowPadding(targets)
+    return RowPadding(targets, ROW_MULTIPLE)
