@@ -63,3 +63,31 @@ def test_decode_logits_alone_equal_logits_in_every_batch_size(model_dir, forward
     differing = {size: [i for i, ok in enumerate(rows) if not ok]
                  for size, rows in same.items() if not all(rows)}
     assert not differing, differing
+
+
+def test_prompt_logits_alone_equal_logits_beside_other_prompts(model_dir):
+    """Prefill steps of 1-8 prompts (5-59 tokens each): each prompt's last logits are the
+    same bits alone and packed with the others."""
+    runner = TorchRunner(EngineConfig(model=model_dir, num_kv_blocks=128, device="cpu"))
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(5, 60, 8).astype(np.int64)
+    tables = np.arange(4, 4 + 8 * 4, dtype=np.int64).reshape(8, 4)
+    prompts = [torch.from_numpy(rng.integers(3, runner.vocab_size, int(n))) for n in lengths]
+
+    def prefill(rows: list[int]) -> torch.Tensor:
+        counts = lengths[rows]
+        return runner._run_model(
+            torch.cat([prompts[i] for i in rows]), np.zeros(len(rows), np.int64), counts,
+            tables[rows], torch.from_numpy(np.cumsum(counts) - 1), None)
+
+    def run() -> dict[int, list[int]]:
+        with torch.inference_mode():
+            alone = [prefill([i])[0] for i in range(len(prompts))]
+            return {size: [i for i, row in enumerate(prefill(list(range(size))))
+                           if not torch.equal(row, alone[i])] for size in (2, 3, 5, 8)}
+
+    try:
+        differing = runner._executor.submit(run).result()
+    finally:
+        runner.close()
+    assert not any(differing.values()), differing

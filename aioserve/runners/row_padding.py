@@ -15,11 +15,11 @@ and a multiple of :data:`ROW_MULTIPLE`: ATen's vectorised elementwise loops take
 floats at a time (AVX2) and finish a tensor with scalar code, whose SiLU rounds
 differently, so ``rows x width`` is kept a multiple of 16 for widths divisible by 4.
 The runner then pads a step's tokens (and the rows it keeps for the logits) up to
-that count with throw-away rows. That makes decode-sized steps exact; a step of
-hundreds of tokens splits its elementwise ops between threads at count-dependent
-points and is not covered. oneDNN's packed products (big models,
-:mod:`~aioserve.runners.packed_linear`) need none: their rows measured the same at
-every count, and no padding is done.
+that count with throw-away rows. That made decode and prefill steps exact on the test
+model (tests/test_row_padding.py); a step of hundreds of tokens splits its elementwise
+ops between threads at count-dependent points, which nothing here aligns. oneDNN's
+packed products (big models, :mod:`~aioserve.runners.packed_linear`) need none: their
+rows measured the same at every count, and no padding is done.
 """
 
 from __future__ import annotations
