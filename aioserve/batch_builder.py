@@ -22,6 +22,9 @@ class BatchBuilder:
 
     Args:
         max_model_len: context length in tokens (a request reaching it ends).
+        block_size: tokens per KV block.
+        reserve: ``reserve(request, count, scheduled_ids)`` gives a request the blocks
+            for ``count`` more tokens (False: it is not scheduled this step).
 
     Attributes:
         request_ids: the scheduled requests so far.
@@ -30,11 +33,14 @@ class BatchBuilder:
             or the context length reached), filled as rows are added.
     """
 
-    __slots__ = ("max_model_len", "request_ids", "_counts", "_starts", "_sample", "_produced",
-                 "_new", "record", "finishing")
+    __slots__ = ("max_model_len", "block_size", "_reserve", "request_ids", "_counts", "_starts",
+                 "_sample", "_produced", "_new", "record", "finishing")
 
-    def __init__(self, max_model_len: int) -> None:
+    def __init__(self, max_model_len: int, block_size: int,
+                 reserve: Callable[[Request, int, list[str]], bool]) -> None:
         self.max_model_len = max_model_len
+        self.block_size = block_size
+        self._reserve = reserve
         self.request_ids: list[str] = []
         self._counts: list[int] = []
         self._starts: list[int] = []
@@ -44,46 +50,15 @@ class BatchBuilder:
         self.record: list[InFlight] = []
         self.finishing: list[str] = []
 
-    def add(self, request: Request, count: int, produced: int, total: int) -> None:
-        """Schedule ``count`` tokens of ``request`` from its ``num_computed_tokens`` on;
-        a token is sampled when they reach ``total``, the end of its tokens. Advances
-        its counters by what is now in flight.
-
-        Args:
-            produced: its output tokens, placeholders included (the caller has them).
-            total: its prompt plus ``produced`` tokens.
-        """
-        start = request.num_computed_tokens
-        placeholders = request.num_output_placeholders
-        samples = start + count == total
-        self.request_ids.append(request.request_id)
-        self._counts.append(count)
-        self._starts.append(start)
-        self._sample.append(samples)
-        self._produced.append(produced)
-        request.num_computed_tokens = start + count
-        request.num_in_flight_tokens += count
-        if samples:
-            request.num_output_placeholders = placeholders + 1
-            if produced + 1 >= request.params.max_tokens or total + 1 >= self.max_model_len:
-                self.finishing.append(request.request_id)
-        self.record.append((request, request.epoch, count, samples))
-
-    def add_running(
-        self, running: Iterable[Request], budget: int, block_size: int,
-        reserve: Callable[[Request, int, list[str]], bool],
-    ) -> int:
-        """Schedule the running requests' next tokens (decode, or the rest of a chunked
-        prefill) in order, within ``budget`` tokens; returns the budget left. The
-        per-step hot path at hundreds of running requests: the same rows as
-        :meth:`add`, with every lookup bound once.
-
-        Args:
-            block_size: tokens per KV block.
-            reserve: ``reserve(request, count, scheduled_ids)`` gives a request the
-                blocks for ``count`` more tokens (False: not scheduled this step).
-        """
+    def add_running(self, running: Iterable[Request], budget: int) -> int:
+        """Schedule the requests' next tokens (decode, or the rest of a chunked
+        prefill) in order, from each one's ``num_computed_tokens`` on, within ``budget``
+        tokens; returns the budget left. A row samples a token when its tokens reach
+        the end of the request's; each request's counters advance by what is now in
+        flight. The per-step hot path at hundreds of running requests, so every lookup
+        is bound once."""
         ids, counts, starts = self.request_ids, self._counts, self._starts
+        block_size, reserve = self.block_size, self._reserve
         sample, produced_list, record = self._sample, self._produced, self.record
         finishing, max_model_len = self.finishing, self.max_model_len
         running_status = RequestStatus.RUNNING
@@ -133,8 +108,7 @@ class BatchBuilder:
             len(request.prompt_token_ids), request.params, list(request.block_ids),
             request.num_computed_tokens,
         ))
-        produced = len(request.output_token_ids)
-        self.add(request, count, produced, len(request.prompt_token_ids) + produced)
+        self.add_running((request,), count)  # its first chunk's blocks are allocated
 
     def build(self, new_block_ids: dict[str, list[int]], released_ids: list[str]
               ) -> ScheduledBatch:

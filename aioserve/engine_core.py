@@ -182,7 +182,7 @@ class EngineCore:
             request = self.requests.get(request_id)
             if request is not None and request.status is RequestStatus.RUNNING:
                 self.preempt(request)
-        batch = BatchBuilder(self.max_model_len)
+        batch = BatchBuilder(self.max_model_len, self.blocks.block_size, self._reserve)
         budget = self._schedule_running(batch)
         admit = list(decision.admit)
         if not batch.request_ids and not self.running and self.waiting and not admit:
@@ -199,10 +199,8 @@ class EngineCore:
     def _schedule_running(self, batch: BatchBuilder) -> int:
         """Schedule the running requests' next tokens (decode, or the rest of a
         chunked prefill) within the token budget; returns the budget left."""
-        return batch.add_running(  # a copy: _reserve may preempt
-            list(self.running), self.max_num_batched_tokens, self.blocks.block_size,
-            self._reserve,
-        )
+        # a copy of the list: _reserve may preempt
+        return batch.add_running(list(self.running), self.max_num_batched_tokens)
 
     def _reserve(self, request: Request, count: int, scheduled: list[str]) -> bool:
         """Give ``request`` the blocks for ``count`` more tokens, preempting the newest
@@ -274,7 +272,7 @@ class EngineCore:
             if request.status is not running or request.epoch != epoch:
                 continue  # finished, aborted or preempted while the step ran
             request.num_in_flight_tokens -= count
-            if caching and request.num_computed_tokens - request.num_in_flight_tokens >= (
+            if caching and request.num_confirmed_tokens >= (
                 caching * (request.num_registered_blocks + 1)
             ):  # a block just filled up
                 register_computed(self.blocks, request)

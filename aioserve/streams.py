@@ -17,16 +17,13 @@ class RequestStream:
     them); an exception put on the queue is raised by the consumer.
     """
 
-    __slots__ = ("request", "queue", "detokenizer", "closed", "_put", "_id", "_num_prompt")
+    __slots__ = ("request", "queue", "detokenizer", "closed")
 
     def __init__(self, request: Request, detokenizer: IncrementalDetokenizer | None) -> None:
         self.request = request
         self.queue: DeltaQueue[RequestOutput | BaseException] = DeltaQueue()
         self.detokenizer = detokenizer
         self.closed = False
-        self._put = self.queue.put_nowait  # the per-token path, bound once
-        self._id = request.request_id
-        self._num_prompt = len(request.prompt_token_ids)
 
     def push_token(self, token: int, text: str, logprob: TokenLogprob | None) -> None:
         """Queue the delta of one new token (``text``: its detokenized text, maybe "");
@@ -38,8 +35,8 @@ class RequestStream:
         if request.status is _FINISHED:
             self.put([token], text, logprobs)
             return
-        self._put(RequestOutput(  # positional: the cheapest construction
-            self._id, text, [token], False, None, self._num_prompt,
+        self.queue.put_nowait(RequestOutput(  # positional: the cheapest construction
+            request.request_id, text, [token], False, None, len(request.prompt_token_ids),
             len(request.output_token_ids), logprobs, request.metrics, None,
             request.num_cached_tokens,
         ))

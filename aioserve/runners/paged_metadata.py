@@ -140,9 +140,6 @@ def _group(
     starts, counts, offsets = starts[rows], counts[rows], offsets[rows]
     seq_lens = starts + counts
     num_blocks = -(-max(int(seq_lens.max()), MIN_CONTEXT_WIDTH) // block_size)
-    if tables.shape[1] < num_blocks:  # widened: the extra columns are masked
-        extra = np.repeat(tables[:, :1], num_blocks - tables.shape[1], axis=1)
-        tables = np.concatenate((tables, extra), axis=1)
     blocks = tables[rows, :num_blocks]
     width = num_blocks * block_size
     max_new = int(counts.max())
@@ -256,6 +253,10 @@ def build_metadata(
     batch = len(start_positions)
     tables = (block_tables if isinstance(block_tables, np.ndarray)
               else block_table_array(block_tables))
+    min_blocks = -(-MIN_CONTEXT_WIDTH // block_size)
+    if tables.shape[1] < min_blocks:  # every group spans MIN_CONTEXT_WIDTH keys (masked)
+        extra = np.repeat(tables[:, :1], min_blocks - tables.shape[1], axis=1)
+        tables = np.concatenate((tables, extra), axis=1)
     starts = np.asarray(start_positions, dtype=np.int64)
     counts = np.asarray(num_new_tokens, dtype=np.int64)
     offsets = np.cumsum(counts) - counts

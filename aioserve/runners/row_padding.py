@@ -42,8 +42,8 @@ class RowPadding:
     """How many rows a product of ``m`` rows is padded to (``padded(m) >= m``).
 
     Args:
-        targets: ``targets[m]`` for ``m`` in ``0..len(targets) - 1``; counts past
-            the table are not padded.
+        targets: ``targets[m]`` for ``m`` in ``0..len(targets) - 1``.
+        multiple: counts past the table are rounded up to a multiple of it.
     """
 
     def __init__(self, targets: list[int], multiple: int = 1) -> None:
