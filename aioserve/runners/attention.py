@@ -27,7 +27,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from aioserve.runners import decode_attention, eager_attention, layer_rules, sparse_decode
+from aioserve.runners import (
+    decode_attention,
+    eager_attention,
+    layer_rules,
+    native_attention,
+    sparse_decode,
+)
 from aioserve.runners.kv_gather import GatherBuffers, gather, gather_index, is_head_major
 from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
@@ -54,6 +60,15 @@ def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> 
             and is_head_major(k_cache) and is_head_major(v_cache))
 
 
+def _native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether a decode group takes the compiled kernels
+    (:mod:`~aioserve.runners.native_attention`): float32 on the CPU, loaded kernels."""
+    return (q.device.type == "cpu"
+            and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+            and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+            and native_attention.available())
+
+
 def _once_a_step(cache: dict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
     """``cache[key]`` of a group's per-step caches, built by the first layer that asks
     and read by the others."""
@@ -78,6 +93,9 @@ def _attend(
     (keys and values gathered into ``buffers``, see :mod:`~aioserve.runners.kv_gather`)."""
     plain = rules is None or rules.plain
     kv_heads, rows = int(k_cache.shape[1]), int(k_cache.shape[0])
+    if plain and group.seq_lens is not None and _native(q, k_cache, v_cache):
+        return native_attention.decode_attention(q, k_cache, v_cache, group.gather_blocks,
+                                                 group.seq_lens, block_size, scaling)
     if plain and group.query_index is None and _in_place(q, k_cache, v_cache):
         heads = int(q.shape[1])
         sparse = _once_a_step(group.sparse_indices, (kv_heads, heads, rows), lambda: (

@@ -45,6 +45,9 @@ class AttentionGroup:
             cache layout and read by the others.
         decode_biases: a decode group's additive mask laid out ``[kv_heads * b, 1, L]``
             for the batched products, by kv_heads, built once a step.
+        seq_lens: a decode group's ``[b]`` int64 context lengths (tokens, the new one
+            included), for kernels that walk the block table
+            (:mod:`~aioserve.runners.native_attention`); None for other groups.
     """
 
     token_index: torch.Tensor | None
@@ -56,6 +59,7 @@ class AttentionGroup:
     sparse_indices: dict[tuple[int, int, int], SparseDecodeIndex] = field(default_factory=dict)
     gather_indices: dict[tuple[int, int, bool], torch.Tensor] = field(default_factory=dict)
     decode_biases: dict[int, torch.Tensor] = field(default_factory=dict)
+    seq_lens: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,7 @@ def _group(
         query_index,
         query_valid,
         window_masks,
+        seq_lens=to_device(seq_lens, device) if max_new == 1 else None,
     )
 
 

@@ -1,0 +1,117 @@
+"""Decode attention in the compiled CPU kernels (native_attention.py, csrc/).
+
+Each test needs the kernels built (a C++ compiler and ninja); without them the tests
+of the fallback still run and the others are skipped.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from aioserve.runners import native_attention
+from aioserve.runners.attention import attend_groups
+from aioserve.runners.paged_metadata import build_metadata
+from tests.test_sparse_decode import both_layouts, sdpa_per_sequence
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def native():
+    if not native_attention.available():
+        pytest.skip("the native CPU kernels did not build here")
+
+
+def decoders(starts: list[int], block_size: int, num_blocks: int, seed: int = 1):
+    """Random block tables (distinct blocks, shuffled) for decoders at ``starts``."""
+    rng = np.random.default_rng(seed)
+    free = list(rng.permutation(np.arange(1, num_blocks)))
+    tables = []
+    for start in starts:
+        need = start // block_size + 1
+        tables.append([int(b) for b in free[:need]])
+        free = free[need:]
+    return tables
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads", "dim"),
+                         [(9, 3, 64), (8, 4, 8), (4, 4, 12), (6, 1, 40), (2, 2, 3)])
+@pytest.mark.parametrize("head_major", [False, True])
+def test_decode_matches_sdpa(native, q_heads, kv_heads, dim, head_major):
+    block = 16
+    caches = both_layouts(kv_heads, dim, 64 * block, seed=dim)[int(head_major)]
+    starts = [0, 15, 16, 3, 100, 47, 31, 250]  # block edges, one token, several blocks
+    tables = decoders(starts, block, 64)
+    meta, _ = build_metadata([caches], starts, [1] * len(starts), tables, block, CPU,
+                             split_cost=10**9)
+    (group,) = meta.groups
+    assert group.seq_lens is not None
+    q = torch.randn(len(starts), q_heads, dim, generator=torch.Generator().manual_seed(3))
+    calls = []
+    kernel = torch.ops.aioserve_cpu.decode_values
+
+    def spy(*args):
+        calls.append(1)
+        return kernel(*args)
+
+    torch.ops.aioserve_cpu.decode_values = spy  # attend_groups takes the kernels
+    try:
+        got = attend_groups(q, *caches, meta, None)
+    finally:
+        torch.ops.aioserve_cpu.decode_values = kernel
+    assert calls
+    want = sdpa_per_sequence(q, *caches, np.array(starts), tables, block)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_sequence_gets_the_same_bits_with_any_batch_mates(native):
+    block = 16
+    k_cache, v_cache = both_layouts(3, 64, 80 * block)[1]
+    starts = [70, 5, 200, 33, 129, 0, 16, 90, 250, 11]
+    tables = decoders(starts, block, 80)
+    q = torch.randn(len(starts), 9, 64, generator=torch.Generator().manual_seed(5))
+
+    def run(rows: list[int]) -> torch.Tensor:
+        picked = [tables[r] for r in rows]
+        width = max(map(len, picked)) + 3  # a wider table than any row needs: masked
+        padded = torch.tensor([t + [t[0]] * (width - len(t)) for t in picked])
+        lens = torch.tensor([starts[r] + 1 for r in rows])
+        return native_attention.decode_attention(q[rows], k_cache, v_cache, padded, lens,
+                                                 block, None)
+
+    together = run(list(range(len(starts))))
+    for row in range(len(starts)):
+        assert torch.equal(run([row]), together[row : row + 1])
+    assert torch.equal(run([2, 0]), together[[2, 0]])
+
+
+def test_bad_shapes_raise_and_name_the_argument(native):
+    k_cache, v_cache = both_layouts(3, 64, 4 * 16)[0]
+    tables = torch.zeros((2, 1), dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="seq_lens"):
+        native_attention.decode_attention(torch.randn(2, 9, 64), k_cache, v_cache, tables,
+                                          torch.ones(3, dtype=torch.int64), 16, None)
+    with pytest.raises(RuntimeError, match="block_tables"):
+        native_attention.decode_attention(torch.randn(2, 9, 64), k_cache, v_cache,
+                                          tables.int(), torch.ones(2, dtype=torch.int64), 16,
+                                          None)
+
+
+def test_a_failed_build_falls_back_to_stock_kernels(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(native_attention, "SOURCE", tmp_path / "missing.cpp")
+    assert native_attention._build() is False
+    assert "stock kernels" in caplog.text
+
+
+def test_the_switch_turns_the_kernels_off():
+    code = ("from aioserve.runners import native_attention as n; "
+            "print(n.available())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "AIOSERVE_NATIVE_KERNELS": "0"},
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "False"
