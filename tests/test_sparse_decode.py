@@ -3,7 +3,7 @@
 It serves heads of at least ``MIN_HEAD_DIM`` elements; the test model's are 8 wide, so
 the end-to-end check runs an exactly equivalent copy of it with heads zero-padded to
 32 wide (:func:`pad_heads`). Where the compiled kernels
-(:mod:`~aioserve.runners.native_attention`) are loaded they take decode groups first, so
+(:mod:`~aioserve.runners.native_kernels`) are loaded they take decode groups first, so
 these tests switch them off: the sparse kernels serve when the build fails.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.runners import model_loader, native_attention, sparse_decode
+from aioserve.runners import model_loader, native_kernels, sparse_decode
 from aioserve.runners.attention import attend_groups
 from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import build_metadata
@@ -29,7 +29,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(autouse=True)
 def stock_kernels(monkeypatch):
     """Decode groups take the stock-kernel paths, as where the native build fails."""
-    monkeypatch.setattr(native_attention, "available", lambda: False)
+    monkeypatch.setattr(native_kernels, "available", lambda: False)
 
 
 def both_layouts(kv_heads: int, dim: int, rows: int, seed: int = 0):

@@ -31,7 +31,7 @@ from aioserve.runners import (
     decode_attention,
     eager_attention,
     layer_rules,
-    native_attention,
+    native_kernels,
     sparse_decode,
 )
 from aioserve.runners.kv_gather import GatherBuffers, gather, gather_index, is_head_major
@@ -62,11 +62,11 @@ def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> 
 
 def _native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether a decode group takes the compiled kernels
-    (:mod:`~aioserve.runners.native_attention`): float32 on the CPU, loaded kernels."""
+    (:mod:`~aioserve.runners.native_kernels`): float32 on the CPU, loaded kernels."""
     return (q.device.type == "cpu"
             and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
             and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-            and native_attention.available())
+            and native_kernels.available())
 
 
 def _once_a_step(cache: dict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
@@ -94,7 +94,7 @@ def _attend(
     plain = rules is None or rules.plain
     kv_heads, rows = int(k_cache.shape[1]), int(k_cache.shape[0])
     if plain and group.seq_lens is not None and _native(q, k_cache, v_cache):
-        return native_attention.decode_attention(q, k_cache, v_cache, group.gather_blocks,
+        return native_kernels.decode_attention(q, k_cache, v_cache, group.gather_blocks,
                                                  group.seq_lens, block_size, scaling)
     if plain and group.query_index is None and _in_place(q, k_cache, v_cache):
         heads = int(q.shape[1])

@@ -184,7 +184,7 @@ class BatchSampler:
         if drawn and len(drawn) == len(params):
             chosen = self._race(logits, slots, params)
         else:
-            chosen = logits.argmax(dim=-1)
+            chosen = ops.greedy(logits)
             if drawn:
                 index = self._to_device(drawn)
                 race = self._race(logits[index], slots[index], [params[i] for i in drawn])
@@ -227,7 +227,7 @@ class BatchSampler:
             top_p = self._top_p.index_select(0, slots).unsqueeze(1) if any_top_p else None
             weights.masked_fill_(ops.filtered_out(scaled, top_k, max_k, top_p), 0.0)
         keys = ops.draw_keys(self._seed.index_select(0, slots), self._draw.index_select(0, slots))
-        return weights.div_(ops.exponentials(keys, self._offsets)).argmax(dim=-1)
+        return ops.greedy(weights.div_(ops.exponentials(keys, self._offsets)))
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> LogprobTensors:

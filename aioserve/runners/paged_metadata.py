@@ -47,7 +47,7 @@ class AttentionGroup:
             for the batched products, by kv_heads, built once a step.
         seq_lens: a decode group's ``[b]`` int64 context lengths (tokens, the new one
             included), for kernels that walk the block table
-            (:mod:`~aioserve.runners.native_attention`); None for other groups.
+            (:mod:`~aioserve.runners.native_kernels`); None for other groups.
     """
 
     token_index: torch.Tensor | None

@@ -1,5 +1,5 @@
-"""Tensor pieces of the batch sampler: the top-k / top-p mask, and counter-based random
-numbers (a hash of seed, draw index and token id).
+"""Tensor pieces of the batch sampler: greedy choice, the top-k / top-p mask, and
+counter-based random numbers (a hash of seed, draw index and token id).
 
 Every uniform is a pure function of its three coordinates, so a request's draws do not
 depend on its batch-mates, its row, the device or how often it was preempted.
@@ -24,7 +24,20 @@ from __future__ import annotations
 
 import torch
 
+from aioserve.runners import native_kernels
+
 _U64 = 1 << 64
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """``[R]`` int64, each row's arg max of ``logits`` ``[R, V]``, with ``torch.argmax``'s
+    ties (first index) and NaN (counted largest); float32 on the CPU through the compiled
+    kernel (:func:`~aioserve.runners.native_kernels.greedy_tokens`, 4x faster on
+    ``[32, 49152]``) when it is loaded."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 \
+            and native_kernels.available():
+        return native_kernels.greedy_tokens(logits)
+    return logits.argmax(dim=-1)
 
 
 def _signed(value: int) -> int:

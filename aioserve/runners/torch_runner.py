@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from aioserve.config import EngineConfig
-from aioserve.runners import cpu_malloc, layer_rules, model_loader
+from aioserve.runners import cpu_malloc, layer_rules, model_loader, native_kernels
 from aioserve.runners.attention_backend import AttentionBackend, ReferenceBackend, backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.batch_sampler import BatchSampler
@@ -98,6 +98,8 @@ class TorchRunner:
             and not config.enforce_eager
         # the reference backend reads a CPU cache head-major (sparse_decode.py)
         head_major = self.device.type == "cpu" and isinstance(self.backend, ReferenceBackend)
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            native_kernels.available()  # built now (once a machine), not mid-step
         # small steps padded so a row's products do not depend on the step (row_padding.py)
         self.row_padding = RowPadding([])
         if self.device.type == "cpu":

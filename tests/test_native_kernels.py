@@ -1,4 +1,4 @@
-"""Decode attention in the compiled CPU kernels (native_attention.py, csrc/).
+"""Decode attention in the compiled CPU kernels (native_kernels.py, csrc/).
 
 Each test needs the kernels built (a C++ compiler and ninja); without them the tests
 of the fallback still run and the others are skipped.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from aioserve.runners import native_attention
+from aioserve.runners import native_kernels
 from aioserve.runners.attention import attend_groups
 from aioserve.runners.paged_metadata import build_metadata
 from tests.test_sparse_decode import both_layouts, sdpa_per_sequence
@@ -23,7 +23,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def native():
-    if not native_attention.available():
+    if not native_kernels.available():
         pytest.skip("the native CPU kernels did not build here")
 
 
@@ -53,17 +53,17 @@ def test_decode_matches_sdpa(native, q_heads, kv_heads, dim, head_major):
     assert group.seq_lens is not None
     q = torch.randn(len(starts), q_heads, dim, generator=torch.Generator().manual_seed(3))
     calls = []
-    kernel = torch.ops.aioserve_cpu.decode_values
+    kernel = native_kernels.decode_attention
 
     def spy(*args):
         calls.append(1)
         return kernel(*args)
 
-    torch.ops.aioserve_cpu.decode_values = spy  # attend_groups takes the kernels
+    native_kernels.decode_attention = spy  # attend_groups takes the kernels
     try:
         got = attend_groups(q, *caches, meta, None)
     finally:
-        torch.ops.aioserve_cpu.decode_values = kernel
+        native_kernels.decode_attention = kernel
     assert calls
     want = sdpa_per_sequence(q, *caches, np.array(starts), tables, block)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -81,7 +81,7 @@ def test_a_sequence_gets_the_same_bits_with_any_batch_mates(native):
         width = max(map(len, picked)) + 3  # a wider table than any row needs: masked
         padded = torch.tensor([t + [t[0]] * (width - len(t)) for t in picked])
         lens = torch.tensor([starts[r] + 1 for r in rows])
-        return native_attention.decode_attention(q[rows], k_cache, v_cache, padded, lens,
+        return native_kernels.decode_attention(q[rows], k_cache, v_cache, padded, lens,
                                                  block, None)
 
     together = run(list(range(len(starts))))
@@ -94,22 +94,43 @@ def test_bad_shapes_raise_and_name_the_argument(native):
     k_cache, v_cache = both_layouts(3, 64, 4 * 16)[0]
     tables = torch.zeros((2, 1), dtype=torch.int64)
     with pytest.raises(RuntimeError, match="seq_lens"):
-        native_attention.decode_attention(torch.randn(2, 9, 64), k_cache, v_cache, tables,
+        native_kernels.decode_attention(torch.randn(2, 9, 64), k_cache, v_cache, tables,
                                           torch.ones(3, dtype=torch.int64), 16, None)
     with pytest.raises(RuntimeError, match="block_tables"):
-        native_attention.decode_attention(torch.randn(2, 9, 64), k_cache, v_cache,
+        native_kernels.decode_attention(torch.randn(2, 9, 64), k_cache, v_cache,
+                                          tables + 4, torch.ones(2, dtype=torch.int64), 16,
+                                          None)
+    with pytest.raises(RuntimeError, match="seq_lens"):
+        native_kernels.decode_attention(torch.randn(2, 9, 64), k_cache, v_cache, tables,
+                                          torch.full((2,), 17, dtype=torch.int64), 16, None)
+    with pytest.raises(RuntimeError, match="block_tables"):
+        native_kernels.decode_attention(torch.randn(2, 9, 64), k_cache, v_cache,
                                           tables.int(), torch.ones(2, dtype=torch.int64), 16,
                                           None)
 
 
+def test_greedy_tokens_equal_argmax(native):
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(33, 1003, generator=gen)
+    logits[3, 500] = logits[3, 7] = 50.0  # a tie: the first index
+    logits[4, 9] = float("nan")  # NaN counts as largest, as in argmax
+    logits[5] = float("-inf")
+    logits[6, -1] = float("inf")
+    logits[7] = 0.0
+    logits[7, 11] = -0.0
+    logits[8, 2] = logits[8, 600] = float("nan")
+    assert torch.equal(native_kernels.greedy_tokens(logits), logits.argmax(-1))
+    assert torch.equal(native_kernels.greedy_tokens(logits[:, :7]), logits[:, :7].argmax(-1))
+
+
 def test_a_failed_build_falls_back_to_stock_kernels(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(native_attention, "SOURCE", tmp_path / "missing.cpp")
-    assert native_attention._build() is False
+    monkeypatch.setattr(native_kernels, "SOURCE", tmp_path / "missing.cpp")
+    assert native_kernels._build() is False
     assert "stock kernels" in caplog.text
 
 
 def test_the_switch_turns_the_kernels_off():
-    code = ("from aioserve.runners import native_attention as n; "
+    code = ("from aioserve.runners import native_kernels as n; "
             "print(n.available())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**__import__("os").environ, "AIOSERVE_NATIVE_KERNELS": "0"},
