@@ -123,6 +123,30 @@ def test_greedy_tokens_equal_argmax(native):
     assert torch.equal(native_kernels.greedy_tokens(logits[:, :7]), logits[:, :7].argmax(-1))
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 40])
+def test_rope_and_cache_equals_torch_bit_for_bit(native, tokens):
+    gen = torch.Generator().manual_seed(tokens)
+    heads, kv_heads, dim = 9, 3, 64
+    fused = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen) * 30
+    qk = fused[:, : (heads + kv_heads) * dim].unflatten(1, (-1, dim))  # a strided view
+    v = fused[:, (heads + kv_heads) * dim :].unflatten(1, (-1, dim))
+    angles = torch.rand(tokens, 1, dim, generator=gen) * 100
+    cos, signed_sin = angles.cos(), angles.sin()
+    signed_sin[..., : dim // 2] *= -1
+    caches = [both_layouts(kv_heads, dim, 64, seed=3)[1] for _ in range(2)]
+    slots = torch.randperm(64, generator=gen)[:tokens]
+    q = native_kernels.rope_and_cache(qk, v, cos, signed_sin, slots, *caches[0], heads)
+    half = dim // 2
+    swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+    rotated = (qk * cos) + (swapped * signed_sin)
+    caches[1][0].index_copy_(0, slots, rotated[:, heads:])
+    caches[1][1].index_copy_(0, slots, v)
+    assert torch.equal(q, rotated[:, :heads]) and q.is_contiguous()
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    with pytest.raises(RuntimeError, match="slot_mapping"):
+        native_kernels.rope_and_cache(qk, v, cos, signed_sin, slots + 64, *caches[0], heads)
+
+
 def test_a_failed_build_falls_back_to_stock_kernels(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(native_kernels, "SOURCE", tmp_path / "missing.cpp")
     assert native_kernels._build() is False

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from aioserve.runners import native_kernels
 from aioserve.runners.attention import attend_groups
 from aioserve.runners.packed_linear import PackedLinear, linear_pointwise, pack_weight
 from aioserve.runners.paged_metadata import PagedAttentionMetadata
@@ -80,6 +81,9 @@ class LeanLlama(torch.nn.Module):
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.layers = [self._layer(layer) for layer in inner.layers]
         self.scaling = float(inner.layers[0].self_attn.scaling)
+        # rotation and cache writes in one compiled call (float32 on the CPU)
+        self.native = (self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+                       and native_kernels.available())
 
     def _layer(self, layer: torch.nn.Module) -> LayerWeights:
         """One layer's weights: dense, or on packed models one packed weight for
@@ -172,13 +176,17 @@ class LeanLlama(torch.nn.Module):
             h = self._rms_norm(x, norm1)
             qk, v = self._qkv(h, qkv_w)
             qk = qk.unflatten(1, (-1, self.head_dim))
-            swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
-            qk = (qk * cos) + (swapped * signed_sin)  # transformers' rotation, bit for bit
-            q, k = qk[:, : self.heads], qk[:, self.heads :]
             v = v.unflatten(1, (-1, self.head_dim))
             k_cache, v_cache = meta.kv_caches[index]
-            k_cache.index_copy_(0, slot_mapping, k)
-            v_cache.index_copy_(0, slot_mapping, v)
+            if self.native:
+                q = native_kernels.rope_and_cache(qk, v, cos, signed_sin, slot_mapping,
+                                                  k_cache, v_cache, self.heads)
+            else:
+                swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+                qk = (qk * cos) + (swapped * signed_sin)  # transformers' rotation, bit for bit
+                q, k = qk[:, : self.heads], qk[:, self.heads :]
+                k_cache.index_copy_(0, slot_mapping, k)
+                v_cache.index_copy_(0, slot_mapping, v)
             attn = attend_groups(q, k_cache, v_cache, meta, self.scaling)
             x = x + self._linear(attn.flatten(1), o_w)
             h = self._rms_norm(x, norm2)

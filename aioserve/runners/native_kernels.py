@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["available", "decode_attention", "greedy_tokens"]
+__all__ = ["available", "decode_attention", "greedy_tokens", "rope_and_cache"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,3 +136,33 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     out = torch.empty(int(logits.shape[0]), dtype=torch.int64)
     torch.ops.aioserve_cpu.greedy_tokens(logits.contiguous(), out)
     return out
+
+
+def rope_and_cache(
+    qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+    slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int,
+) -> torch.Tensor:
+    """The lean forward's rotary step in one call: ``x * cos + swap_halves(x) *
+    signed_sin`` for queries and keys (one product, one product, one sum, each rounded:
+    torch's bits), keys and values written to their cache slots; returns the queries.
+
+    Args:
+        qk: ``[T, heads + kv_heads, dim]`` float32 (unit stride over dim), queries then keys.
+        v: ``[T, kv_heads, v_dim]`` float32 (unit stride over v_dim).
+        cos, signed_sin: ``[T, 1, dim]`` float32, contiguous
+            (:meth:`~aioserve.runners.lean_llama.LeanLlama._rope`).
+        slot_mapping: ``[T]`` int64, each token's cache slot.
+        k_cache, v_cache: ``[rows, kv_heads, dim]`` / ``[rows, kv_heads, v_dim]``, written.
+        heads: query heads.
+
+    Returns:
+        ``[T, heads, dim]`` float32, contiguous: the rotated queries.
+
+    Raises:
+        RuntimeError: shapes, dtypes or layouts other than the above, a slot outside the
+            cache (from the kernel).
+    """
+    q = qk.new_empty((int(qk.shape[0]), heads, int(qk.shape[2])))
+    torch.ops.aioserve_cpu.rope_and_cache(qk, v, cos, signed_sin, slot_mapping, k_cache,
+                                          v_cache, q)
+    return q
