@@ -29,10 +29,12 @@ the stock-kernel paths serve.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import platform
+import shutil
 import threading
 from pathlib import Path
 
@@ -59,12 +61,25 @@ def _machine_tag() -> str:
     return f"{torch.__version__}|{flags}"
 
 
+def _ninja_on_path() -> None:
+    """Put the ``ninja`` package's binary (a dependency) on ``PATH`` when no ``ninja`` is
+    there: torch's loader runs it by name, and pip may install console scripts outside
+    ``PATH``."""
+    if shutil.which("ninja") is None:
+        with contextlib.suppress(ImportError, AttributeError):
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 def _build() -> bool:
     """Compile and load the kernels; False (logged) where that fails."""
     if os.environ.get("AIOSERVE_NATIVE_KERNELS", "1") == "0":
         return False
     try:
         from torch.utils.cpp_extension import load
+
+        _ninja_on_path()
 
         digest = hashlib.sha256(SOURCE.read_bytes() + _machine_tag().encode()).hexdigest()[:16]
         load(
