@@ -148,7 +148,7 @@ def test_rope_and_cache_equals_torch_bit_for_bit(native, tokens):
 
 
 def test_a_failed_build_falls_back_to_stock_kernels(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(native_kernels, "SOURCE", tmp_path / "missing.cpp")
+    monkeypatch.setattr(native_kernels, "SOURCES", [tmp_path / "missing.cpp"])
     assert native_kernels._build() is False
     assert "stock kernels" in caplog.text
 

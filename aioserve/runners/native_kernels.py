@@ -5,7 +5,7 @@ A decode group's attention (one query per sequence) is memory work: every key an
 value row of every context is read once per step. Stock PyTorch kernels either copy
 each context out of the paged cache first (:mod:`~aioserve.runners.decode_attention`)
 or read a row once per query head (:mod:`~aioserve.runners.sparse_decode`). The op in
-``csrc/cpu_kernels.cpp`` walks each sequence's block table and reads each K/V row once
+``csrc/decode_attention.cpp`` walks each sequence's block table and reads each K/V row once
 for all the query heads that share it (grouped-query attention), split over
 (sequence, KV head) pairs on torch's intra-op threads, with each pair's scores and
 softmax in a buffer of its own (e^x by Cephes' polynomial). vLLM's CPU backend does
@@ -44,7 +44,10 @@ __all__ = ["available", "decode_attention", "greedy_tokens", "rope_and_cache"]
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
+CSRC = Path(__file__).with_name("csrc")
+#: The kernels' sources (one extension; ``vec8.h`` is their shared vector arithmetic).
+SOURCES = [CSRC / name for name in ("decode_attention.cpp", "greedy_tokens.cpp",
+                                    "rope_and_cache.cpp")]
 _lock = threading.Lock()
 _loaded: bool | None = None
 
@@ -81,9 +84,10 @@ def _build() -> bool:
 
         _ninja_on_path()
 
-        digest = hashlib.sha256(SOURCE.read_bytes() + _machine_tag().encode()).hexdigest()[:16]
+        sources = b"".join(path.read_bytes() for path in [*SOURCES, CSRC / "vec8.h"])
+        digest = hashlib.sha256(sources + _machine_tag().encode()).hexdigest()[:16]
         load(
-            name=f"aioserve_cpu_{digest}", sources=[str(SOURCE)],
+            name=f"aioserve_cpu_{digest}", sources=[str(path) for path in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
             is_python_module=False, verbose=False,
         )
