@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.runners import paged_metadata
+from aioserve.runners import native_kernels, paged_metadata
 from aioserve.runners.paged_metadata import build_metadata, split_by_length
 
 
@@ -37,11 +37,14 @@ async def run_staggered(engine: AsyncEngine, workload, seed: int) -> list[list[i
     return await asyncio.gather(*(one(p, n) for p, n in workload))
 
 
-@pytest.mark.parametrize(("block_size", "budget", "split_cost"),
-                         [(16, 4096, 0), (8, 48, 0), (32, 4096, paged_metadata.SPLIT_COST)])
+@pytest.mark.parametrize(("block_size", "budget", "split_cost", "stock_kernels"),
+                         [(16, 4096, 0, True), (8, 48, 0, False),
+                          (32, 4096, paged_metadata.SPLIT_COST, False)])
 async def test_fast_paths_equal_solo_generate(model_dir, solo_greedy, monkeypatch,
-                                              block_size, budget, split_cost):
-    monkeypatch.setattr(paged_metadata, "SPLIT_COST", split_cost)  # 0: always split decode
+                                              block_size, budget, split_cost, stock_kernels):
+    monkeypatch.setattr(paged_metadata, "SPLIT_COST", split_cost)  # 0: always split groups
+    if stock_kernels:  # decode groups split by length and attend through stock kernels
+        monkeypatch.setattr(native_kernels, "available", lambda: False)
     workload = mixed_workload(block_size)
     config = EngineConfig(model=model_dir, max_num_seqs=6, block_size=block_size,
                           max_num_batched_tokens=budget)

@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from aioserve.runners import attention, paged_metadata
+from aioserve.runners import attention, native_kernels, paged_metadata
 from aioserve.runners.kv_gather import GatherBuffers
 from aioserve.runners.layer_rules import LayerRules
 from aioserve.runners.paged_metadata import PagedAttentionMetadata
@@ -87,9 +87,14 @@ class ReferenceBackend:
         block_tables: list[list[int]] | np.ndarray, block_size: int,
         device: torch.device, windows: tuple[int, ...],
     ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
+        # the compiled CPU decode kernel reads each sequence's own context only: cutting
+        # the decode rows by length saves it nothing and costs a call per group
+        native = (device.type == "cpu" and not windows
+                  and kv_caches[0][0].dtype == torch.float32 and native_kernels.available())
         return paged_metadata.build_metadata(
             kv_caches, start_positions, num_new_tokens, block_tables, block_size, device,
             windows=windows, buffers=self.buffers,
+            max_decode_groups=1 if native else paged_metadata.MAX_DECODE_GROUPS,
         )
 
     def attend(

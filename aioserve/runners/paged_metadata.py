@@ -238,6 +238,7 @@ def build_metadata(
     always_mask: bool = False,
     windows: tuple[int, ...] = (),
     buffers: GatherBuffers | None = None,
+    max_decode_groups: int = MAX_DECODE_GROUPS,
 ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
     """Build the step's metadata and the packed position ids (``[T]`` int64).
 
@@ -254,6 +255,8 @@ def build_metadata(
         always_mask: give every group a mask, even one that masks nothing.
         windows: the model's sliding windows (tokens); each group gets a mask per window.
         buffers: the gather buffers the step's layers reuse (None: new tensors).
+        max_decode_groups: most groups the decoding sequences are cut into by length (1:
+            one group, for kernels that read only each sequence's own context).
     """
     batch = len(start_positions)
     tables = (block_tables if isinstance(block_tables, np.ndarray)
@@ -276,7 +279,7 @@ def build_metadata(
     seq_lens = starts + counts
     cost = SPLIT_COST if split_cost is None else split_cost
     parts = [
-        *split_by_length(decode, seq_lens, cost, MAX_DECODE_GROUPS),
+        *split_by_length(decode, seq_lens, cost, max_decode_groups),
         # a prefill row costs about (new tokens x context) query-key pairs
         *split_by_length(prefill, seq_lens * counts, cost),
     ]
