@@ -86,6 +86,8 @@ def _build() -> bool:
 
         sources = b"".join(path.read_bytes() for path in [*SOURCES, CSRC / "vec8.h"])
         digest = hashlib.sha256(sources + _machine_tag().encode()).hexdigest()[:16]
+        logger.info("loading the native CPU kernels aioserve_cpu_%s (built on first use, "
+                    "about 15 s, then cached)", digest)
         load(
             name=f"aioserve_cpu_{digest}", sources=[str(path) for path in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
