@@ -22,7 +22,7 @@ all (blocks in order, cache warm): SmolLM2-135M's heads (9 query, 3 KV, dim 64)
 ``[32, 49152]`` logits: 1.9 ms (``argmax``) -> 0.43 ms.
 
 The kernels are built on first use with torch's C++ extension loader (a C++ compiler
-and ninja; about 15 s once, then cached under ``~/.cache/torch_extensions``). Where
+and ninja; 15-25 s once on the 2-core box, then cached under ``~/.cache/torch_extensions``). Where
 the build fails, or with ``AIOSERVE_NATIVE_KERNELS=0``, :func:`available` is False and
 the stock-kernel paths serve.
 """
@@ -87,7 +87,7 @@ def _build() -> bool:
         sources = b"".join(path.read_bytes() for path in [*SOURCES, CSRC / "vec8.h"])
         digest = hashlib.sha256(sources + _machine_tag().encode()).hexdigest()[:16]
         logger.info("loading the native CPU kernels aioserve_cpu_%s (built on first use, "
-                    "about 15 s, then cached)", digest)
+                    "15-25 s, then cached)", digest)
         load(
             name=f"aioserve_cpu_{digest}", sources=[str(path) for path in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
