@@ -6,8 +6,10 @@ of the fallback still run and the others are skipped.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -153,10 +155,20 @@ def test_a_failed_build_falls_back_to_stock_kernels(monkeypatch, tmp_path, caplo
     assert "stock kernels" in caplog.text
 
 
+def test_a_killed_builds_lock_is_removed_and_a_missing_one_is_not_waited_for(tmp_path, caplog):
+    lock = tmp_path / "lock"
+    native_kernels.wait_for_build_lock(lock)  # no lock: returns at once
+    lock.touch()
+    old = time.time() - native_kernels.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    native_kernels.wait_for_build_lock(lock)
+    assert not lock.exists() and "stale build lock" in caplog.text
+
+
 def test_the_switch_turns_the_kernels_off():
     code = ("from aioserve.runners import native_kernels as n; "
             "print(n.available())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**__import__("os").environ, "AIOSERVE_NATIVE_KERNELS": "0"},
+                         env={**os.environ, "AIOSERVE_NATIVE_KERNELS": "0"},
                          check=True, timeout=120)
     assert out.stdout.strip() == "False"

@@ -35,7 +35,9 @@ import logging
 import os
 import platform
 import shutil
+import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -64,6 +66,41 @@ def _machine_tag() -> str:
     return f"{torch.__version__}|{flags}"
 
 
+#: A build lock older than this (seconds) is a killed build's: a build takes 15-25 s.
+STALE_LOCK_S = 120.0
+
+
+def _build_directory(name: str) -> Path:
+    """The build folder of ``name`` (created): under ``TORCH_EXTENSIONS_DIR``, else
+    under torch's default root in a per-Python folder, as torch's loader lays them out."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        from torch.utils.cpp_extension import get_default_build_root
+
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{sys.abiflags}"
+        root = os.path.join(get_default_build_root(), f"{python}_cpu")
+    directory = Path(root) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def wait_for_build_lock(lock: Path) -> None:
+    """Wait while another process builds (its ``lock`` file younger than
+    :data:`STALE_LOCK_S`), and remove a lock left by a build that was killed: torch's
+    loader would wait for it for ever."""
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > STALE_LOCK_S:
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            logger.warning("removed a stale build lock %s (%.0f s old)", lock, age)
+            return
+        time.sleep(0.5)
+
+
 def _ninja_on_path() -> None:
     """Put the ``ninja`` package's binary (a dependency) on ``PATH`` when no ``ninja`` is
     there: torch's loader runs it by name, and pip may install console scripts outside
@@ -88,8 +125,12 @@ def _build() -> bool:
         digest = hashlib.sha256(sources + _machine_tag().encode()).hexdigest()[:16]
         logger.info("loading the native CPU kernels aioserve_cpu_%s (built on first use, "
                     "15-25 s, then cached)", digest)
+        name = f"aioserve_cpu_{digest}"
+        build_directory = _build_directory(name)
+        wait_for_build_lock(build_directory / "lock")
         load(
-            name=f"aioserve_cpu_{digest}", sources=[str(path) for path in SOURCES],
+            name=name, sources=[str(path) for path in SOURCES],
+            build_directory=str(build_directory),
             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
             is_python_module=False, verbose=False,
         )
