@@ -50,7 +50,7 @@ def test_decode_matches_sdpa(native, q_heads, kv_heads, dim, head_major):
     starts = [0, 15, 16, 3, 100, 47, 31, 250]  # block edges, one token, several blocks
     tables = decoders(starts, block, 64)
     meta, _ = build_metadata([caches], starts, [1] * len(starts), tables, block, CPU,
-                             split_cost=10**9)
+                             native_decode=True)
     (group,) = meta.groups
     assert group.seq_lens is not None
     q = torch.randn(len(starts), q_heads, dim, generator=torch.Generator().manual_seed(3))

@@ -10,9 +10,10 @@ hook points are the ones transformers' own continuous batching uses
 
 This is the reference path: exact on CPU (``scaled_dot_product_attention`` per layer
 over a gathered, masked context: one call for the decoding sequences, one for the
-prefilling ones; on the CPU decode groups read a head-major cache in place through
-sparse kernels, :mod:`~aioserve.runners.sparse_decode`, or with heads narrower than 32
-take two batched products over its gathered blocks,
+prefilling ones; on the CPU, float32 decode groups go through the compiled kernel when
+it is loaded (:mod:`~aioserve.runners.native_kernels`), else read a head-major cache in
+place through sparse kernels, :mod:`~aioserve.runners.sparse_decode`, or with heads
+narrower than 32 take two batched products over its gathered blocks,
 :mod:`~aioserve.runners.decode_attention`). No mask function is registered, so
 transformers skips building a causal mask (``masking_utils`` exits early for attention
 implementations without one).
@@ -60,15 +61,6 @@ def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> 
             and is_head_major(k_cache) and is_head_major(v_cache))
 
 
-def _native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether a decode group takes the compiled kernels
-    (:mod:`~aioserve.runners.native_kernels`): float32 on the CPU, loaded kernels."""
-    return (q.device.type == "cpu"
-            and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
-            and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-            and native_kernels.available())
-
-
 def _once_a_step(cache: dict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
     """``cache[key]`` of a group's per-step caches, built by the first layer that asks
     and read by the others."""
@@ -93,7 +85,7 @@ def _attend(
     (keys and values gathered into ``buffers``, see :mod:`~aioserve.runners.kv_gather`)."""
     plain = rules is None or rules.plain
     kv_heads, rows = int(k_cache.shape[1]), int(k_cache.shape[0])
-    if plain and group.seq_lens is not None and _native(q, k_cache, v_cache):
+    if plain and group.seq_lens is not None:  # the metadata chose the compiled kernel
         return native_kernels.decode_attention(q, k_cache, v_cache, group.gather_blocks,
                                                  group.seq_lens, block_size, scaling)
     if plain and group.query_index is None and _in_place(q, k_cache, v_cache):

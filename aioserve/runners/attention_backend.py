@@ -87,14 +87,13 @@ class ReferenceBackend:
         block_tables: list[list[int]] | np.ndarray, block_size: int,
         device: torch.device, windows: tuple[int, ...],
     ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
-        # the compiled CPU decode kernel reads each sequence's own context only: cutting
-        # the decode rows by length saves it nothing and costs a call per group
+        # plain float32 layers on the CPU decode through the compiled kernel when it is
+        # loaded (windowed models keep the masked paths)
         native = (device.type == "cpu" and not windows
                   and kv_caches[0][0].dtype == torch.float32 and native_kernels.available())
         return paged_metadata.build_metadata(
             kv_caches, start_positions, num_new_tokens, block_tables, block_size, device,
-            windows=windows, buffers=self.buffers,
-            max_decode_groups=1 if native else paged_metadata.MAX_DECODE_GROUPS,
+            windows=windows, buffers=self.buffers, native_decode=native,
         )
 
     def attend(

@@ -46,8 +46,8 @@ class AttentionGroup:
         decode_biases: a decode group's additive mask laid out ``[kv_heads * b, 1, L]``
             for the batched products, by kv_heads, built once a step.
         seq_lens: a decode group's ``[b]`` int64 context lengths (tokens, the new one
-            included), for kernels that walk the block table
-            (:mod:`~aioserve.runners.native_kernels`); None for other groups.
+            included) when the compiled kernel attends it, walking the block table
+            (:mod:`~aioserve.runners.native_kernels`); None otherwise.
     """
 
     token_index: torch.Tensor | None
@@ -139,6 +139,7 @@ def _group(
     everything: bool,
     always_mask: bool,
     windows: tuple[int, ...] = (),
+    native_decode: bool = False,
 ) -> AttentionGroup:
     """The group of sequences ``rows`` (indices into the batch)."""
     starts, counts, offsets = starts[rows], counts[rows], offsets[rows]
@@ -182,7 +183,7 @@ def _group(
         query_index,
         query_valid,
         window_masks,
-        seq_lens=to_device(seq_lens, device) if max_new == 1 else None,
+        seq_lens=to_device(seq_lens, device) if native_decode and max_new == 1 else None,
     )
 
 
@@ -238,7 +239,7 @@ def build_metadata(
     always_mask: bool = False,
     windows: tuple[int, ...] = (),
     buffers: GatherBuffers | None = None,
-    max_decode_groups: int = MAX_DECODE_GROUPS,
+    native_decode: bool = False,
 ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
     """Build the step's metadata and the packed position ids (``[T]`` int64).
 
@@ -255,8 +256,10 @@ def build_metadata(
         always_mask: give every group a mask, even one that masks nothing.
         windows: the model's sliding windows (tokens); each group gets a mask per window.
         buffers: the gather buffers the step's layers reuse (None: new tensors).
-        max_decode_groups: most groups the decoding sequences are cut into by length (1:
-            one group, for kernels that read only each sequence's own context).
+        native_decode: the decoding sequences are attended by the compiled kernel
+            (:mod:`~aioserve.runners.native_kernels`): one group, with its ``seq_lens``
+            (the kernel reads only each sequence's own context, so cutting the rows by
+            length would save it nothing and cost a call per group).
     """
     batch = len(start_positions)
     tables = (block_tables if isinstance(block_tables, np.ndarray)
@@ -279,13 +282,13 @@ def build_metadata(
     seq_lens = starts + counts
     cost = SPLIT_COST if split_cost is None else split_cost
     parts = [
-        *split_by_length(decode, seq_lens, cost, max_decode_groups),
+        *split_by_length(decode, seq_lens, cost, 1 if native_decode else MAX_DECODE_GROUPS),
         # a prefill row costs about (new tokens x context) query-key pairs
         *split_by_length(prefill, seq_lens * counts, cost),
     ]
     groups = tuple(
         _group(rows, tables, starts, counts, offsets, block_size, dtype, device,
-               rows.size == batch, always_mask, windows)
+               rows.size == batch, always_mask, windows, native_decode)
         for rows in parts
         if rows.size
     )
