@@ -142,7 +142,9 @@ def _build() -> bool:
 
 
 def available() -> bool:
-    """Whether the compiled kernels are loaded (built on the first call)."""
+    """Whether the compiled kernels are loaded. The first call builds or loads them
+    (15-25 s on a 2-core machine the first time, under a lock shared by processes);
+    it never raises: a failed build logs a warning and gives False for the process."""
     global _loaded
     if _loaded is None:
         with _lock:

@@ -33,7 +33,11 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     """``[R]`` int64, each row's arg max of ``logits`` ``[R, V]``, with ``torch.argmax``'s
     ties (first index) and NaN (counted largest); float32 on the CPU through the compiled
     kernel (:func:`~aioserve.runners.native_kernels.greedy_tokens`, 4x faster on
-    ``[32, 49152]``) when it is loaded."""
+    ``[32, 49152]``) when it is loaded.
+
+    Raises:
+        RuntimeError: ``logits`` is not ``[R, V]`` with V >= 1 (the kernel or ``argmax``).
+    """
     if logits.device.type == "cpu" and logits.dtype == torch.float32 \
             and native_kernels.available():
         return native_kernels.greedy_tokens(logits)
