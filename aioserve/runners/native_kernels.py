@@ -1,5 +1,5 @@
 """Compiled CPU kernels for the step's memory-bound parts: decode attention over the
-paged cache in place, and greedy token choice.
+paged cache in place, linear products over panels, and greedy token choice.
 
 A decode group's attention (one query per sequence) is memory work: every key and
 value row of every context is read once per step. Stock PyTorch kernels either copy
@@ -11,7 +11,9 @@ for all the query heads that share it (grouped-query attention), split over
 softmax in a buffer of its own (e^x by Cephes' polynomial). vLLM's CPU backend does
 the same in its own C++ kernels (``csrc/cpu/attention.cpp``); these are written for
 this engine's cache layouts. ``torch.argmax`` over a step's logits is a scalar loop;
-the second op reads each row once in vector lanes.
+the second op reads each row once in vector lanes. Linear products of packed models
+run over weights in panels of 16 columns (``csrc/panel_linear.cpp``,
+:mod:`~aioserve.runners.panel_linear`).
 
 Every (sequence, head) result is summed in a fixed order that depends only on that
 sequence's own context, so a request's numbers do not depend on its batch-mates.
@@ -49,7 +51,7 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
 #: The kernels' sources (one extension; ``vec8.h`` is their shared vector arithmetic).
 SOURCES = [CSRC / name for name in ("decode_attention.cpp", "greedy_tokens.cpp",
-                                    "rope_and_cache.cpp")]
+                                    "panel_linear.cpp", "rope_and_cache.cpp")]
 _lock = threading.Lock()
 _loaded: bool | None = None
 

@@ -1,4 +1,5 @@
-"""Linear layers on oneDNN's pre-packed weights, for float32 forwards on the CPU.
+"""Linear layers on pre-packed weights (oneDNN's, or compiled panels), for float32
+forwards on the CPU.
 
 ``torch.nn.functional.linear`` on the CPU calls MKL's ``sgemm`` with the weight as
 stored; for the small row counts of a decode step (tens of tokens) it reaches about
@@ -9,6 +10,11 @@ SmolLM2-135M's shapes: q/k/v 68 -> 71, gate 39 -> 96, down 61 -> 75, lm_head
 43 -> 111 GFLOP/s. There, oneDNN's row results also did not depend on how many rows
 were in the call (1 to 1,000, 1 to 4 threads), where MKL's did; oneDNN picks its
 blocking per shape and machine, so this is a measured property, not a promise.
+
+Where the compiled kernels load (x86 with AVX2 and FMA), a packed weight is kept in
+panels of 16 output columns instead (:mod:`~aioserve.runners.panel_linear`), whose
+product gives oneDNN's bits (checked per weight at packing) and streams a decode step's
+weights from memory faster; the oneDNN copy is then dropped.
 
 oneDNN pays a fixed cost per call (25-60 us measured, against 3-20 us for MKL on a
 64 x 172 weight), so a small model, whose step is mostly such calls, is not packed:
@@ -22,8 +28,11 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PackedLinear", "available", "linear_parameters", "linear_pointwise", "pack_linears",
-           "pack_weight"]
+from aioserve.runners import panel_linear
+from aioserve.runners.panel_linear import PanelWeight
+
+__all__ = ["PackedLinear", "PackedWeight", "available", "linear_parameters",
+           "linear_pointwise", "pack_linears", "pack_weight"]
 
 #: Row count oneDNN is told to expect when it picks the packed layout (a decode step).
 EXPECTED_ROWS = 32
@@ -47,16 +56,26 @@ def linear_parameters(model: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ``[out, in]`` float32 reordered into oneDNN's blocked layout (an
-    opaque tensor only :func:`linear_pointwise` reads)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight, EXPECTED_ROWS)
+#: A packed weight: oneDNN's blocked layout (an opaque tensor) or compiled panels.
+PackedWeight = torch.Tensor | PanelWeight
+
+
+def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
+    """``weight`` ``[out, in]`` float32 packed for :func:`linear_pointwise`: in panels
+    (:mod:`~aioserve.runners.panel_linear`) where those give oneDNN's bits (with
+    ``bias``, if the layer adds one), else reordered into oneDNN's blocked layout."""
+    onednn = torch.ops.mkldnn._reorder_linear_weight(weight, EXPECTED_ROWS)
+    panels = panel_linear.pack(weight, onednn, bias)
+    return onednn if panels is None else panels
 
 
 def linear_pointwise(
-    rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+    rows: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` float32 -> ``[n, out]``."""
+    if isinstance(packed, PanelWeight):
+        out = panel_linear.linear(rows, packed)
+        return out if bias is None else out.add_(bias)
     return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
 
@@ -73,7 +92,8 @@ class PackedLinear(torch.nn.Module):
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.packed = pack_weight(linear.weight.detach())
+        self.packed: PackedWeight | None = pack_weight(
+            linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., in_features]`` float32 -> ``[..., out_features]``.
