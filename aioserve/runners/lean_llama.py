@@ -7,11 +7,11 @@ hundred aten ops per step. On the CPU a small model's step costs what its ops co
 to launch from Python, so this forward runs the same computation with fewer ops and
 no module calls: the rotary embedding applied to queries and keys together, views
 without shape arithmetic, and aioserve's paged attention called directly. When the
-model's linear layers are oneDNN-packed (:mod:`~aioserve.runners.packed_linear`) the
-q/k/v projections are one matrix product and gate/up another (oneDNN's columns are
-the same bits fused or not); on plain weights they stay separate (fused, MKL's
-single-row kernel sums in another order and the logits are no longer bitwise
-transformers').
+model's linear layers are packed (:mod:`~aioserve.runners.packed_linear`: oneDNN's
+layout or compiled panels) the q/k/v projections are one matrix product and gate/up
+another (either way a column's bits are the same fused or not); on plain weights they
+stay separate (fused, MKL's single-row kernel sums in another order and the logits are
+no longer bitwise transformers').
 
 Every element is computed by the same operations in the same order as in
 transformers (RMSNorm in float32, ``q * cos + rotate_half(q) * sin``, residual
