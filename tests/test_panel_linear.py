@@ -68,6 +68,13 @@ def test_a_row_has_the_same_bits_in_any_batch():
     assert torch.equal(packed_linear.linear_pointwise(rows[249:], packed), full[249:])
     strided = rows[::2]  # not contiguous: copied, same numbers
     assert torch.equal(packed_linear.linear_pointwise(strided, packed), full[::2])
+    assert packed_linear.linear_pointwise(rows[:0], packed).shape == (0, 200)
+    threads = torch.get_num_threads()
+    try:  # panels shared out over one thread instead of several
+        torch.set_num_threads(1)
+        assert torch.equal(packed_linear.linear_pointwise(rows, packed), full)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @needs_panels
@@ -77,6 +84,7 @@ def test_a_weight_whose_sums_differ_stays_on_onednn():
     reference = torch.ops.mkldnn._reorder_linear_weight(other, packed_linear.EXPECTED_ROWS)
     assert panel_linear.pack(weight, reference) is None
     assert panel_linear.pack(weight.double(), reference) is None
+    assert panel_linear.pack(torch.zeros(64, 0), reference) is None  # nothing to pack
 
 
 @needs_panels
@@ -91,6 +99,8 @@ def test_bad_shapes_raise_naming_the_argument():
         panel_linear.linear(torch.randn(3, 16).double(), weight)
     with pytest.raises(RuntimeError, match="k_block"):
         panel_linear.linear(torch.randn(3, 16), weight._replace(k_block=0))
+    empty = panel_linear.PanelWeight(torch.zeros(2, 0, 16), 20, 1)
+    assert torch.equal(panel_linear.linear(torch.zeros(3, 0), empty), torch.zeros(3, 20))
     with pytest.raises(RuntimeError, match="out"):
         panel_linear.linear(torch.randn(3, 16), weight._replace(out_features=50))
 

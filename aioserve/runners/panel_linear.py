@@ -89,7 +89,8 @@ def pack(
     panel product equals ``reference`` (the same weight packed by oneDNN, with
     ``bias`` added) bit for bit on random rows; None where no block length does or
     the kernel is not loaded."""
-    if not available() or weight.dtype != torch.float32 or weight.dim() != 2:
+    if (not available() or weight.dtype != torch.float32 or weight.dim() != 2
+            or 0 in weight.shape):
         return None
     in_features = weight.shape[1]
     generator = torch.Generator().manual_seed(0)

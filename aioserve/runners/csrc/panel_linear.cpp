@@ -96,6 +96,10 @@ void panel_linear(const at::Tensor& rows, const at::Tensor& panels, const at::Te
   const float* x = rows.data_ptr<float>();
   const float* w = panels.data_ptr<float>();
   float* o = out.data_ptr<float>();
+  if (K == 0) {  // empty sums
+    out.zero_();
+    return;
+  }
   for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
     const int64_t m1 = std::min(M, m0 + kRowChunk);
     at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
