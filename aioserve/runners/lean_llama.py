@@ -30,15 +30,20 @@ import torch.nn.functional as F
 
 from aioserve.runners import native_kernels
 from aioserve.runners.attention import attend_groups
-from aioserve.runners.packed_linear import PackedLinear, linear_pointwise, pack_weight
+from aioserve.runners.packed_linear import (
+    PackedLinear,
+    PackedWeight,
+    linear_pointwise,
+    pack_weight,
+)
 from aioserve.runners.paged_metadata import PagedAttentionMetadata
 
 _STATIC_ROPE = {"default", "linear", "llama3"}
 
 #: One layer's weights: norm1, q/k/v (three, or one fused packed), o, norm2,
 #: gate/up/down (three, or fused gate/up packed and down packed).
-LayerWeights = tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor,
-                     tuple[torch.Tensor, ...]]
+LayerWeights = tuple[torch.Tensor, tuple[PackedWeight, ...], PackedWeight, torch.Tensor,
+                     tuple[PackedWeight, ...]]
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -104,10 +109,10 @@ class LeanLlama(torch.nn.Module):
         return norm1, (fused_qkv,), attn.o_proj.packed, norm2, (fused_gate_up,
                                                                  mlp.down_proj.packed)
 
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
         return linear_pointwise(x, weight) if self.packed else F.linear(x, weight)
 
-    def _qkv(self, h: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def _qkv(self, h: torch.Tensor, weights: tuple[PackedWeight, ...]) -> tuple[torch.Tensor, ...]:
         """Queries and keys side by side ``[T, (heads + kv_heads) * head_dim]``, values."""
         if self.packed:
             qkv = linear_pointwise(h, weights[0])
@@ -116,7 +121,7 @@ class LeanLlama(torch.nn.Module):
         q_w, k_w, v_w = weights
         return torch.cat((F.linear(h, q_w), F.linear(h, k_w)), dim=-1), F.linear(h, v_w)
 
-    def _mlp(self, h: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def _mlp(self, h: torch.Tensor, weights: tuple[PackedWeight, ...]) -> torch.Tensor:
         """``down(silu(gate(h)) * up(h))``."""
         if self.packed:
             gate_up = linear_pointwise(h, weights[0])

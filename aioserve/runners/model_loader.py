@@ -22,7 +22,7 @@ def load_model(
     path: str, dtype: torch.dtype, device: torch.device, backend: AttentionBackend
 ) -> tuple[PreTrainedModel, dict[int, LayerRules]]:
     """The model (eval mode, on ``device``, attention through ``backend``; its linear
-    layers on oneDNN-packed weights where :func:`~aioserve.runners.packed_linear.available`)
+    layers on packed weights where :func:`~aioserve.runners.packed_linear.available`)
     and its layers' rules by layer index.
 
     Raises:

@@ -80,7 +80,8 @@ def linear_pointwise(
 
 
 class PackedLinear(torch.nn.Module):
-    """A ``torch.nn.Linear``'s forward on its weight packed by oneDNN.
+    """A ``torch.nn.Linear``'s forward on its weight packed (:func:`pack_weight`: compiled
+    panels or oneDNN's layout).
 
     Args:
         linear: the layer (float32, CPU); it stays the owner of ``weight`` and ``bias``.
@@ -114,7 +115,8 @@ class PackedLinear(torch.nn.Module):
         self.packed = None
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+        kind = "panels" if isinstance(self.packed, PanelWeight) else "oneDNN"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kind} packed"
 
 
 def pack_linears(model: torch.nn.Module) -> int:

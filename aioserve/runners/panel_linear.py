@@ -16,7 +16,9 @@ of ``k_block`` inputs, the blocks' sums then added in order. That is how oneDNN'
 float32 kernels add on AVX2 (measured: one chain for ``K`` up to 1,024; ``K`` = 1,536
 as blocks of 1,024 and 512), so :func:`pack` picks ``k_block`` by comparing the two
 products on the weight itself and keeps the panels only where they give oneDNN's bits
-exactly: tokens stay the same whether or not the kernels build. A row's result
+exactly: on the probe's rows, and so, as far as oneDNN's own rows do not depend on
+their batch (measured, :mod:`~aioserve.runners.packed_linear`), tokens stay the same
+whether or not the kernels build. A row's result
 depends on its own inputs only (no tile shape or batch size enters its arithmetic), so
 a row gets the same bits in any batch by construction.
 """
@@ -64,16 +66,17 @@ def to_panels(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` ``[out, in]`` float32 -> panels ``[ceil(out / 16), in, 16]``."""
     out_features, in_features = weight.shape
     count = -(-out_features // PANEL_COLUMNS)
-    padded = torch.nn.functional.pad(weight, (0, 0, 0, count * PANEL_COLUMNS - out_features))
-    return padded.view(count, PANEL_COLUMNS, in_features).transpose(1, 2).contiguous()
+    padded = torch.nn.functional.pad(weight.contiguous(),
+                                     (0, 0, 0, count * PANEL_COLUMNS - out_features))
+    return padded.reshape(count, PANEL_COLUMNS, in_features).transpose(1, 2).contiguous()
 
 
 def linear(rows: torch.Tensor, weight: PanelWeight) -> torch.Tensor:
     """``rows @ weight.T``: ``rows`` ``[n, in]`` float32 -> ``[n, out]`` float32.
 
     Raises:
-        RuntimeError: ``rows`` is not 2-D float32 with ``in`` columns (the message
-            names the argument).
+        RuntimeError: ``rows`` is not 2-D float32, or its columns are not the
+            weight's inputs (the message names ``rows`` or ``panels``).
     """
     out = torch.empty(rows.shape[0], weight.out_features, dtype=rows.dtype,
                       device=rows.device)
@@ -94,7 +97,7 @@ def pack(
         return None
     in_features = weight.shape[1]
     generator = torch.Generator().manual_seed(0)
-    rows = torch.randn(PROBE_ROWS, in_features, generator=generator)
+    rows = torch.randn(PROBE_ROWS, in_features, generator=generator, dtype=torch.float32)
     want = torch.ops.mkldnn._linear_pointwise(rows, reference, bias, "none", [], "")
     panels = to_panels(weight.detach())
     for k_block in (in_features, *(b for b in K_BLOCKS if b < in_features)):

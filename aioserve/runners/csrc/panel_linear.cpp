@@ -93,6 +93,7 @@ void panel_linear(const at::Tensor& rows, const at::Tensor& panels, const at::Te
               "out: contiguous [M, N] float32 with N in the panels' last panel");
   TORCH_CHECK(k_block > 0, "k_block: positive");
   const int64_t M = rows.size(0), K = rows.size(1), N = out.size(1), P = panels.size(0);
+  k_block = std::min(k_block, K);  // one block: the whole sum
   const float* x = rows.data_ptr<float>();
   const float* w = panels.data_ptr<float>();
   float* o = out.data_ptr<float>();
