@@ -39,9 +39,13 @@ needs_panels = pytest.mark.skipif(
 )
 
 
+def reordered(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` in oneDNN's blocked layout (what packing falls back to)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, packed_linear.EXPECTED_ROWS)
+
+
 def onednn(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, packed_linear.EXPECTED_ROWS)
-    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return packed_linear.linear_pointwise(rows, reordered(weight), bias)
 
 
 # (outputs, inputs, bias): K up to 1,024 is one chain in oneDNN, past it blocks of sums;
@@ -102,7 +106,9 @@ def test_panels_of_a_strided_weight_are_its_columns():
 def test_a_weight_whose_sums_differ_stays_on_onednn():
     torch.manual_seed(4)
     weight, other = torch.randn(64, 96), torch.randn(64, 96)
-    reference = torch.ops.mkldnn._reorder_linear_weight(other, packed_linear.EXPECTED_ROWS)
+    def reference(rows):
+        return onednn(rows, other)
+
     assert panel_linear.pack(weight, reference) is None
     assert panel_linear.pack(weight.double(), reference) is None
     assert panel_linear.pack(torch.zeros(64, 0), reference) is None  # nothing to pack
@@ -110,8 +116,7 @@ def test_a_weight_whose_sums_differ_stays_on_onednn():
 
 @needs_panels
 def test_bad_shapes_raise_naming_the_argument():
-    packed = panel_linear.pack(torch.randn(32, 16), torch.ops.mkldnn._reorder_linear_weight(
-        torch.zeros(32, 16), packed_linear.EXPECTED_ROWS))
+    packed = panel_linear.pack(torch.randn(32, 16), lambda rows: onednn(rows, torch.zeros(32, 16)))
     assert packed is None  # zeros' product is not this weight's
     weight = panel_linear.PanelWeight(panel_linear.to_panels(torch.randn(32, 16)), 32, 16)
     with pytest.raises(RuntimeError, match="panels"):

@@ -65,7 +65,7 @@ def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Packe
     (:mod:`~aioserve.runners.panel_linear`) where those give oneDNN's bits (with
     ``bias``, if the layer adds one), else reordered into oneDNN's blocked layout."""
     onednn = torch.ops.mkldnn._reorder_linear_weight(weight, EXPECTED_ROWS)
-    panels = panel_linear.pack(weight, onednn, bias)
+    panels = panel_linear.pack(weight, lambda rows: linear_pointwise(rows, onednn, bias), bias)
     return onednn if panels is None else panels
 
 
@@ -74,8 +74,7 @@ def linear_pointwise(
 ) -> torch.Tensor:
     """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` float32 -> ``[n, out]``."""
     if isinstance(packed, PanelWeight):
-        out = panel_linear.linear(rows, packed)
-        return out if bias is None else out.add_(bias)
+        return panel_linear.linear(rows, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
 

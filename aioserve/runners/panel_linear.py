@@ -25,6 +25,7 @@ a row gets the same bits in any batch by construction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -63,7 +64,12 @@ def available() -> bool:
 
 
 def to_panels(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ``[out, in]`` float32 -> panels ``[ceil(out / 16), in, 16]``."""
+    """``weight`` ``[out, in]`` float32 (any strides) -> panels ``[ceil(out / 16), in,
+    16]``, contiguous, zeros past the last output.
+
+    Raises:
+        ValueError: ``weight`` is not two-dimensional.
+    """
     out_features, in_features = weight.shape
     count = -(-out_features // PANEL_COLUMNS)
     padded = torch.nn.functional.pad(weight.contiguous(),
@@ -71,8 +77,11 @@ def to_panels(weight: torch.Tensor) -> torch.Tensor:
     return padded.reshape(count, PANEL_COLUMNS, in_features).transpose(1, 2).contiguous()
 
 
-def linear(rows: torch.Tensor, weight: PanelWeight) -> torch.Tensor:
-    """``rows @ weight.T``: ``rows`` ``[n, in]`` float32 -> ``[n, out]`` float32.
+def linear(
+    rows: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` float32 -> ``[n, out]`` float32
+    (``bias`` ``[out]``, added after the sums, as oneDNN adds it).
 
     Raises:
         RuntimeError: ``rows`` is not 2-D float32, or its columns are not the
@@ -82,29 +91,36 @@ def linear(rows: torch.Tensor, weight: PanelWeight) -> torch.Tensor:
                       device=rows.device)
     torch.ops.aioserve_cpu.panel_linear(rows.contiguous(), weight.panels, out,
                                         weight.k_block)
-    return out
+    return out if bias is None else out.add_(bias)
 
 
 def pack(
-    weight: torch.Tensor, reference: torch.Tensor, bias: torch.Tensor | None = None
+    weight: torch.Tensor, reference: Callable[[torch.Tensor], torch.Tensor],
+    bias: torch.Tensor | None = None,
 ) -> PanelWeight | None:
-    """``weight`` ``[out, in]`` float32 in panels, with the ``k_block`` under which the
-    panel product equals ``reference`` (the same weight packed by oneDNN, with
-    ``bias`` added) bit for bit on random rows; None where no block length does or
-    the kernel is not loaded."""
+    """``weight`` in panels, with the ``k_block`` under which the panel product (plus
+    ``bias``) equals ``reference`` bit for bit on random rows.
+
+    Args:
+        weight: ``[out, in]`` float32.
+        reference: ``rows [n, in] -> [n, out]``, the product to reproduce (the same
+            weight and bias through oneDNN).
+        bias: ``[out]`` float32, or None.
+
+    Returns:
+        The panels, or None: no block length reproduces ``reference``, the kernel is not
+        loaded, or ``weight`` is not a non-empty float32 matrix.
+    """
     if (not available() or weight.dtype != torch.float32 or weight.dim() != 2
             or 0 in weight.shape):
         return None
     in_features = weight.shape[1]
     generator = torch.Generator().manual_seed(0)
     rows = torch.randn(PROBE_ROWS, in_features, generator=generator, dtype=torch.float32)
-    want = torch.ops.mkldnn._linear_pointwise(rows, reference, bias, "none", [], "")
+    want = reference(rows)
     panels = to_panels(weight.detach())
     for k_block in (in_features, *(b for b in K_BLOCKS if b < in_features)):
         candidate = PanelWeight(panels, weight.shape[0], k_block)
-        got = linear(rows, candidate)
-        if bias is not None:
-            got += bias
-        if torch.equal(got, want):
+        if torch.equal(linear(rows, candidate, bias), want):
             return candidate
     return None
