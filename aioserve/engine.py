@@ -78,7 +78,7 @@ class AsyncEngine(EngineReadouts):
         """
         scheduler = load_scheduler(self._scheduler_spec)
         if self.runner is None:
-            from aioserve.runners.torch_runner import TorchRunner
+            from aioserve.runners.worker.torch_runner import TorchRunner
 
             self.runner = await asyncio.to_thread(TorchRunner, self.config)
             if self.tokenizer is None:

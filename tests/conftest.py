@@ -21,7 +21,7 @@ def native_kernels_built() -> None:
     """Build the compiled CPU kernels once, first, in this process: tests that start a
     server in a subprocess then load the cached build instead of building under their
     own time limits (a build takes 15-25 s on a 2-core machine)."""
-    from aioserve.runners import native_kernels
+    from aioserve.runners.cpu import native_kernels
 
     native_kernels.available()
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
+from scripted_runner import ScriptedRunner
 
 from aioserve import AsyncEngine, EngineConfig
-from aioserve.runners.scripted import ScriptedRunner
 from aioserve.server import ServerConfig, create_app
 
 CHAT_TEMPLATE = (

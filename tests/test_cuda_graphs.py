@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from aioserve.runners.attention_backend import ReferenceBackend
-from aioserve.runners.cuda_graphs import (
+from aioserve.runners.attention.backend import ReferenceBackend
+from aioserve.runners.attention.flex.backend import FlexBackend
+from aioserve.runners.gpu.cuda_graphs import (
     DecodeGraphs,
     DecodeInputs,
     PaddingPlan,
@@ -18,7 +19,6 @@ from aioserve.runners.cuda_graphs import (
     padding_plan,
     stage_rows,
 )
-from aioserve.runners.flex_backend import FlexBackend
 from tests.flex_support import load, model_step, random_cache, random_tables
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

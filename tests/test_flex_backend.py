@@ -9,10 +9,10 @@ import torch
 from torch.nn.attention.flex_attention import create_mask
 from torch.testing import assert_close
 
-from aioserve.runners import flex_masks
-from aioserve.runners.attention_backend import ReferenceBackend, backend_for
-from aioserve.runners.flex_backend import FlexBackend
-from aioserve.runners.layer_rules import LayerRules
+from aioserve.runners.attention.backend import ReferenceBackend, backend_for
+from aioserve.runners.attention.flex import masks as flex_masks
+from aioserve.runners.attention.flex.backend import FlexBackend
+from aioserve.runners.model.layer_rules import LayerRules
 from tests.flex_support import (
     both_attend,
     load,
@@ -200,7 +200,7 @@ def test_cuda_compiled_flex_equals_reference(step, rule):
 def test_cuda_graph_replay_equals_eager(tmp_path):
     """Decode graphs of a tiny llama (head width 32, block 16): replay equals the same
     forward run eagerly, and the reference backend, for batches 1, 3 and 17."""
-    from aioserve.runners.cuda_graphs import DecodeGraphs, model_decode_forward
+    from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
 
     path, device, bs, blocks = tiny_llama(tmp_path), torch.device("cuda"), 16, 256
     flex = FlexBackend(device)

@@ -9,11 +9,11 @@ import os
 import signal
 
 import aiohttp
+from scripted_runner import ScriptedRunner
 from server_support import scripted_engine, sse_events, wait_until
 
 from aioserve.commands.serve import serve
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.runners.scripted import ScriptedRunner
 from aioserve.server import create_app
 
 

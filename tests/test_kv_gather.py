@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from aioserve.runners.attention_backend import ReferenceBackend
-from aioserve.runners.kv_gather import GatherBuffers, gather, gather_index
-from aioserve.runners.layer_rules import LayerRules
+from aioserve.runners.attention.backend import ReferenceBackend
+from aioserve.runners.attention.kv_gather import GatherBuffers, gather, gather_index
+from aioserve.runners.model.layer_rules import LayerRules
 
 BLOCK = 4
 
@@ -74,7 +74,7 @@ def test_attention_output_outlives_the_buffers_reuse():
 
 
 def test_malloc_tuning_is_once_per_process_and_can_be_turned_off():
-    probe = ("from aioserve.runners.cpu_malloc import tune_malloc; "
+    probe = ("from aioserve.runners.cpu.malloc import tune_malloc; "
              "import platform; print(tune_malloc(), tune_malloc(), platform.libc_ver()[0])")
     on = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                         check=True).stdout.split()
@@ -86,7 +86,7 @@ def test_malloc_tuning_is_once_per_process_and_can_be_turned_off():
 
 
 def test_malloc_tuning_rejects_a_bad_setting(monkeypatch):
-    from aioserve.runners.cpu_malloc import tune_malloc
+    from aioserve.runners.cpu.malloc import tune_malloc
 
     monkeypatch.setenv("AIOSERVE_MALLOC_TUNING", "yes")
     tune_malloc.cache_clear()  # a refused setting is not cached: the next call asks again

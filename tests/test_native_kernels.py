@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from aioserve.runners import native_kernels
-from aioserve.runners.attention import attend_groups
-from aioserve.runners.paged_metadata import build_metadata
+from aioserve.runners.attention.paged import attend_groups
+from aioserve.runners.attention.paged_metadata import build_metadata
+from aioserve.runners.cpu import native_kernels
 from tests.test_sparse_decode import both_layouts, sdpa_per_sequence
 
 CPU = torch.device("cpu")
@@ -166,7 +166,7 @@ def test_a_killed_builds_lock_is_removed_and_a_missing_one_is_not_waited_for(tmp
 
 
 def test_the_switch_turns_the_kernels_off():
-    code = ("from aioserve.runners import native_kernels as n; "
+    code = ("from aioserve.runners.cpu import native_kernels as n; "
             "print(n.available())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "AIOSERVE_NATIVE_KERNELS": "0"},

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from scripted_runner import ScriptedRunner
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.engine_core import EngineCore
 from aioserve.kv_cache import BlockManager
 from aioserve.request import Request
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.runners.scripted import ScriptedRunner
 from aioserve.scheduler_registry import load_scheduler
 
 
@@ -128,7 +128,7 @@ def test_bad_engine_options_name_the_field(field, value):
 def test_unknown_attention_backend_is_refused_naming_the_option():
     import torch
 
-    from aioserve.runners.attention_backend import backend_for
+    from aioserve.runners.attention.backend import backend_for
 
     with pytest.raises(ValueError, match="attention backend: 'fast' is not one of"):
         backend_for("fast", torch.device("cpu"))

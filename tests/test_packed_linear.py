@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from aioserve import EngineConfig
-from aioserve.runners import model_loader, packed_linear
-from aioserve.runners.attention import attend_groups
-from aioserve.runners.layer_rules import LayerRules
-from aioserve.runners.paged_metadata import build_metadata
+from aioserve.runners.attention.paged import attend_groups
+from aioserve.runners.attention.paged_metadata import build_metadata
+from aioserve.runners.cpu import packed_linear
+from aioserve.runners.model import loader as model_loader
+from aioserve.runners.model.layer_rules import LayerRules
 
 needs_onednn = pytest.mark.skipif(
     not packed_linear.available(torch.device("cpu"), torch.float32, 10**9),
@@ -54,7 +55,7 @@ def test_fused_packed_projection_equals_its_parts():
 @pytest.mark.parametrize("min_parameters", [0, packed_linear.MIN_PARAMETERS])
 def test_cpu_float32_runner_packs_the_linears_of_a_large_model(model_dir, monkeypatch,
                                                                min_parameters):
-    from aioserve.runners.torch_runner import TorchRunner
+    from aioserve.runners.worker.torch_runner import TorchRunner
 
     monkeypatch.setattr(packed_linear, "MIN_PARAMETERS", min_parameters)
     runner = TorchRunner(EngineConfig(model=model_dir, num_kv_blocks=8, device="cpu",

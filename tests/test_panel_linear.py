@@ -17,9 +17,9 @@ import torch
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.bench.random_model import ensure_random_model
-from aioserve.runners import packed_linear, panel_linear
-from aioserve.runners.panel_linear import PanelWeight
-from aioserve.runners.torch_runner import TorchRunner
+from aioserve.runners.cpu import packed_linear, panel_linear
+from aioserve.runners.cpu.panel_linear import PanelWeight
+from aioserve.runners.worker.torch_runner import TorchRunner
 
 
 #: oneDNN's float32 kernels on an AVX2 machine add as the panels do (measured); on

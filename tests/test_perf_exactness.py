@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.runners import native_kernels, paged_metadata
-from aioserve.runners.paged_metadata import build_metadata, split_by_length
+from aioserve.runners.attention import paged_metadata
+from aioserve.runners.attention.paged_metadata import build_metadata, split_by_length
+from aioserve.runners.cpu import native_kernels
 
 
 def mixed_workload(seed: int) -> list[tuple[list[int], int]]:
@@ -122,7 +123,7 @@ async def test_prefill_split_equals_solo_generate(model_dir, solo_greedy, monkey
 
 
 def test_head_major_decode_matches_sdpa():
-    from aioserve.runners.decode_attention import decode_attention, decode_bias
+    from aioserve.runners.attention.decode_gather import decode_attention, decode_bias
 
     torch.manual_seed(0)
     q = torch.randn(5, 8, 16)

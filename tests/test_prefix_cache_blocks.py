@@ -11,8 +11,8 @@ from aioserve.engine_core import EngineCore
 from aioserve.kv_cache import BlockManager
 from aioserve.prefix_cache import block_key, cached_prefix, extend_keys
 from aioserve.request import Request, RequestStatus
-from aioserve.runners.simulated import SimulatedRunner
 from aioserve.sampling_params import SamplingParams
+from aioserve.sim.runner import SimulatedRunner
 from schedulers.fcfs import FCFSScheduler
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from aioserve.config import EngineConfig
-from aioserve.runners.row_padding import RowPadding, probe_row_padding
-from aioserve.runners.torch_runner import TorchRunner
+from aioserve.runners.cpu.row_padding import RowPadding, probe_row_padding
+from aioserve.runners.worker.torch_runner import TorchRunner
 
 NUM_SEQUENCES = 13
 BLOCKS_PER_SEQUENCE = 8

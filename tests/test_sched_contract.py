@@ -14,8 +14,8 @@ from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.engine_core import EngineCore
 from aioserve.request import FinishReason, RequestStatus
 from aioserve.runners.base import ScheduledBatch
-from aioserve.runners.simulated import SimulatedRunner
 from aioserve.scheduler_registry import available_schedulers, load_scheduler
+from aioserve.sim.runner import SimulatedRunner
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest
 

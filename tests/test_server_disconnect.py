@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+from scripted_runner import ScriptedRunner
 from server_support import base_url, idle, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig
-from aioserve.runners.scripted import ScriptedRunner
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True}
 

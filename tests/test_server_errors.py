@@ -10,10 +10,10 @@ import json
 import aiohttp
 import openai
 import pytest
+from scripted_runner import ScriptedRunner
 from server_support import base_url, idle, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig, EngineError, SamplingParams
-from aioserve.runners.scripted import ScriptedRunner
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True}
 

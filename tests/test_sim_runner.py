@@ -7,8 +7,8 @@ import json
 import pytest
 
 from aioserve.runners.base import ScheduledBatch
-from aioserve.runners.simulated import SimulatedRunner
 from aioserve.sim.report import percentile
+from aioserve.sim.runner import SimulatedRunner
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest, load_jsonl, load_workload, poisson
 

@@ -3,7 +3,7 @@
 It serves heads of at least ``MIN_HEAD_DIM`` elements; the test model's are 8 wide, so
 the end-to-end check runs an exactly equivalent copy of it with heads zero-padded to
 32 wide (:func:`pad_heads`). Where the compiled kernels
-(:mod:`~aioserve.runners.native_kernels`) are loaded they take decode groups first, so
+(:mod:`~aioserve.runners.cpu.native_kernels`) are loaded they take decode groups first, so
 these tests switch them off: the sparse kernels serve when the build fails.
 """
 
@@ -18,10 +18,12 @@ import pytest
 import torch
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.runners import model_loader, native_kernels, sparse_decode
-from aioserve.runners.attention import attend_groups
-from aioserve.runners.layer_rules import LayerRules
-from aioserve.runners.paged_metadata import build_metadata
+from aioserve.runners.attention import sparse_decode
+from aioserve.runners.attention.paged import attend_groups
+from aioserve.runners.attention.paged_metadata import build_metadata
+from aioserve.runners.cpu import native_kernels
+from aioserve.runners.model import loader as model_loader
+from aioserve.runners.model.layer_rules import LayerRules
 
 CPU = torch.device("cpu")
 

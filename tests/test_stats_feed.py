@@ -7,13 +7,13 @@ import asyncio
 import json
 
 import aiohttp
+from scripted_runner import ScriptedRunner
 from server_support import GatedRunner, base_url, idle, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.runners.scripted import ScriptedRunner
-from aioserve.runners.simulated import SimulatedRunner
 from aioserve.server import ServerConfig
 from aioserve.server.stats_feed import STATS_FEED_KEY, StatsFeed
+from aioserve.sim.runner import SimulatedRunner
 
 LOAD = {"model": "scripted", "prompt": "Once upon a time", "max_tokens": 400,
         "ignore_eos": True}

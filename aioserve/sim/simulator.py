@@ -20,10 +20,10 @@ from aioserve.engine_core import EngineCore
 from aioserve.kv_cache import BlockManager
 from aioserve.request import Request
 from aioserve.runners.base import ScheduledBatch
-from aioserve.runners.simulated import FIRST_WORD_ID, NS_PER_S, SimulatedRunner
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduler_registry import load_scheduler
 from aioserve.scheduling import Scheduler
+from aioserve.sim.runner import FIRST_WORD_ID, NS_PER_S, SimulatedRunner
 from aioserve.sim.workloads import WorkloadRequest
 from aioserve.step_snapshot import EngineListener, SnapshotBuilder
 

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from aioserve.runners.simulated import NS_PER_S
+from aioserve.sim.runner import NS_PER_S
 
 #: Prompt length of the article's requests (it counts decode steps only; with the
 #: default prefill cost of 0 the prompt length changes no timing, only KV use).

@@ -2,7 +2,7 @@
 
 A decode step's products read every weight of the model from memory once and use each
 element for only as many rows as the step has (1-32). oneDNN's kernels
-(:mod:`~aioserve.runners.packed_linear`) leave much of the memory bandwidth unused
+(:mod:`~aioserve.runners.cpu.packed_linear`) leave much of the memory bandwidth unused
 there: on the 2-core development box, a 576 x 3072 weight (7 MB, not in cache) times
 4 rows took 0.48 ms (about 15 GB/s of the box's 26), 32 rows 1.14 ms. The op in
 ``csrc/panel_linear.cpp`` stores a weight as panels of 16 output columns (``K x 16``
@@ -17,7 +17,7 @@ float32 kernels add on AVX2 (measured: one chain for ``K`` up to 1,024; ``K`` = 
 as blocks of 1,024 and 512), so :func:`pack` picks ``k_block`` by comparing the two
 products on the weight itself and keeps the panels only where they give oneDNN's bits
 exactly: on the probe's rows, and so, as far as oneDNN's own rows do not depend on
-their batch (measured, :mod:`~aioserve.runners.packed_linear`), tokens stay the same
+their batch (measured, :mod:`~aioserve.runners.cpu.packed_linear`), tokens stay the same
 whether or not the kernels build. A row's result
 depends on its own inputs only (no tile shape or batch size enters its arithmetic), so
 a row gets the same bits in any batch by construction.
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from aioserve.runners import native_kernels
+from aioserve.runners.cpu import native_kernels
 
 __all__ = ["PANEL_COLUMNS", "PanelWeight", "available", "linear", "pack"]
 

@@ -4,7 +4,7 @@ For a decode group (one query per sequence) ``scaled_dot_product_attention``'s C
 kernel works per (sequence, head) pair, and with small heads that bookkeeping costs
 more than the arithmetic. On the CPU the reference backend keeps each layer's cache
 head-major (storage ``[kv_heads, rows, dim]``, see
-:func:`~aioserve.runners.model_loader.allocate_kv_cache`), so a block gather yields
+:func:`~aioserve.runners.model.loader.allocate_kv_cache`), so a block gather yields
 ``[kv_heads, b, L, dim]``: every (KV head, sequence) pair is one contiguous ``[L, dim]``
 matrix, and the query heads sharing a KV head are the rows of one product. One
 ``baddbmm`` gives every head's scores, masked and scaled, one ``bmm`` every head's

@@ -19,7 +19,7 @@ in a listed block, so the fused kernel and the unfused one (which ignores the li
 and evaluates the mask everywhere, as on the CPU in eager mode) give the same result.
 
 Everything here is torch ops with shapes fixed by their arguments and no host
-synchronisation, so a CUDA graph can capture it (see :mod:`aioserve.runners.cuda_graphs`).
+synchronisation, so a CUDA graph can capture it (see :mod:`aioserve.runners.gpu.cuda_graphs`).
 """
 
 from __future__ import annotations

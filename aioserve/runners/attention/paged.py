@@ -11,10 +11,10 @@ hook points are the ones transformers' own continuous batching uses
 This is the reference path: exact on CPU (``scaled_dot_product_attention`` per layer
 over a gathered, masked context: one call for the decoding sequences, one for the
 prefilling ones; on the CPU, float32 decode groups go through the compiled kernel when
-it is loaded (:mod:`~aioserve.runners.native_kernels`), else read a head-major cache in
-place through sparse kernels, :mod:`~aioserve.runners.sparse_decode`, or with heads
+it is loaded (:mod:`~aioserve.runners.cpu.native_kernels`), else read a head-major cache in
+place through sparse kernels, :mod:`~aioserve.runners.attention.sparse_decode`, or with heads
 narrower than 32 take two batched products over its gathered blocks,
-:mod:`~aioserve.runners.decode_attention`). No mask function is registered, so
+:mod:`~aioserve.runners.attention.decode_gather`). No mask function is registered, so
 transformers skips building a causal mask (``masking_utils`` exits early for attention
 implementations without one).
 """
@@ -28,16 +28,18 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from aioserve.runners import (
-    decode_attention,
-    eager_attention,
-    layer_rules,
-    native_kernels,
-    sparse_decode,
+from aioserve.runners.attention import decode_gather as decode_attention
+from aioserve.runners.attention import eager as eager_attention
+from aioserve.runners.attention import sparse_decode
+from aioserve.runners.attention.kv_gather import GatherBuffers, gather, gather_index, is_head_major
+from aioserve.runners.attention.paged_metadata import (
+    AttentionGroup,
+    PagedAttentionMetadata,
+    build_metadata,
 )
-from aioserve.runners.kv_gather import GatherBuffers, gather, gather_index, is_head_major
-from aioserve.runners.layer_rules import LayerRules
-from aioserve.runners.paged_metadata import AttentionGroup, PagedAttentionMetadata, build_metadata
+from aioserve.runners.cpu import native_kernels
+from aioserve.runners.model import layer_rules
+from aioserve.runners.model.layer_rules import LayerRules
 
 ATTENTION_NAME = "aioserve_paged"
 
@@ -53,7 +55,7 @@ __all__ = [
 
 def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether a decode group reads the cache in place through the sparse kernels
-    (:mod:`~aioserve.runners.sparse_decode`): float32 on the CPU, a head-major cache,
+    (:mod:`~aioserve.runners.attention.sparse_decode`): float32 on the CPU, a head-major cache,
     heads at least ``MIN_HEAD_DIM`` wide."""
     return (q.device.type == "cpu"
             and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
@@ -82,7 +84,8 @@ def _attend(
     buffers: GatherBuffers | None = None,
 ) -> torch.Tensor:
     """One group's attention: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``
-    (keys and values gathered into ``buffers``, see :mod:`~aioserve.runners.kv_gather`)."""
+    (keys and values gathered into ``buffers``, see
+    :mod:`~aioserve.runners.attention.kv_gather`)."""
     plain = rules is None or rules.plain
     kv_heads, rows = int(k_cache.shape[1]), int(k_cache.shape[0])
     if plain and group.seq_lens is not None:  # the metadata chose the compiled kernel
@@ -144,14 +147,14 @@ def paged_attention(
 
     Writes the step's keys and values into the cache, then attends each group of
     sequences (decode, prefill) over its own gathered context, under the layer's
-    rules (:class:`~aioserve.runners.layer_rules.LayerRules`: window, soft-cap,
+    rules (:class:`~aioserve.runners.model.layer_rules.LayerRules`: window, soft-cap,
     sinks, K/V widths) taken from the call.
 
     Args:
         query: ``[1, q_heads, T, k_dim]``; key ``[1, kv_heads, T, k_dim]``, value
             ``[1, kv_heads, T, v_dim]``.
         paged_metadata: this step's :class:`PagedAttentionMetadata` (else the one the
-            runner set in :data:`~aioserve.runners.layer_rules.CURRENT_METADATA`).
+            runner set in :data:`~aioserve.runners.model.layer_rules.CURRENT_METADATA`).
 
     Returns:
         ``([1, T, q_heads, v_dim], None)``.

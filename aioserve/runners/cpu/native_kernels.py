@@ -3,8 +3,8 @@ paged cache in place, linear products over panels, and greedy token choice.
 
 A decode group's attention (one query per sequence) is memory work: every key and
 value row of every context is read once per step. Stock PyTorch kernels either copy
-each context out of the paged cache first (:mod:`~aioserve.runners.decode_attention`)
-or read a row once per query head (:mod:`~aioserve.runners.sparse_decode`). The op in
+each context out of the paged cache first (:mod:`~aioserve.runners.attention.decode_gather`)
+or read a row once per query head (:mod:`~aioserve.runners.attention.sparse_decode`). The op in
 ``csrc/decode_attention.cpp`` walks each sequence's block table and reads each K/V row once
 for all the query heads that share it (grouped-query attention), split over
 (sequence, KV head) pairs on torch's intra-op threads, with each pair's scores and
@@ -13,7 +13,7 @@ the same in its own C++ kernels (``csrc/cpu/attention.cpp``); these are written 
 this engine's cache layouts. ``torch.argmax`` over a step's logits is a scalar loop;
 the second op reads each row once in vector lanes. Linear products of packed models
 run over weights in panels of 16 columns (``csrc/panel_linear.cpp``,
-:mod:`~aioserve.runners.panel_linear`).
+:mod:`~aioserve.runners.cpu.panel_linear`).
 
 Every (sequence, head) result is summed in a fixed order that depends only on that
 sequence's own context, so a request's numbers do not depend on its batch-mates.
@@ -216,7 +216,7 @@ def rope_and_cache(
         qk: ``[T, heads + kv_heads, dim]`` float32 (unit stride over dim), queries then keys.
         v: ``[T, kv_heads, v_dim]`` float32 (unit stride over v_dim).
         cos, signed_sin: ``[T, 1, dim]`` float32, contiguous
-            (:meth:`~aioserve.runners.lean_llama.LeanLlama._rope`).
+            (:meth:`~aioserve.runners.model.lean_llama.LeanLlama._rope`).
         slot_mapping: ``[T]`` int64, each token's cache slot.
         k_cache, v_cache: ``[rows, kv_heads, dim]`` / ``[rows, kv_heads, v_dim]``, written.
         heads: query heads.

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aioserve.runners import layer_rules
+from aioserve.runners.model import layer_rules
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -149,7 +149,7 @@ def model_decode_forward(
 ) -> Callable[[DecodeInputs], torch.Tensor]:
     """A ``forward(inputs) -> logits [B, vocab]`` of ``model`` over static inputs,
     attending through ``backend.decode_metadata`` (graph-safe, e.g.
-    :class:`~aioserve.runners.flex_backend.FlexBackend`)."""
+    :class:`~aioserve.runners.attention.flex.backend.FlexBackend`)."""
 
     def forward(inputs: DecodeInputs) -> torch.Tensor:
         meta = backend.decode_metadata(kv_caches, inputs.slot_mapping, inputs.block_table,

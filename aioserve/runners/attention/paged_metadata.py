@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from aioserve.runners.kv_gather import GatherBuffers
-from aioserve.runners.sparse_decode import SparseDecodeIndex
+from aioserve.runners.attention.kv_gather import GatherBuffers
+from aioserve.runners.attention.sparse_decode import SparseDecodeIndex
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,16 @@ class AttentionGroup:
             windowed layers (a query at position p sees keys ``p - window < k <= p``).
         sparse_indices: a decode group's sparse patterns by (kv_heads, q_heads, cache
             rows), built by the first layer that reads the cache in place
-            (:mod:`~aioserve.runners.sparse_decode`).
-        gather_indices: block-gather rows (:func:`~aioserve.runners.kv_gather.gather_index`)
+            (:mod:`~aioserve.runners.attention.sparse_decode`).
+        gather_indices: block-gather rows
+            (:func:`~aioserve.runners.attention.kv_gather.gather_index`)
             by (kv_heads, cache rows, token-major), built by the first layer of that
             cache layout and read by the others.
         decode_biases: a decode group's additive mask laid out ``[kv_heads * b, 1, L]``
             for the batched products, by kv_heads, built once a step.
         seq_lens: a decode group's ``[b]`` int64 context lengths (tokens, the new one
             included) when the compiled kernel attends it, walking the block table
-            (:mod:`~aioserve.runners.native_kernels`); None otherwise.
+            (:mod:`~aioserve.runners.cpu.native_kernels`); None otherwise.
     """
 
     token_index: torch.Tensor | None
@@ -73,7 +74,7 @@ class PagedAttentionMetadata:
         groups: the decode and prefill :class:`AttentionGroup` (one to six).
         block_size: tokens per KV block.
         buffers: where the layers' block gathers are written (reused from step to
-            step, :class:`~aioserve.runners.kv_gather.GatherBuffers`); None: new tensors.
+            step, :class:`~aioserve.runners.attention.kv_gather.GatherBuffers`); None: new tensors.
     """
 
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
@@ -257,7 +258,7 @@ def build_metadata(
         windows: the model's sliding windows (tokens); each group gets a mask per window.
         buffers: the gather buffers the step's layers reuse (None: new tensors).
         native_decode: the decoding sequences are attended by the compiled kernel
-            (:mod:`~aioserve.runners.native_kernels`): one group, with its ``seq_lens``
+            (:mod:`~aioserve.runners.cpu.native_kernels`): one group, with its ``seq_lens``
             (the kernel reads only each sequence's own context, so cutting the rows by
             length would save it nothing and cost a call per group).
     """

@@ -12,7 +12,7 @@ were in the call (1 to 1,000, 1 to 4 threads), where MKL's did; oneDNN picks its
 blocking per shape and machine, so this is a measured property, not a promise.
 
 Where the compiled kernels load (x86 with AVX2 and FMA), a packed weight is kept in
-panels of 16 output columns instead (:mod:`~aioserve.runners.panel_linear`), whose
+panels of 16 output columns instead (:mod:`~aioserve.runners.cpu.panel_linear`), whose
 product gives oneDNN's bits (checked per weight at packing) and streams a decode step's
 weights from memory faster; the oneDNN copy is then dropped.
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from aioserve.runners import panel_linear
-from aioserve.runners.panel_linear import PanelWeight
+from aioserve.runners.cpu import panel_linear
+from aioserve.runners.cpu.panel_linear import PanelWeight
 
 __all__ = ["PackedLinear", "PackedWeight", "available", "linear_parameters",
            "linear_pointwise", "pack_linears", "pack_weight"]
@@ -62,7 +62,7 @@ PackedWeight = torch.Tensor | PanelWeight
 
 def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
     """``weight`` ``[out, in]`` float32 packed for :func:`linear_pointwise`: in panels
-    (:mod:`~aioserve.runners.panel_linear`) where those give oneDNN's bits (with
+    (:mod:`~aioserve.runners.cpu.panel_linear`) where those give oneDNN's bits (with
     ``bias``, if the layer adds one), else reordered into oneDNN's blocked layout."""
     onednn = torch.ops.mkldnn._reorder_linear_weight(weight, EXPECTED_ROWS)
     panels = panel_linear.pack(weight, lambda rows: linear_pointwise(rows, onednn, bias), bias)

@@ -7,7 +7,7 @@ hundred aten ops per step. On the CPU a small model's step costs what its ops co
 to launch from Python, so this forward runs the same computation with fewer ops and
 no module calls: the rotary embedding applied to queries and keys together, views
 without shape arithmetic, and aioserve's paged attention called directly. When the
-model's linear layers are packed (:mod:`~aioserve.runners.packed_linear`: oneDNN's
+model's linear layers are packed (:mod:`~aioserve.runners.cpu.packed_linear`: oneDNN's
 layout or compiled panels) the q/k/v projections are one matrix product and gate/up
 another (either way a column's bits are the same fused or not); on plain weights they
 stay separate (fused, MKL's single-row kernel sums in another order and the logits are
@@ -28,15 +28,15 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from aioserve.runners import native_kernels
-from aioserve.runners.attention import attend_groups
-from aioserve.runners.packed_linear import (
+from aioserve.runners.attention.paged import attend_groups
+from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
+from aioserve.runners.cpu import native_kernels
+from aioserve.runners.cpu.packed_linear import (
     PackedLinear,
     PackedWeight,
     linear_pointwise,
     pack_weight,
 )
-from aioserve.runners.paged_metadata import PagedAttentionMetadata
 
 _STATIC_ROPE = {"default", "linear", "llama3"}
 

@@ -7,7 +7,7 @@ import os
 import torch
 from transformers import GenerationConfig
 
-from aioserve.runners import model_loader
+from aioserve.runners.model import loader as model_loader
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,7 +88,7 @@ def cpu_threads(device: torch.device) -> int | None:
     setting).
 
     Every core pays for small models too once one thread does all the compute (see
-    :class:`~aioserve.runners.torch_runner.TorchRunner`): on the 2-core box the test
+    :class:`~aioserve.runners.worker.torch_runner.TorchRunner`): on the 2-core box the test
     model (292,800 parameters) went from about 2,300 output tokens/s on one thread to
     about 2,900 on two (64-request workload, three alternations).
 

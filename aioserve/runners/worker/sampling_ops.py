@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from aioserve.runners import native_kernels
+from aioserve.runners.cpu import native_kernels
 
 _U64 = 1 << 64
 
@@ -32,7 +32,7 @@ _U64 = 1 << 64
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """``[R]`` int64, each row's arg max of ``logits`` ``[R, V]``, with ``torch.argmax``'s
     ties (first index) and NaN (counted largest); float32 on the CPU through the compiled
-    kernel (:func:`~aioserve.runners.native_kernels.greedy_tokens`, 4x faster on
+    kernel (:func:`~aioserve.runners.cpu.native_kernels.greedy_tokens`, 4x faster on
     ``[32, 49152]``) when it is loaded.
 
     Raises:

@@ -10,7 +10,7 @@ their own widths.
 
 Transformers reaches a backend through the attention function registered under
 :attr:`AttentionBackend.attention_name`; the layer's rules come with each call
-(:class:`~aioserve.runners.layer_rules.LayerRules`).
+(:class:`~aioserve.runners.model.layer_rules.LayerRules`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from aioserve.runners import attention, native_kernels, paged_metadata
-from aioserve.runners.kv_gather import GatherBuffers
-from aioserve.runners.layer_rules import LayerRules
-from aioserve.runners.paged_metadata import PagedAttentionMetadata
+from aioserve.runners.attention import paged as attention
+from aioserve.runners.attention import paged_metadata
+from aioserve.runners.attention.kv_gather import GatherBuffers
+from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
+from aioserve.runners.cpu import native_kernels
+from aioserve.runners.model.layer_rules import LayerRules
 
 
 class AttentionBackend(Protocol):
@@ -119,7 +121,7 @@ def backend_for(name: str, device: torch.device) -> AttentionBackend:
         return ReferenceBackend()
     if name != "flex":
         raise ValueError(f"attention backend: {name!r} is not one of {', '.join(BACKEND_NAMES)}")
-    from aioserve.runners.flex_backend import FlexBackend
+    from aioserve.runners.attention.flex.backend import FlexBackend
 
     if device.type not in ("cuda", "cpu"):
         raise ValueError(f"attention backend 'flex' runs on cuda or cpu, not {device.type}")

@@ -11,16 +11,19 @@ import numpy as np
 import torch
 
 from aioserve.config import EngineConfig
-from aioserve.runners import cpu_malloc, layer_rules, model_loader, native_kernels
-from aioserve.runners.attention_backend import AttentionBackend, ReferenceBackend, backend_for
+from aioserve.runners.attention.backend import AttentionBackend, ReferenceBackend, backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.runners.batch_sampler import BatchSampler
-from aioserve.runners.cuda_graphs import DecodeGraphs, model_decode_forward
-from aioserve.runners.input_batch import InputBatch, StepInputs
-from aioserve.runners.lean_llama import LeanLlama, lean_forward
-from aioserve.runners.pending_output import PendingOutput
-from aioserve.runners.row_padding import RowPadding, probe_row_padding
-from aioserve.runners.runner_setup import (
+from aioserve.runners.cpu import malloc as cpu_malloc
+from aioserve.runners.cpu import native_kernels
+from aioserve.runners.cpu.row_padding import RowPadding, probe_row_padding
+from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
+from aioserve.runners.model import layer_rules
+from aioserve.runners.model import loader as model_loader
+from aioserve.runners.model.lean_llama import LeanLlama, lean_forward
+from aioserve.runners.worker.batch_sampler import BatchSampler
+from aioserve.runners.worker.input_batch import InputBatch, StepInputs
+from aioserve.runners.worker.pending_output import PendingOutput
+from aioserve.runners.worker.setup import (
     context_length,
     cpu_threads,
     eos_token_ids,
@@ -38,9 +41,9 @@ class TorchRunner:
     The KV cache is, per layer, K ``[num_kv_blocks * block_size, kv_heads, k_dim]`` and
     V ``[..., kv_heads, v_dim]`` (the model's dtype), indexed by the engine's block ids
     and shaped from each layer's own rules, found by one recording forward at load
-    (:func:`~aioserve.runners.layer_rules.discover`). Per-request state (tokens, block
+    (:func:`~aioserve.runners.model.layer_rules.discover`). Per-request state (tokens, block
     tables, sampling parameters, last sampled tokens) persists between steps
-    (:class:`~aioserve.runners.input_batch.InputBatch`); each step applies the engine's
+    (:class:`~aioserve.runners.worker.input_batch.InputBatch`); each step applies the engine's
     changes. The load and every step run in order in one worker thread (one OpenMP
     team, see ``__init__``), so the event loop stays free and the engine can schedule
     step N+1 while step N runs; N+1 reads N's sampled tokens on the device. On CUDA the

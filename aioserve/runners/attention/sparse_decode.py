@@ -15,7 +15,7 @@ paged cache:
 Every (sequence, head) row is computed on its own, in a fixed order, so a request's
 numbers do not depend on its batch-mates. Measured on the 2-core development box,
 one layer of 32 sequences, 2 threads, against a block gather plus two batched
-products (:mod:`~aioserve.runners.decode_attention`): SmolLM2-135M's heads (9 query,
+products (:mod:`~aioserve.runners.attention.decode_gather`): SmolLM2-135M's heads (9 query,
 3 KV, dim 64) 2.45 -> 1.49 ms at 304 keys, 0.98 -> 0.62 ms at 160; the test model's
 (8 / 4, dim 8, one thread) 0.93 -> 1.04 ms at 256, so heads narrower than
 :data:`MIN_HEAD_DIM` keep the gather.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from aioserve.runners.decode_attention import heads_by_sequence, queries_by_kv_head
+from aioserve.runners.attention.decode_gather import heads_by_sequence, queries_by_kv_head
 
 __all__ = ["MIN_HEAD_DIM", "SparseDecodeIndex", "sparse_decode_attention"]
 

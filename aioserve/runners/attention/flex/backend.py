@@ -2,7 +2,7 @@
 
 The fast path on CUDA, where ``flex_attention`` runs compiled (``torch.compile``,
 fused Triton kernels that read the cache in place, block-sparse by each sequence's
-block table; see :mod:`~aioserve.runners.flex_masks`). Sliding windows are mask
+block table; see :mod:`~aioserve.runners.attention.flex.masks`). Sliding windows are mask
 functions and logit soft-capping a score function (``tanh(s / cap) * cap`` after
 scaling, as gemma2's eager attention), per the FlexAttention paper
 (arXiv:2412.05496) and the PyTorch blog "FlexAttention: The Flexibility of PyTorch
@@ -14,7 +14,7 @@ On the CPU ``flex_attention`` runs unfused (eager): exact, but it materialises
 ``[b, q_heads, Q, S]`` float32 scores over the whole cache of S slots, so it is
 for tests only. A step attends in up to two calls (decoding and prefilling
 sequences, queries of the latter padded to the longest), with metadata from
-:mod:`~aioserve.runners.flex_metadata`.
+:mod:`~aioserve.runners.attention.flex.metadata`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 from transformers import AttentionInterface
 
-from aioserve.runners import attention, flex_metadata, layer_rules
-from aioserve.runners.attention_backend import uneven_heads
-from aioserve.runners.flex_metadata import FlexGroup, FlexMetadata
-from aioserve.runners.layer_rules import LayerRules
-from aioserve.runners.paged_metadata import PagedAttentionMetadata
+from aioserve.runners.attention import paged as attention
+from aioserve.runners.attention.backend import uneven_heads
+from aioserve.runners.attention.flex import metadata as flex_metadata
+from aioserve.runners.attention.flex.metadata import FlexGroup, FlexMetadata
+from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
+from aioserve.runners.model import layer_rules
+from aioserve.runners.model.layer_rules import LayerRules
 
 ATTENTION_NAME = "aioserve_flex"
 
@@ -109,7 +111,7 @@ def flex_paged_attention(
     paged_metadata: PagedAttentionMetadata | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The attention function registered as :data:`ATTENTION_NAME` (shapes as
-    :func:`~aioserve.runners.attention.paged_attention`); without
+    :func:`~aioserve.runners.attention.paged.paged_attention`); without
     :class:`FlexMetadata` (rule discovery) the reference function answers."""
     meta = paged_metadata if paged_metadata is not None else layer_rules.CURRENT_METADATA.get()
     if not isinstance(meta, FlexMetadata):
@@ -154,7 +156,7 @@ class FlexBackend:
         block_tables: list[list[int]] | np.ndarray, block_size: int,
         device: torch.device, windows: tuple[int, ...],
     ) -> tuple[FlexMetadata, torch.Tensor]:
-        """See :func:`aioserve.runners.flex_metadata.build_metadata`."""
+        """See :func:`aioserve.runners.attention.flex.metadata.build_metadata`."""
         return flex_metadata.build_metadata(
             kv_caches, start_positions, num_new_tokens, block_tables, block_size, device, windows
         )
@@ -165,7 +167,7 @@ class FlexBackend:
         windows: tuple[int, ...],
     ) -> FlexMetadata:
         """Graph-safe decode metadata (static buffers, no host sync): see
-        :func:`aioserve.runners.flex_metadata.decode_metadata`."""
+        :func:`aioserve.runners.attention.flex.metadata.decode_metadata`."""
         return flex_metadata.decode_metadata(
             kv_caches, slot_mapping, block_table, seq_lens, block_size, windows
         )

@@ -1,7 +1,7 @@
 """Loading a model for paged attention: adapters, refusals, per-layer rules, KV cache.
 
 The runner calls :func:`load_model` once; it returns the model with every attention
-layer's :class:`~aioserve.runners.layer_rules.LayerRules`, or refuses the model
+layer's :class:`~aioserve.runners.model.layer_rules.LayerRules`, or refuses the model
 (:class:`~aioserve.errors.UnsupportedModelError`) before anything is served.
 """
 
@@ -13,16 +13,18 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from aioserve.errors import UnsupportedModelError
-from aioserve.runners import layer_rules, model_adapters, packed_linear
-from aioserve.runners.attention_backend import AttentionBackend
-from aioserve.runners.layer_rules import LayerRules
+from aioserve.runners.attention.backend import AttentionBackend
+from aioserve.runners.cpu import packed_linear
+from aioserve.runners.model import adapters as model_adapters
+from aioserve.runners.model import layer_rules
+from aioserve.runners.model.layer_rules import LayerRules
 
 
 def load_model(
     path: str, dtype: torch.dtype, device: torch.device, backend: AttentionBackend
 ) -> tuple[PreTrainedModel, dict[int, LayerRules]]:
     """The model (eval mode, on ``device``, attention through ``backend``; its linear
-    layers on packed weights where :func:`~aioserve.runners.packed_linear.available`)
+    layers on packed weights where :func:`~aioserve.runners.cpu.packed_linear.available`)
     and its layers' rules by layer index.
 
     Raises:
@@ -80,8 +82,8 @@ def allocate_kv_cache(
     ``head_major``: each tensor is a transposed view of ``[kv_heads, rows, dim]``
     storage (same shape and indexing, not contiguous), so a gather of one sequence's
     blocks is one contiguous ``[L, dim]`` matrix per KV head and a KV head's keys one
-    ``[rows, dim]`` matrix (the CPU decode paths, :mod:`~aioserve.runners.sparse_decode`
-    and :mod:`~aioserve.runners.decode_attention`)."""
+    ``[rows, dim]`` matrix (the CPU decode paths, :mod:`~aioserve.runners.attention.sparse_decode`
+    and :mod:`~aioserve.runners.attention.decode_gather`)."""
 
     def zeros(heads: int, dim: int) -> torch.Tensor:
         if head_major:

@@ -6,7 +6,7 @@ reference backend may cut them into up to four by context length) and the prefil
 ones (queries padded to the
 longest; padding queries see nothing and are dropped). Each group carries one
 :class:`~torch.nn.attention.flex_attention.BlockMask` per sliding window (see
-:mod:`~aioserve.runners.flex_masks`), built once per step and shared by every layer.
+:mod:`~aioserve.runners.attention.flex.masks`), built once per step and shared by every layer.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from aioserve.runners import flex_masks, paged_metadata
-from aioserve.runners.paged_metadata import PagedAttentionMetadata, to_device
+from aioserve.runners.attention import paged_metadata
+from aioserve.runners.attention.flex import masks as flex_masks
+from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata, to_device
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def build_metadata(
     device: torch.device, windows: tuple[int, ...],
 ) -> tuple[FlexMetadata, torch.Tensor]:
     """The step's :class:`FlexMetadata` and packed positions ``[T]`` int64 (inputs as
-    :func:`aioserve.runners.paged_metadata.build_metadata`). Index arithmetic in
+    :func:`aioserve.runners.attention.paged_metadata.build_metadata`). Index arithmetic in
     numpy on the host, the block masks by torch ops on ``device``.
 
     Raises:

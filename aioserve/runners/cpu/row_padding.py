@@ -18,7 +18,7 @@ The runner then pads a step's tokens (and the rows it keeps for the logits) up t
 that count with throw-away rows. That made decode and prefill steps exact on the test
 model (tests/test_row_padding.py); a step of hundreds of tokens splits its elementwise
 ops between threads at count-dependent points, which nothing here aligns. oneDNN's
-packed products (big models, :mod:`~aioserve.runners.packed_linear`) need none: their
+packed products (big models, :mod:`~aioserve.runners.cpu.packed_linear`) need none: their
 rows measured the same at every count, and no padding is done.
 """
 

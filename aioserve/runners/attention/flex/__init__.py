@@ -1,0 +1,1 @@
+"""The FlexAttention backend (compiled on CUDA; runs on the CPU for tests)."""

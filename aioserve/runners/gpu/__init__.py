@@ -1,0 +1,1 @@
+"""GPU-only pieces: CUDA-graph capture of decode steps."""

@@ -1,0 +1,1 @@
+"""The runner's worker: TorchRunner, its persistent batch state and the sampler."""
