@@ -2,8 +2,9 @@
 
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
-from aioserve.errors import EngineError, EngineNotRunningError
+from aioserve.errors import EngineError, EngineNotRunningError, RequestShedError
 from aioserve.outputs import RequestOutput
+from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 
 __all__ = [
@@ -11,7 +12,9 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "EngineNotRunningError",
+    "RequestMeta",
     "RequestOutput",
+    "RequestShedError",
     "SamplingParams",
 ]
 __version__ = "0.1.0"

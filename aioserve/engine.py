@@ -22,6 +22,7 @@ from aioserve.listeners import ListenerHub
 from aioserve.outputs import RequestOutput
 from aioserve.prompts import encode_prompt
 from aioserve.request import Request
+from aioserve.request_meta import RequestMeta
 from aioserve.runners.base import ModelRunner
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduler_registry import load_scheduler
@@ -198,8 +199,13 @@ class AsyncEngine(EngineReadouts):
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        *,
+        meta: RequestMeta | None = None,
     ) -> RequestStream:
         """Validate and queue a request; returns its stream (see :meth:`generate`).
+
+        ``meta`` (priority, tenant, service-level objectives, free metadata) is what a
+        scheduling policy may read of the request besides its tokens.
 
         Raises:
             ValueError: bad prompt, prompt + max_tokens beyond the context length, a
@@ -219,7 +225,12 @@ class AsyncEngine(EngineReadouts):
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._delivery.streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        request = Request(request_id, ids, params, core.clock())
+        now = core.clock()
+        request = Request(request_id, ids, params, now)
+        if meta is not None:
+            request.meta = meta
+            if meta.deadline is not None:  # Unix time -> the engine's clock
+                request.deadline = now + (meta.deadline - time.time())
         core.add(request)
         detok = None
         if self.tokenizer is not None:
@@ -247,6 +258,8 @@ class AsyncEngine(EngineReadouts):
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        *,
+        meta: RequestMeta | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs, one delta per generated token.
 
@@ -257,7 +270,7 @@ class AsyncEngine(EngineReadouts):
             ValueError: invalid input (see :meth:`add_request`), on the first iteration.
             EngineError: a model step failed while this request was in it.
         """
-        stream = self.add_request(prompt, params, request_id)
+        stream = self.add_request(prompt, params, request_id, meta=meta)
         queue = stream.queue
         items = queue.items
         try:

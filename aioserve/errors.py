@@ -12,3 +12,9 @@ class EngineNotRunningError(EngineError):
 class UnsupportedModelError(ValueError):
     """The model cannot be served exactly (raised at load); the message names the
     architecture and the reason."""
+
+
+class RequestShedError(EngineError):
+    """A scheduling policy refused the request (admission control, load shedding): it
+    never ran, or ran and was dropped. The message gives the policy's reason. Over HTTP
+    this is a 503 with code ``request_shed``, so a client may retry later or elsewhere."""

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from aioserve.prefix_cache import BlockKey
+from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sampling_params import SamplingParams
 
 
@@ -70,6 +71,10 @@ class Request:
         num_output_placeholders: output tokens those steps will sample (ids unknown yet).
         epoch: incremented at each preemption, so tokens of a step scheduled before it
             are dropped.
+        meta: priority, tenant, service-level objectives and free metadata (what a
+            policy may read beyond tokens).
+        deadline: ``meta.deadline`` on the engine's clock (seconds, the clock of
+            ``arrival_time``), or None.
     """
 
     request_id: str
@@ -87,6 +92,8 @@ class Request:
     num_in_flight_tokens: int = 0
     num_output_placeholders: int = 0
     epoch: int = 0
+    meta: RequestMeta = DEFAULT_META
+    deadline: float | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
