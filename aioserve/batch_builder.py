@@ -7,7 +7,7 @@ flight, and the core's record of the step (read back by ``EngineCore.update``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from aioserve.request import Request, RequestStatus
 from aioserve.runners.base import NewRequest, ScheduledBatch
@@ -50,10 +50,12 @@ class BatchBuilder:
         self.record: list[InFlight] = []
         self.finishing: list[str] = []
 
-    def add_running(self, running: Iterable[Request], budget: int) -> int:
+    def add_running(self, running: Iterable[Request], budget: int,
+                    chunks: Mapping[str, int] | None = None) -> int:
         """Schedule the requests' next tokens (decode, or the rest of a chunked
         prefill) in order, from each one's ``num_computed_tokens`` on, within ``budget``
-        tokens; returns the budget left. A row samples a token when its tokens reach
+        tokens and each one's limit in ``chunks`` (request id -> most tokens this step);
+        returns the budget left. A row samples a token when its tokens reach
         the end of the request's; each request's counters advance by what is now in
         flight. The per-step hot path at hundreds of running requests, so every lookup
         is bound once."""
@@ -77,6 +79,8 @@ class BatchBuilder:
             count = total - start
             if count > budget:
                 count = budget
+            if chunks and count > 1 and request.request_id in chunks:
+                count = min(count, chunks[request.request_id])
             if count <= 0:
                 continue
             # Most decode steps: the request's blocks already hold the new tokens.

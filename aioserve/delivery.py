@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from aioserve.engine_core import EngineCore, StepResult
-from aioserve.errors import EngineError
+from aioserve.errors import EngineError, RequestShedError
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput
 from aioserve.streams import RequestStream
@@ -64,7 +64,10 @@ class Delivery:
         finished, self._finished = self._finished, []
         for request in finished:
             stream = self.streams.get(request.request_id)
-            if stream is not None and not stream.closed:
+            if stream is not None and not stream.closed and request.shed_reason is not None:
+                stream.push_error(RequestShedError(
+                    f"request shed by the scheduler: {request.shed_reason}"))
+            elif stream is not None and not stream.closed:
                 try:
                     stream.push_final()
                 except Exception as exc:

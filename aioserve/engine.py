@@ -25,8 +25,8 @@ from aioserve.request import Request
 from aioserve.request_meta import RequestMeta
 from aioserve.runners.base import ModelRunner
 from aioserve.sampling_params import SamplingParams
-from aioserve.scheduler_registry import load_scheduler
 from aioserve.scheduling import Scheduler
+from aioserve.scheduling.registry import load_scheduler
 from aioserve.step_loop import StepLoop
 from aioserve.streams import RequestStream
 

@@ -1,34 +1,39 @@
 """EngineCore: the synchronous heart of the step loop (queues, blocks, batches).
 
-It owns every request's state and the BlockManager; with prefix caching on, admission
-starts a request after its longest cached prefix, and ``update()`` offers blocks to
-the cache once they are full of computed tokens. A scheduler plugin only
-decides; ``schedule()`` checks and applies its decision, ``update()`` takes the
-runner's tokens. It never touches the model or the tokenizer, so the same core runs
-on the TorchRunner and on a simulated clock.
+It owns every request's state and the BlockManager (:class:`EngineQueues`); with
+prefix caching on, admission starts a request after its longest cached prefix, and
+``update()`` offers blocks to the cache once they are full of computed tokens. A
+scheduler plugin only decides; ``schedule()`` checks and applies its decision (shed,
+preempt, pause, prefill chunks, admissions), ``update()`` takes the runner's tokens
+and tells the policy and the step observers what the step did. It never touches the
+model or the tokenizer, so the same core runs on the TorchRunner and on a simulated
+clock.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 from aioserve.batch_builder import BatchBuilder, InFlight
+from aioserve.engine_queues import EngineQueues
 from aioserve.kv_cache import BlockManager
 from aioserve.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.scheduling import Scheduler, SchedulerState
+from aioserve.scheduling import Scheduler, SchedulerState, StepFeedback
 
 logger = logging.getLogger(__name__)
 
 #: (request, sampled token id, index of the request in the batch)
 StepResult = tuple[Request, int, int]
 
+#: Receives every finished step (the policy's ``on_step`` is one such observer).
+StepObserver = Callable[[StepFeedback], None]
 
 
-class EngineCore:
+class EngineCore(EngineQueues):
     """Queues, KV blocks and the per-step bookkeeping.
 
     Scheduling may run one step ahead (overlapped scheduling): ``schedule()`` may be
@@ -44,6 +49,9 @@ class EngineCore:
         max_model_len: context length in tokens.
         eos_token_ids: ids that end a request unless it ignores EOS.
         clock: time source in seconds.
+
+    Attributes:
+        step_observers: called with a :class:`StepFeedback` after every step.
     """
 
     def __init__(
@@ -56,103 +64,17 @@ class EngineCore:
         eos_token_ids: tuple[int, ...],
         clock: Callable[[], float],
     ) -> None:
-        self.scheduler = scheduler
-        self.blocks = blocks
+        super().__init__(scheduler, blocks, clock)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.clock = clock
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.requests: dict[str, Request] = {}
-        self.step_count = 0
-        self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
-        self.on_finish: Callable[[Request], None] | None = None
-        self._released: list[str] = []
+        self.step_observers: list[StepObserver] = []
         self._in_flight: deque[list[InFlight]] = deque()
-        self._new_blocks: dict[str, list[int]] = {}
-        self._slots: set[str] = set()  # requests the runner holds state for
-        self._finishing: set[str] = set()  # their step in flight samples their last token
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def add(self, request: Request) -> None:
-        """Queue a request (validated by the caller).
-
-        Raises:
-            ValueError: the id is already in use, or the prompt can never fit the KV cache.
-        """
-        if request.request_id in self.requests:
-            raise ValueError(f"request_id {request.request_id!r} is already in use")
-        needed = self.blocks.blocks_for_tokens(request.num_prompt_tokens)
-        if needed > self.blocks.num_blocks:
-            raise ValueError(
-                f"prompt of {request.num_prompt_tokens} tokens needs {needed} KV blocks, but the "
-                f"KV cache holds {self.blocks.num_blocks} blocks "
-                f"({self.blocks.num_blocks * self.blocks.block_size} tokens)"
-            )
-        self.requests[request.request_id] = request
-        self.waiting.append(request)
-        self.scheduler.on_arrival(request)
-
-    def finish(self, request: Request, reason: FinishReason) -> None:
-        """End a request (any status): free its blocks and forget it."""
-        if request.status is RequestStatus.FINISHED:
-            return
-        if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
-        else:
-            self.waiting.remove(request)
-        self._free_blocks(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        request.metrics.finished_time = self.clock()
-        request.metrics.finished_step = self.step_count
-        self.requests.pop(request.request_id, None)
-        self._release(request)
-        self.scheduler.on_finish(request)
-        if self.on_finish is not None:
-            self.on_finish(request)
-
-    def abort(self, request_id: str) -> Request | None:
-        """Abort a waiting or running request; returns it, or None if unknown."""
-        request = self.requests.get(request_id)
-        if request is not None:
-            self.finish(request, FinishReason.ABORT)
-        return request
-
-    def _free_blocks(self, request: Request) -> None:
-        if request.block_ids:
-            self.blocks.free(request.block_ids)
-            request.block_ids = []
-
-    def preempt(self, request: Request) -> None:
-        """Evict a running request; it is recomputed (prompt + output) when readmitted."""
-        self.running.remove(request)
-        self._free_blocks(request)
-        request.num_computed_tokens = 0
-        request.num_in_flight_tokens = 0
-        request.num_output_placeholders = 0
-        request.epoch += 1
-        request.num_registered_blocks = 0
-        request.status = RequestStatus.WAITING
-        request.metrics.num_preemptions += 1
-        self.waiting.appendleft(request)
-        self.num_preemptions += 1
-        self._release(request)
-
-    def _release(self, request: Request) -> None:
-        """The runner drops the request's state at the next step."""
-        self._finishing.discard(request.request_id)
-        if request.request_id in self._slots:
-            self._slots.discard(request.request_id)
-            self._released.append(request.request_id)
-        self._new_blocks.pop(request.request_id, None)
+        self._scheduled_at: deque[float] = deque()  # when each step in flight was submitted
+        self._last_step_end = float("-inf")
 
     def snapshot(self) -> SchedulerState:
         """The read-only view a policy decides on."""
@@ -160,8 +82,8 @@ class EngineCore:
         if self._finishing:  # their slots are free for the next step
             running = [r for r in running if r.request_id not in self._finishing]
         return SchedulerState(
-            waiting=tuple(self.waiting),
-            running=tuple(running),
+            waiting=tuple(r.view for r in self.waiting),
+            running=tuple(r.view for r in running),
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
             block_size=self.blocks.block_size,
@@ -177,42 +99,55 @@ class EngineCore:
         (None when there is nothing to run)."""
         if not self.waiting and not self.running:
             return None
-        decision = self.scheduler.schedule(self.snapshot())
+        decision = self.guard.schedule(self.snapshot())
+        if decision.shed:
+            self.shed(decision.shed)
         for request_id in decision.preempt:
             request = self.requests.get(request_id)
             if request is not None and request.status is RequestStatus.RUNNING:
                 self.preempt(request)
+        paused, chunks = decision.pause, decision.prefill_chunk
         batch = BatchBuilder(self.max_model_len, self.blocks.block_size, self._reserve)
-        budget = self._schedule_running(batch)
+        budget = self._schedule_running(batch, paused, chunks)
         admit = list(decision.admit)
         if not batch.request_ids and not self.running and self.waiting and not admit:
             admit = [self.waiting[0].request_id]  # never idle with work queued
-        self._schedule_admissions(admit, batch, budget)
+        budget = self._schedule_admissions(admit, batch, budget, chunks)
+        if not batch.request_ids and paused:  # pausing would leave the step empty
+            self._schedule_running(batch, (), chunks, budget)
         if not batch.request_ids:
             return None
         self._finishing.update(batch.finishing)
         self._in_flight.append(batch.record)
+        self._scheduled_at.append(self.clock())
         released, self._released = self._released, []
         new_blocks, self._new_blocks = self._new_blocks, {}
         return batch.build(new_blocks, released)
 
-    def _schedule_running(self, batch: BatchBuilder) -> int:
+    def _schedule_running(self, batch: BatchBuilder, paused: Collection[str],
+                          chunks: Mapping[str, int], budget: int | None = None) -> int:
         """Schedule the running requests' next tokens (decode, or the rest of a
-        chunked prefill) within the token budget; returns the budget left."""
+        chunked prefill) within the token budget, skipping ``paused``; returns the
+        budget left."""
         # a copy of the list: _reserve may preempt
-        return batch.add_running(list(self.running), self.max_num_batched_tokens)
+        running = [r for r in self.running if r.request_id not in paused] if paused else list(
+            self.running)
+        if budget is None:
+            budget = self.max_num_batched_tokens
+        return batch.add_running(running, budget, chunks)
 
     def _reserve(self, request: Request, count: int, scheduled: list[str]) -> bool:
-        """Give ``request`` the blocks for ``count`` more tokens, preempting the newest
-        unscheduled running requests if needed (the request itself when it is the
-        newest). A request alone that cannot grow ends with ``length`` (after the
-        token its step in flight samples, if any)."""
+        """Give ``request`` the blocks for ``count`` more tokens, preempting unscheduled
+        running requests if needed: the policy's choice (``choose_victim``), by default
+        the newest (the request itself when it is the newest). A request alone that
+        cannot grow ends with ``length`` (after the token its step in flight samples,
+        if any)."""
         need = self.blocks.blocks_for_tokens(request.num_computed_tokens + count)
         need -= len(request.block_ids)
         while need > self.blocks.num_free_blocks:
             busy = set(scheduled)
-            victim = next((r for r in reversed(self.running) if r.request_id not in busy), None)
-            if victim is None or (victim is request and len(self.running) == 1):
+            candidates = [r for r in reversed(self.running) if r.request_id not in busy]
+            if not candidates or (candidates[0] is request and len(self.running) == 1):
                 if request.num_output_placeholders:
                     return False  # first take the token its step in flight samples
                 logger.warning(
@@ -220,6 +155,10 @@ class EngineCore:
                 )
                 self.finish(request, FinishReason.LENGTH)
                 return False
+            index = 0
+            if len(candidates) > 1:
+                index = self.guard.choose_victim(request.view, [r.view for r in candidates])
+            victim = candidates[index]
             self.preempt(victim)
             if victim is request:
                 return False
@@ -228,7 +167,10 @@ class EngineCore:
         self._new_blocks.setdefault(request.request_id, []).extend(new)
         return True
 
-    def _schedule_admissions(self, admit: list[str], batch: BatchBuilder, budget: int) -> None:
+    def _schedule_admissions(self, admit: list[str], batch: BatchBuilder, budget: int,
+                             chunks: Mapping[str, int]) -> int:
+        """Admit in the given order while slots, budget and blocks allow; returns the
+        budget left."""
         now = self.clock()
         for request_id in admit:
             request = self.requests.get(request_id)
@@ -236,13 +178,14 @@ class EngineCore:
                 continue
             if len(self.running) - len(self._finishing) >= self.max_num_seqs or budget <= 0:
                 break
-            cached = allocate_first_chunk(self.blocks, request, budget)
+            limit = min(budget, chunks[request_id]) if request_id in chunks else budget
+            cached = allocate_first_chunk(self.blocks, request, limit)
             if cached is None:
                 break
             if self.blocks.enable_caching:
                 self.prefix_cache_queries += request.num_tokens
                 self.prefix_cache_hits += cached
-            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            count = min(request.num_tokens - request.num_computed_tokens, limit)
             self.waiting.remove(request)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -253,13 +196,16 @@ class EngineCore:
             self._slots.add(request_id)
             batch.add_new(request, count)
             budget -= count
+        return budget
 
     def update(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:
         """Take the oldest scheduled batch's sampled tokens: confirm its computed
         tokens, append tokens, end requests on EOS, stop ids, ``max_tokens`` or the
         context length. Requests preempted or finished since it was scheduled are
-        skipped (their tokens are dropped)."""
+        skipped (their tokens are dropped). Then the step observers and the policy's
+        ``on_step`` hear what the step did."""
         record = self._in_flight.popleft()
+        scheduled_at = self._scheduled_at.popleft()
         self.step_count += 1
         now = self.clock()
         results: list[StepResult] = []
@@ -294,16 +240,34 @@ class EngineCore:
                 len(request.prompt_token_ids) + len(out) >= max_model_len
             ):
                 self.finish(request, FinishReason.LENGTH)
+        start, self._last_step_end = max(scheduled_at, self._last_step_end), now
+        if self.step_observers or self.guard.wants_steps:
+            self._report_step(batch, results, start, now)
         return results
+
+    def _report_step(self, batch: ScheduledBatch, results: list[StepResult], start: float,
+                     end: float) -> None:
+        """Hand the step's :class:`StepFeedback` to the observers and the policy."""
+        emitted = [0] * len(batch.request_ids)
+        finished: list[str] = []
+        for request, _, index in results:
+            emitted[index] = 1
+            if request.status is RequestStatus.FINISHED:
+                finished.append(request.request_id)
+        counts = batch.num_scheduled_tokens
+        decode = tuple(n == 1 and p > 0 for n, p in zip(counts, batch.num_output_tokens))
+        feedback = StepFeedback(
+            self.step_count - 1, start, end, tuple(batch.request_ids), tuple(counts),
+            tuple(batch.start_positions), tuple(emitted), decode, tuple(finished),
+        )
+        for observer in self.step_observers:
+            observer(feedback)
+        if self.guard.wants_steps:
+            self.guard.on_step(feedback)
 
     def abandon(self, batch: ScheduledBatch) -> None:
         """Forget the oldest scheduled batch, whose step failed (its requests are
         being ended by the caller)."""
         self._in_flight.popleft()
-
-    def fail(self, request_ids: list[str]) -> list[Request]:
-        """End the given requests with ``error`` (after a failed step); returns them."""
-        failed = [self.requests[r] for r in request_ids if r in self.requests]
-        for request in failed:
-            self.finish(request, FinishReason.ERROR)
-        return failed
+        self._last_step_end = self.clock()
+        self._scheduled_at.popleft()

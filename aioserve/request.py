@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from aioserve.prefix_cache import BlockKey
 from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sampling_params import SamplingParams
+from aioserve.scheduling.view import RequestView
 
 
 class RequestStatus(enum.Enum):
@@ -75,6 +76,9 @@ class Request:
             policy may read beyond tokens).
         deadline: ``meta.deadline`` on the engine's clock (seconds, the clock of
             ``arrival_time``), or None.
+        shed_reason: why a policy shed the request (it then ends with ``error`` and
+            its stream with :class:`~aioserve.errors.RequestShedError`), or None.
+        view: the read-only view scheduling policies get of it.
     """
 
     request_id: str
@@ -94,10 +98,13 @@ class Request:
     epoch: int = 0
     meta: RequestMeta = DEFAULT_META
     deadline: float | None = None
+    shed_reason: str | None = None
     metrics: RequestMetrics = field(init=False)
+    view: RequestView = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        self.view = RequestView(self)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -111,6 +118,11 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus output tokens."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks held."""
+        return len(self.block_ids)
 
     @property
     def num_confirmed_tokens(self) -> int:

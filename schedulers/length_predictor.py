@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from aioserve.scheduling import RequestView
+from aioserve.scheduling.registry import load_object
 
 
 class LengthPredictor(Protocol):
@@ -17,12 +18,28 @@ class LengthPredictor(Protocol):
 
 class HintPredictor:
     """The request's ``SamplingParams.length_hint`` when given, else its ``max_tokens``
-    (an upper bound, so a request without a hint is treated as long). The simulator
-    passes each workload request's true output length as its hint."""
+    (an upper bound, so a request without a hint is treated as long). Nothing else
+    gives it the true length: the simulator passes a workload's ``length_hint`` only
+    when the workload sets one, as a client would."""
 
     def predict(self, request: RequestView) -> int:
         hint = request.params.length_hint
         return hint if hint is not None else request.params.max_tokens
+
+
+def make_predictor(spec: LengthPredictor | str | None) -> LengthPredictor:
+    """A predictor from an instance, a ``"package.module:Class"`` (made with no
+    arguments) or None (``HintPredictor``).
+
+    Raises:
+        ValueError: the spec cannot be loaded or has no ``predict`` method.
+    """
+    if spec is None:
+        return HintPredictor()
+    predictor = load_object(spec)() if isinstance(spec, str) else spec
+    if not callable(getattr(predictor, "predict", None)):
+        raise ValueError(f"predictor {spec!r} has no predict(request) method")
+    return predictor  # type: ignore[no-any-return]
 
 
 def predicted_remaining(predictor: LengthPredictor, request: RequestView) -> int:

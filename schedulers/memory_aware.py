@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from aioserve.scheduling import RequestView, Scheduler, SchedulerOutput, SchedulerState
-from schedulers.length_predictor import HintPredictor, LengthPredictor
+from schedulers.length_predictor import LengthPredictor, make_predictor
 
 
 class MemoryAwareScheduler(Scheduler):
@@ -25,7 +25,8 @@ class MemoryAwareScheduler(Scheduler):
     also counts its own choices in ``preemptions``.
 
     Args:
-        predictor: output-length predictor (default: ``length_hint``, else ``max_tokens``).
+        predictor: output-length predictor, or a ``"package.module:Class"`` (default:
+            ``length_hint``, else ``max_tokens``).
         watermark: fraction of all KV blocks projected use may reach (0–1]. With the
             default 1.0 and exact predictions no request is ever preempted (every
             admitted request fits at its peak); lower it to keep headroom for requests
@@ -37,10 +38,11 @@ class MemoryAwareScheduler(Scheduler):
 
     name: ClassVar[str] = "memory_aware"
 
-    def __init__(self, predictor: LengthPredictor | None = None, watermark: float = 1.0) -> None:
+    def __init__(self, predictor: LengthPredictor | str | None = None,
+                 watermark: float = 1.0) -> None:
         if not 0 < watermark <= 1:
             raise ValueError(f"watermark must be in (0, 1], got {watermark!r}")
-        self.predictor: LengthPredictor = predictor or HintPredictor()
+        self.predictor = make_predictor(predictor)
         self.watermark = watermark
         self.preemptions = 0
 
@@ -51,18 +53,11 @@ class MemoryAwareScheduler(Scheduler):
         return -(-tokens // state.block_size)
 
     def victims(self, state: SchedulerState) -> list[str]:
-        """Running requests to preempt so the others get this step's blocks."""
+        """Running requests to preempt so the others get this step's blocks: the
+        cheapest to recompute first (fewest computed tokens, the newest on a tie)."""
         running = list(state.running)
-        free = state.num_free_blocks
-        need = sum(state.blocks_needed(r, state.tokens_to_compute(r)) for r in running)
-        chosen: list[str] = []
-        while need > free and len(running) > 1:
-            index = min(range(len(running)), key=lambda i: (running[i].num_computed_tokens, -i))
-            victim = running.pop(index)
-            chosen.append(victim.request_id)
-            free += len(victim.block_ids)
-            need -= state.blocks_needed(victim, state.tokens_to_compute(victim))
-        return chosen
+        order = sorted(range(len(running)), key=lambda i: (running[i].num_computed_tokens, -i))
+        return state.preempt_for_growth(running[i] for i in order)
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         preempt = self.victims(state)
@@ -71,22 +66,12 @@ class MemoryAwareScheduler(Scheduler):
             return SchedulerOutput(preempt=preempt)
         limit = int(self.watermark * state.num_total_blocks)
         projected = sum(self.projected_blocks(state, r) for r in state.running)
-        free = state.num_free_blocks - sum(
-            state.blocks_needed(r, state.tokens_to_compute(r)) for r in state.running
-        )
-        slots = state.max_num_seqs - len(state.running)
-        budget = state.max_num_batched_tokens - sum(
-            state.tokens_to_compute(r) for r in state.running
-        )
-        admit: list[str] = []
+        admission = state.admission()
         for request in state.waiting:
-            chunk = min(state.tokens_to_compute(request), budget)
-            blocks = state.blocks_needed(request, chunk)
             size = self.projected_blocks(state, request)
-            busy = bool(state.running or admit)
-            if slots <= 0 or budget <= 0 or blocks > free or (busy and projected + size > limit):
+            busy = bool(state.running or admission.admitted)
+            if not admission.fits(request) or (busy and projected + size > limit):
                 break
-            admit.append(request.request_id)
-            projected, free, slots = projected + size, free - blocks, slots - 1
-            budget -= chunk
-        return SchedulerOutput(admit=admit)
+            admission.admit(request)
+            projected += size
+        return SchedulerOutput(admit=admission.admitted)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
-from aioserve.scheduling import RequestView, SchedulerOutput, SchedulerState
-from schedulers.fcfs import FCFSScheduler
-from schedulers.length_predictor import HintPredictor, LengthPredictor, predicted_remaining
+from aioserve.scheduling import OrderedScheduler, RequestView, SchedulerState
+from schedulers.length_predictor import LengthPredictor, make_predictor, predicted_remaining
 
 
-class SPFScheduler(FCFSScheduler):
+class SPFScheduler(OrderedScheduler):
     """Admit the waiting requests with the fewest predicted output tokens left first;
     otherwise (slots, KV blocks, the watermark, preemption of the newest under memory
     pressure) exactly like ``fcfs``.
@@ -24,35 +22,33 @@ class SPFScheduler(FCFSScheduler):
     forever. Requests with equal predictions keep queue order (FCFS).
 
     Args:
-        predictor: the output-length predictor (default ``HintPredictor``: the
+        predictor: the output-length predictor: an object with ``predict(request)``,
+            or a ``"package.module:Class"`` to make one (default ``HintPredictor``: the
             request's ``length_hint``, else ``max_tokens``).
         max_wait_s: waiting time in seconds after which a request is served in arrival
             order, ahead of shorter ones (default 30).
         watermark: as ``fcfs``.
+
+    Raises:
+        ValueError: max_wait_s negative, a bad predictor or watermark.
     """
 
     name: ClassVar[str] = "spf"
 
     def __init__(
         self,
-        predictor: LengthPredictor | None = None,
+        predictor: LengthPredictor | str | None = None,
         max_wait_s: float = 30.0,
         watermark: float = 0.01,
     ) -> None:
         super().__init__(watermark)
-        self.predictor: LengthPredictor = predictor or HintPredictor()
+        if not max_wait_s >= 0:
+            raise ValueError(f"max_wait_s must be >= 0 seconds, got {max_wait_s!r}")
+        self.predictor = make_predictor(predictor)
         self.max_wait_s = max_wait_s
 
-    def order(self, state: SchedulerState) -> list[RequestView]:
-        """The waiting queue in service order: aged requests by arrival, then the
-        rest by predicted remaining output (ties keep queue order)."""
-
-        def key(request: RequestView) -> tuple[int, float]:
-            if state.now - request.arrival_time >= self.max_wait_s:
-                return (0, request.arrival_time)
-            return (1, predicted_remaining(self.predictor, request))
-
-        return sorted(state.waiting, key=key)
-
-    def schedule(self, state: SchedulerState) -> SchedulerOutput:
-        return super().schedule(dataclasses.replace(state, waiting=tuple(self.order(state))))
+    def key(self, request: RequestView, state: SchedulerState) -> tuple[int, float]:
+        """Aged requests first, by arrival; then by predicted remaining output."""
+        if state.now - request.arrival_time >= self.max_wait_s:
+            return (0, request.arrival_time)
+        return (1, predicted_remaining(self.predictor, request))

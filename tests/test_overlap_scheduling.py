@@ -13,7 +13,7 @@ from aioserve.engine_core import EngineCore
 from aioserve.kv_cache import BlockManager
 from aioserve.request import Request
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.scheduler_registry import load_scheduler
+from aioserve.scheduling.registry import load_scheduler
 
 
 def make_core(num_blocks: int = 64, max_num_seqs: int = 4) -> EngineCore:

@@ -14,7 +14,7 @@ from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.engine_core import EngineCore
 from aioserve.request import FinishReason, RequestStatus
 from aioserve.runners.base import ScheduledBatch
-from aioserve.scheduler_registry import available_schedulers, load_scheduler
+from aioserve.scheduling.registry import available_schedulers, load_scheduler
 from aioserve.sim.runner import SimulatedRunner
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest
@@ -123,8 +123,8 @@ def test_example_loads_through_an_entry_point(tmp_path, monkeypatch):
 
 async def test_fair_share_interleaves_tenants():
     # tenant a floods the queue first; b's single request still gets the second slot
-    workload = [WorkloadRequest(f"a-{i}", 0.0, 4, 10) for i in range(6)]
-    workload.append(WorkloadRequest("b-0", 0.0, 4, 10))
+    workload = [WorkloadRequest(f"a-{i}", 0.0, 4, 10, tenant="a") for i in range(6)]
+    workload.append(WorkloadRequest("b-0", 0.0, 4, 10, tenant="b"))
     fair = await simulate(workload, EXAMPLE_SPEC, SimConfig(slots=2))
     fcfs = await simulate(workload, "fcfs", SimConfig(slots=2))
     assert fair.finished["b-0"].metrics.first_scheduled_time == 0.0

@@ -1,19 +1,26 @@
 """SimulatedRunner: the runner interface on a virtual clock, for comparing schedulers.
 
-The cost model is the article's ("continuous batching: a car-pool whose empty seats
+Two cost models. The article's ("continuous batching: a car-pool whose empty seats
 are refilled at every stop"): every step costs ``step_ms`` (50 ms there) whatever the
 batch holds, plus an optional ``prefill_ms_per_token`` for each prompt (or recomputed)
-token fed in that step (0 there). Every scheduled request gets one token per step.
-Nothing sleeps: the clock jumps by the step's cost, and ``step`` yields to the event
-loop once with ``asyncio.sleep(0)``.
+token fed in that step (0 there). Or a calibrated :class:`StepCostModel` fitted on this
+engine's real steps (``aioserve simulate --calibrate``). Every scheduled request gets
+one token per step. Nothing sleeps: the clock jumps by the step's cost, and a step
+yields to the event loop once with ``asyncio.sleep(0)``.
+
+Like the TorchRunner, :class:`OverlappedRunner` offers ``submit``: the engine's step
+loop then schedules step N+1 while step N runs (one step ahead), and a step starts
+when the one before it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.sim.step_cost import StepCostModel
 
 #: Nanoseconds per second and per millisecond; the clock counts integer nanoseconds so
 #: that sums of steps stay exact (100 steps of 50 ms end at exactly 5.0 s).
@@ -44,6 +51,12 @@ class SimulatedRunner:
         max_model_len: context length in tokens.
         vocab_size: token ids accepted in prompts (> ``FIRST_WORD_ID``).
         eos_token_id: the id that ends a scripted request.
+        cost_model: a calibrated step cost; overrides ``step_ms`` and
+            ``prefill_ms_per_token``.
+
+    Attributes:
+        on_clock: called with the clock (ns) each time a step ends, before the engine
+            sees its tokens (the simulator queues the requests that arrived meanwhile).
 
     Raises:
         ValueError: a cost is negative or a size is not positive.
@@ -60,6 +73,7 @@ class SimulatedRunner:
         max_model_len: int = 4096,
         vocab_size: int = 512,
         eos_token_id: int = 2,
+        cost_model: StepCostModel | None = None,
     ) -> None:
         if step_ms < 0 or prefill_ms_per_token < 0:
             raise ValueError("step_ms and prefill_ms_per_token must be >= 0")
@@ -78,9 +92,11 @@ class SimulatedRunner:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_ids = (eos_token_id,)
+        self.cost_model = cost_model
         self.now_ns = 0
         self.steps = 0
         self.prefill_tokens = 0
+        self.on_clock: Callable[[int], None] | None = None
 
     def clock(self) -> float:
         """The virtual time in seconds (the engine's clock when it runs this runner)."""
@@ -99,22 +115,21 @@ class SimulatedRunner:
         return FIRST_WORD_ID + index % (self.vocab_size - FIRST_WORD_ID)
 
     def step_cost_ns(self, batch: ScheduledBatch) -> int:
-        """Cost of a step in nanoseconds: ``step_ms`` plus the prefill cost of every
-        token fed that is not a decode token (a request's one last sampled token)."""
+        """Cost of a step in nanoseconds: the calibrated model's, else ``step_ms`` plus
+        the prefill cost of every token fed that is not a decode token (a request's one
+        last sampled token)."""
         prefill = sum(
             count
             for count, produced in zip(batch.num_scheduled_tokens, batch.num_output_tokens)
             if not (count == 1 and produced > 0)
         )
         self.prefill_tokens += prefill
+        if self.cost_model is not None:
+            return max(round(self.cost_model.batch_cost_ms(batch) * NS_PER_MS), 1)
         return self.step_ns + prefill * self.prefill_ns_per_token
 
-    async def step(self, batch: ScheduledBatch) -> RunnerOutput:
-        """Advance the clock by the step's cost and return each request's next token
-        (-1 where the batch does not sample). Yields to the event loop once."""
-        self.now_ns += self.step_cost_ns(batch)
-        self.steps += 1
-        await asyncio.sleep(0)
+    def outputs(self, batch: ScheduledBatch) -> RunnerOutput:
+        """Each request's next token (-1 where the batch does not sample)."""
         tokens = [
             self.token_for(request_id, produced) if sample else -1
             for request_id, produced, sample in zip(
@@ -123,5 +138,42 @@ class SimulatedRunner:
         ]
         return RunnerOutput(token_ids=tokens)
 
+    def _end_step(self, end_ns: int) -> None:
+        self.now_ns = max(self.now_ns, end_ns)
+        self.steps += 1
+        if self.on_clock is not None:
+            self.on_clock(self.now_ns)
+
+    async def step(self, batch: ScheduledBatch) -> RunnerOutput:
+        """Advance the clock by the step's cost and return each request's next token
+        (-1 where the batch does not sample). Yields to the event loop once."""
+        self._end_step(self.now_ns + self.step_cost_ns(batch))
+        await asyncio.sleep(0)
+        return self.outputs(batch)
+
     def close(self) -> None:
         """Nothing to release."""
+
+
+class OverlappedRunner(SimulatedRunner):
+    """A simulated runner the engine schedules one step ahead of, as it does the
+    TorchRunner: ``submit`` starts a step when the step before it ends (or now, when
+    the runner is idle), and awaiting it moves the clock to its end.
+
+    Takes the same arguments as :class:`SimulatedRunner`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.busy_until_ns = 0
+
+    def submit(self, batch: ScheduledBatch) -> Coroutine[Any, Any, RunnerOutput]:
+        """Start the step; the returned awaitable ends it."""
+        start = max(self.now_ns, self.busy_until_ns)
+        self.busy_until_ns = end = start + self.step_cost_ns(batch)
+        return self._finish(batch, end)
+
+    async def _finish(self, batch: ScheduledBatch, end_ns: int) -> RunnerOutput:
+        self._end_step(end_ns)
+        await asyncio.sleep(0)
+        return self.outputs(batch)

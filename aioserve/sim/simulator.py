@@ -1,34 +1,48 @@
-"""Run a workload through the real EngineCore, a real scheduler and the real
-BlockManager on a SimulatedRunner's virtual clock.
+"""Run a workload through the engine's own step loop, EngineCore, a real scheduler and
+the real BlockManager, on a simulated runner's virtual clock.
 
-Timing (the article's, and what makes its figures come out exactly): steps run back
-to back; a step that starts at ``t`` ends at ``t + cost``, and every token it samples
-is stamped with that end time. A request's prefill is part of its first step, which
-also samples its first token, so a request of ``n`` output tokens that runs without
-waiting finishes ``n`` steps after it starts. Requests join the queue at the first
-step boundary at or after their arrival (strictly after, for ``after_start``); an
-idle engine jumps its clock to the next arrival. Latency is finish − arrival.
+The step loop is the engine's (:class:`~aioserve.step_loop.StepLoop`), so the
+simulator schedules exactly as the engine does. Two timings:
+
+* the article's (default): steps run back to back, one at a time; a step that starts
+  at ``t`` ends at ``t + cost``, and every token it samples is stamped with that end
+  time. A request's prefill is part of its first step, which also samples its first
+  token, so a request of ``n`` output tokens that runs without waiting finishes ``n``
+  steps after it starts (what makes the article's figures come out exactly);
+* the engine's (``overlap=True``, what a calibrated profile predicts): step N+1 is
+  scheduled while step N runs and starts when N ends, as the TorchRunner runs
+  (overlapped scheduling), so a request that arrives during step N waits for N+1 to
+  end before it is scheduled, and mid-step preemptions fall where the engine's do.
+
+Requests join the queue at the first step boundary at or after their arrival (strictly
+after, for ``after_start``); an idle engine jumps its clock to the next arrival.
+Latency is finish - arrival.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from aioserve.delivery import Delivery
 from aioserve.engine_core import EngineCore
 from aioserve.kv_cache import BlockManager
+from aioserve.listeners import ListenerHub
 from aioserve.request import Request
-from aioserve.runners.base import ScheduledBatch
 from aioserve.sampling_params import SamplingParams
-from aioserve.scheduler_registry import load_scheduler
-from aioserve.scheduling import Scheduler
-from aioserve.sim.runner import FIRST_WORD_ID, NS_PER_S, SimulatedRunner
+from aioserve.scheduling import Scheduler, StepFeedback
+from aioserve.scheduling.registry import load_scheduler
+from aioserve.sim.runner import FIRST_WORD_ID, OverlappedRunner, SimulatedRunner
+from aioserve.sim.step_cost import StepCostModel
 from aioserve.sim.workloads import WorkloadRequest
-from aioserve.step_snapshot import EngineListener, SnapshotBuilder
+from aioserve.step_loop import StepInFlight, StepLoop
+from aioserve.step_snapshot import EngineListener, SnapshotBuilder, scheduler_name
 
-#: Called after every step with the engine core and the batch it ran.
-StepHook = Callable[[EngineCore, ScheduledBatch], None]
+#: Called after every step with the engine core and what the step did.
+StepHook = Callable[[EngineCore, StepFeedback], None]
 
 
 class SimulationStalled(RuntimeError):
@@ -50,6 +64,12 @@ class SimConfig:
         enable_prefix_caching: share the KV blocks of prompt prefixes already computed
             (off by default, so the article's figures stay those of its model); the
             prefill cost is then paid only for uncached tokens.
+        cost_model: a calibrated step cost (``aioserve simulate --calibrate``); it
+            replaces ``step_ms`` and ``prefill_ms_per_token``.
+        overlap: schedule one step ahead as the engine does (see the module); a
+            request whose ``max_tokens`` equals its output length then ends by length,
+            as on the real engine, instead of by a scripted EOS.
+        max_model_len: context length in tokens (None: the workload's longest request).
     """
 
     slots: int = 4
@@ -59,6 +79,9 @@ class SimConfig:
     block_size: int = 16
     max_num_batched_tokens: int = 4096
     enable_prefix_caching: bool = False
+    cost_model: StepCostModel | None = None
+    overlap: bool = False
+    max_model_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -109,24 +132,32 @@ def _blocks(tokens: int, block_size: int) -> int:
 def _make_core(
     workload: list[WorkloadRequest], scheduler: Scheduler, config: SimConfig
 ) -> tuple[EngineCore, SimulatedRunner]:
-    longest = max((r.prompt_len + r.output_len for r in workload), default=1)
+    longest = max((r.prompt_len + r.limit for r in workload), default=1)
+    max_model_len = config.max_model_len or longest
     kv_blocks = config.kv_blocks
     if kv_blocks is None:
         kv_blocks = 2 * config.slots * _blocks(longest, config.block_size)
-    runner = SimulatedRunner(
-        {r.id: r.output_len for r in workload},
+    # A request ends by a scripted EOS after its output_len tokens; in the engine's
+    # timing, one that asks for exactly that many ends by length instead, as it does on
+    # the real engine (where it is replayed with ignore_eos).
+    scripted = {r.id: r.output_len for r in workload
+                if not config.overlap or r.output_len < r.limit}
+    kind = OverlappedRunner if config.overlap else SimulatedRunner
+    runner = kind(
+        scripted,
         step_ms=config.step_ms,
         prefill_ms_per_token=config.prefill_ms_per_token,
         num_kv_blocks=kv_blocks,
         block_size=config.block_size,
-        max_model_len=longest,
+        max_model_len=max_model_len,
+        cost_model=config.cost_model,
     )
     core = EngineCore(
         scheduler,
         BlockManager(kv_blocks, config.block_size, config.enable_prefix_caching),
         max_num_seqs=config.slots,
         max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=longest,
+        max_model_len=max_model_len,
         eos_token_ids=runner.eos_token_ids,
         clock=runner.clock,
     )
@@ -144,14 +175,58 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
             f"({kv.num_blocks * kv.block_size} tokens)"
         )
         return
-    hint = item.length_hint if item.length_hint is not None else item.output_len
-    params = SamplingParams(max_tokens=item.output_len, temperature=0.0, length_hint=hint)
+    # No oracle: the policy is told a length only when the workload tells one.
+    params = SamplingParams(max_tokens=item.limit, temperature=0.0, length_hint=item.length_hint,
+                            ignore_eos=result.config.overlap and item.output_len >= item.limit)
     prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
     request = Request(item.id, prompt, params, item.arrival_s)
+    request.meta = item.meta(None)
+    request.deadline = item.deadline_s
     try:
         core.add(request)
     except ValueError as exc:
         result.rejected[item.id] = str(exc)
+
+
+class _SimStepLoop(StepLoop):
+    """The engine's step loop, stopping on a stall instead of spinning."""
+
+    stalls = 0
+
+    def start_step(self, in_flight: deque[StepInFlight]) -> None:
+        before = len(in_flight)
+        super().start_step(in_flight)
+        if len(in_flight) > before or in_flight or not self.core.has_work:
+            self.stalls = 0
+            return
+        self.stalls += 1
+        if self.stalls >= 3:
+            raise SimulationStalled(f"no progress at t={self.core.clock()} s")
+
+
+class _Arrivals:
+    """The workload's requests not yet queued, queued as the virtual clock passes them."""
+
+    def __init__(self, result: SimResult) -> None:
+        self.result = result
+        self.pending = deque(sorted(result.workload, key=lambda r: (r.arrival_ns, r.after_start)))
+
+    def at_boundary(self, now_ns: int) -> None:
+        """Queue what arrived before ``now_ns`` (at it, unless ``after_start``)."""
+        pending = self.pending
+        while pending and (pending[0].arrival_ns < now_ns
+                           or (pending[0].arrival_ns == now_ns and not pending[0].after_start)):
+            _submit(self.result, pending.popleft())
+
+    def when_idle(self, runner: SimulatedRunner) -> None:
+        """Jump an idle engine to the next arrival and queue it (an ``after_start``
+        arrival too when nothing else would start then)."""
+        runner.advance_to(self.pending[0].arrival_ns)
+        now = runner.now_ns
+        self.at_boundary(now)
+        core = self.result.core
+        while not core.has_work and self.pending and self.pending[0].arrival_ns <= now:
+            _submit(self.result, self.pending.popleft())
 
 
 async def simulate(
@@ -160,6 +235,7 @@ async def simulate(
     config: SimConfig | None = None,
     on_step: StepHook | None = None,
     listener: EngineListener | None = None,
+    scheduler_params: Mapping[str, Any] | None = None,
 ) -> SimResult:
     """Run ``workload`` to completion under ``scheduler`` on a virtual clock.
 
@@ -170,55 +246,54 @@ async def simulate(
         on_step: called after every step (for invariant checks).
         listener: gets a snapshot after every step and every finished request, as an
             :meth:`AsyncEngine.add_listener` listener does (e.g. ``simulate --html``).
+        scheduler_params: the policy's parameters (``--scheduler-config``).
 
     Raises:
-        ValueError: unknown scheduler.
+        ValueError: unknown scheduler or bad parameters.
         SimulationStalled: the engine stopped making progress.
     """
     config = config or SimConfig()
-    policy = load_scheduler(scheduler)
-    name = scheduler if isinstance(scheduler, str) else (policy.name or type(policy).__name__)
+    policy = load_scheduler(scheduler, scheduler_params)
+    name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
     core, runner = _make_core(workload, policy, config)
     result = SimResult(name, config, list(workload), core, runner)
+    listeners = ListenerHub()
     snapshots = SnapshotBuilder(core) if listener is not None else None
+    if listener is not None:
+        listeners.add(listener, None)
 
     def finished(request: Request) -> None:
         result.finished[request.request_id] = request
-        if listener is not None:
-            listener.on_finish(request)
+        listeners.notify_finish(request)
+
+    def stepped(feedback: StepFeedback) -> None:
+        result.steps.append(StepRecord(feedback.start_time, feedback.end_time,
+                                       feedback.request_ids, feedback.num_tokens))
+        if on_step is not None:
+            on_step(core, feedback)
+        if snapshots is not None and listener is not None:
+            snapshots.count_tokens(sum(feedback.num_emitted_tokens))
+            listener.on_step(snapshots.build())
 
     core.on_finish = finished
-    pending = deque(sorted(workload, key=lambda r: (r.arrival_ns, r.after_start)))
-    stalls = 0
-    while pending or core.has_work:
-        if not core.has_work:
-            runner.advance_to(pending[0].arrival_ns)
-        now = runner.now_ns
-        while pending and (
-            pending[0].arrival_ns < now
-            or (pending[0].arrival_ns == now and not pending[0].after_start)
-        ):
-            _submit(result, pending.popleft())
-        if not core.has_work:  # no step starts now: ``after_start`` ones arrive to an idle engine
-            while pending and pending[0].arrival_ns <= now:
-                _submit(result, pending.popleft())
-            continue
-        start = runner.now_ns
-        batch = core.schedule()
-        if batch is None:
-            stalls += 1
-            if stalls >= 3:
-                raise SimulationStalled(f"{name}: no progress at t={start / NS_PER_S} s")
-            continue
-        stalls = 0
-        output = await runner.step(batch)
-        sampled = core.update(batch, output)
-        result.steps.append(
-            StepRecord(start / NS_PER_S, runner.clock(), tuple(batch.request_ids), batch.num_tokens)
-        )
-        if on_step is not None:
-            on_step(core, batch)
-        if snapshots is not None and listener is not None:
-            snapshots.count_tokens(len(sampled))
-            listener.on_step(snapshots.build())
+    core.step_observers.append(stepped)
+    arrivals = _Arrivals(result)
+    runner.on_clock = arrivals.at_boundary
+    loop = _SimStepLoop(core, runner, Delivery(), ListenerHub())
+    task = asyncio.create_task(loop.run(), name="aioserve-sim-step-loop")
+    try:
+        while True:
+            idle = asyncio.ensure_future(loop.idle.wait())
+            await asyncio.wait({idle, task}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                idle.cancel()
+                task.result()  # raises what stopped the loop
+            if not arrivals.pending:
+                break
+            loop.idle.clear()
+            arrivals.when_idle(runner)
+            loop.wakeup.set()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     return result

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from aioserve.request_meta import RequestMeta
 from aioserve.sim.runner import NS_PER_S
 
 #: Prompt length of the article's requests (it counts decode steps only; with the
@@ -36,6 +39,15 @@ class WorkloadRequest:
         prefix_group: requests of one group share their first ``prefix_len`` prompt
             tokens (None: the whole prompt is the request's own).
         prefix_len: tokens of the shared prefix (<= ``prompt_len``).
+        max_tokens: the client's output limit (None: ``output_len``, the request asks
+            for exactly what it gets). Larger than ``output_len``, the request ends by
+            EOS after ``output_len`` tokens, unknown to the engine beforehand.
+        priority: lower is served first (``RequestMeta.priority``).
+        tenant: who sends it (the OpenAI ``user`` field), or None.
+        ttft_slo_ms, tpot_slo_ms: service-level objectives in milliseconds, or None.
+        deadline_s: when it should be done, seconds on the workload's clock (the clock
+            of ``arrival_s``), or None.
+        metadata: free string pairs passed to policies.
     """
 
     id: str
@@ -46,6 +58,13 @@ class WorkloadRequest:
     after_start: bool = False
     prefix_group: str | None = None
     prefix_len: int = 0
+    max_tokens: int | None = None
+    priority: int = 0
+    tenant: str | None = None
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    deadline_s: float | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1 or self.arrival_s < 0:
@@ -55,6 +74,29 @@ class WorkloadRequest:
             )
         if not 0 <= self.prefix_len <= self.prompt_len:
             raise ValueError(f"workload request {self.id!r}: prefix_len must be 0..prompt_len")
+        if self.max_tokens is not None and self.max_tokens < self.output_len:
+            raise ValueError(f"workload request {self.id!r}: max_tokens must be >= output_len")
+        if self.deadline_s is not None and not 0 <= self.deadline_s < float("inf"):
+            raise ValueError(f"workload request {self.id!r}: deadline_s must be >= 0")
+        try:
+            self.meta(None)
+        except ValueError as exc:
+            raise ValueError(f"workload request {self.id!r}: {exc}") from None
+
+    @property
+    def limit(self) -> int:
+        """The request's ``max_tokens``: the workload's, else ``output_len``."""
+        return self.max_tokens if self.max_tokens is not None else self.output_len
+
+    def meta(self, unix_epoch: float | None) -> RequestMeta:
+        """Its :class:`RequestMeta`; the deadline, in Unix seconds, is ``unix_epoch``
+        (the Unix time of the workload's zero) plus ``deadline_s`` (None: no deadline in
+        the meta; the simulator sets the request's deadline on its own clock)."""
+        deadline = None
+        if unix_epoch is not None and self.deadline_s is not None:
+            deadline = unix_epoch + self.deadline_s
+        return RequestMeta(self.priority, self.tenant, self.ttft_slo_ms, self.tpot_slo_ms,
+                           deadline, self.metadata)
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
         """The prompt: its group's prefix, then tokens of its own (ids in
@@ -116,13 +158,50 @@ def poisson(
     return requests
 
 
+#: Workload file fields and their JSON types (``id`` may be a string or a number).
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "arrival_s": (int, float), "prompt_len": (int,), "output_len": (int,),
+    "length_hint": (int,), "after_start": (bool,), "prefix_group": (str,),
+    "prefix_len": (int,), "max_tokens": (int,), "priority": (int,), "tenant": (str,),
+    "ttft_slo_ms": (int, float), "tpot_slo_ms": (int, float), "deadline_s": (int, float),
+    "metadata": (dict,),
+}
+_REQUIRED = ("id", "arrival_s", "prompt_len", "output_len")
+
+
+def parse_request(item: Any) -> WorkloadRequest:
+    """One workload request from a JSON object (see :func:`load_jsonl`).
+
+    Raises:
+        ValueError: not an object, a required field missing, a field of the wrong type
+            or value (the message names it).
+    """
+    if not isinstance(item, dict):
+        raise ValueError("not a JSON object")
+    for name in _REQUIRED:
+        if name not in item:
+            raise ValueError(f"{name} is required")
+    kwargs: dict[str, Any] = {}
+    for name, value in item.items():
+        types = _FIELDS.get(name)
+        if types is None or value is None:
+            continue  # unknown fields are ignored, null means "not set"
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            raise ValueError(f"{name} must be of type {types[0].__name__}, got {value!r}")
+        kwargs[name] = value
+    return WorkloadRequest(str(item["id"]), **kwargs)
+
+
 def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
     """Read a workload file: one JSON object per line with ``id``, ``arrival_s``,
     ``prompt_len``, ``output_len`` and optionally ``length_hint``, ``after_start``,
-    ``prefix_group`` and ``prefix_len``.
+    ``prefix_group``, ``prefix_len``, ``max_tokens``, ``priority``, ``tenant``,
+    ``ttft_slo_ms``, ``tpot_slo_ms``, ``deadline_s`` and ``metadata`` (the same file
+    ``aioserve bench serve --workload`` replays against a server).
 
     Raises:
-        ValueError: a line is not such an object, or an id repeats.
+        ValueError: a line is not such an object (the message gives the line and the
+            field), or an id repeats.
         OSError: the file cannot be read.
     """
     requests: list[WorkloadRequest] = []
@@ -130,24 +209,29 @@ def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
-            requests.append(
-                WorkloadRequest(
-                    str(item["id"]),
-                    float(item["arrival_s"]),
-                    int(item["prompt_len"]),
-                    int(item["output_len"]),
-                    item.get("length_hint"),
-                    bool(item.get("after_start", False)),
-                    item.get("prefix_group"),
-                    int(item.get("prefix_len", 0)),
-                )
-            )
-        except (ValueError, KeyError, TypeError) as exc:
+            requests.append(parse_request(json.loads(line)))
+        except ValueError as exc:
             raise ValueError(f"{path}:{number}: not a workload request ({exc})") from exc
     if len({r.id for r in requests}) != len(requests):
         raise ValueError(f"{path}: request ids repeat")
     return requests
+
+
+def dump_jsonl(requests: list[WorkloadRequest], path: str | Path) -> Path:
+    """Write ``requests`` as a workload file :func:`load_jsonl` reads back (fields at
+    their defaults are left out)."""
+    defaults = WorkloadRequest("x", 0.0, 1, 1)
+    lines = []
+    for request in requests:
+        row: dict[str, Any] = {"id": request.id}
+        for name in ("arrival_s", "prompt_len", "output_len", *_FIELDS):
+            value = getattr(request, name)
+            if name in _REQUIRED or value != getattr(defaults, name):
+                row[name] = dict(value) if isinstance(value, Mapping) else value
+        lines.append(json.dumps(row))
+    path = Path(path)
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def load_workload(spec: str) -> list[WorkloadRequest]:

@@ -1,40 +1,14 @@
-"""The scheduler plugin contract: a read-only view of the engine in, a decision out.
-
-A policy decides; the engine owns every queue and block and checks each decision
-(unknown ids are ignored, budgets and KV blocks are enforced), so a faulty policy
-cannot corrupt state. See ``docs/schedulers.md``.
-"""
+"""SchedulerState: the engine as a policy sees it before a step, with the arithmetic of
+slots, token budget and KV blocks every policy needs (so no policy copies it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple, Protocol
+from typing import NamedTuple
 
-from aioserve.sampling_params import SamplingParams
-
-
-class RequestView(Protocol):
-    """What a policy may read of a request (never write)."""
-
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def arrival_time(self) -> float: ...
-    @property
-    def params(self) -> SamplingParams: ...
-    @property
-    def num_prompt_tokens(self) -> int: ...
-    @property
-    def num_output_tokens(self) -> int: ...
-    @property
-    def num_tokens(self) -> int: ...
-    @property
-    def num_computed_tokens(self) -> int: ...
-    @property
-    def num_output_placeholders(self) -> int: ...
-    @property
-    def block_ids(self) -> Sequence[int]: ...
+from aioserve.scheduling.admission import Admission
+from aioserve.scheduling.view import RequestView
 
 
 class PrefixHit(NamedTuple):
@@ -92,7 +66,7 @@ class SchedulerState:
 
     def _hit(self, request: RequestView) -> PrefixHit:
         # Only a waiting request (no blocks yet) can start from the prefix cache.
-        return self.prefix_hit(request) if not request.block_ids else NO_HIT
+        return self.prefix_hit(request) if not request.num_blocks else NO_HIT
 
     def cached_tokens(self, request: RequestView) -> int:
         """Tokens of a waiting request that the prefix cache already holds, so its
@@ -106,17 +80,19 @@ class SchedulerState:
         total = request.num_tokens + request.num_output_placeholders
         return total - request.num_computed_tokens - self._hit(request).num_tokens
 
-    def running_demand(self) -> tuple[int, int]:
-        """(tokens, free blocks) the running requests take to compute all their
-        remaining tokens in the next step: the sums of :meth:`tokens_to_compute` and of
-        :meth:`blocks_needed` over ``running``, in one pass (the per-step hot path of a
-        policy at hundreds of running requests)."""
+    def running_demand(self, excluding: Collection[str] = ()) -> tuple[int, int]:
+        """(tokens, free blocks) the running requests (less ``excluding``, e.g. paused
+        ones) take to compute all their remaining tokens in the next step: the sums of
+        :meth:`tokens_to_compute` and of :meth:`blocks_needed` over them, in one pass
+        (the per-step hot path of a policy at hundreds of running requests)."""
         size = self.block_size
         tokens = blocks = 0
         for request in self.running:
+            if excluding and request.request_id in excluding:
+                continue
             total = request.num_tokens + request.num_output_placeholders
             tokens += total - request.num_computed_tokens
-            grow = -(-total // size) - len(request.block_ids)
+            grow = -(-total // size) - request.num_blocks
             if grow > 0:
                 blocks += grow
         return tokens, blocks
@@ -128,36 +104,36 @@ class SchedulerState:
         them out of ``num_free_blocks``."""
         cached, held = self._hit(request)
         total = request.num_computed_tokens + cached + num_new_tokens
-        return max(0, -(-total // self.block_size) - len(request.block_ids) - held)
+        return max(0, -(-total // self.block_size) - request.num_blocks - held)
 
+    def admission(self, paused: Collection[str] = ()) -> Admission:
+        """A fresh budget for admitting waiting requests this step: slots, tokens and
+        free blocks left once the running requests (less ``paused``) take theirs. See
+        :class:`~aioserve.scheduling.admission.Admission`."""
+        tokens, blocks = self.running_demand(paused)
+        return Admission(self, self.max_num_seqs - len(self.running),
+                         self.max_num_batched_tokens - tokens, self.num_free_blocks - blocks)
 
-@dataclass(frozen=True)
-class SchedulerOutput:
-    """A policy's decision for one step.
+    def preempt_for_growth(self, victims: Iterable[RequestView]) -> list[str]:
+        """Running requests to evict, taken from ``victims`` in order, until the others
+        have the free blocks to compute their next tokens; at least one request keeps
+        running. Empty when nothing needs to go (the common case).
 
-    Attributes:
-        admit: waiting request ids to start, in order; the engine admits them while
-            slots, the token budget and KV blocks allow, and stops at the first that
-            does not fit.
-        preempt: running request ids to evict; their blocks are freed and they are
-            recomputed later (their generated tokens are kept).
-    """
-
-    admit: Sequence[str] = ()
-    preempt: Sequence[str] = ()
-
-
-class Scheduler:
-    """Base class of scheduling policies. Subclasses set ``name`` and ``schedule``."""
-
-    name: ClassVar[str] = ""
-
-    def schedule(self, state: SchedulerState) -> SchedulerOutput:
-        """Decide which waiting requests to admit and which running ones to preempt."""
-        raise NotImplementedError
-
-    def on_arrival(self, request: RequestView) -> None:
-        """Called when a request joins the waiting queue (hook; default does nothing)."""
-
-    def on_finish(self, request: RequestView) -> None:
-        """Called when a request finishes, for any reason (hook; default does nothing)."""
+        Args:
+            victims: running requests in eviction order (e.g. newest first, as vLLM's
+                FCFS, or lowest priority first).
+        """
+        tokens, need = self.running_demand()
+        free = self.num_free_blocks
+        if need <= free:
+            return []
+        left = len(self.running)
+        chosen: list[str] = []
+        for victim in victims:
+            if need <= free or left <= 1:
+                break
+            chosen.append(victim.request_id)
+            free += victim.num_blocks
+            need -= self.blocks_needed(victim, self.tokens_to_compute(victim))
+            left -= 1
+        return chosen

@@ -1,0 +1,117 @@
+"""Find scheduling policies by name (entry points, or ``"package.module:Class"``) and
+make them with their parameters, checked against the constructor's signature."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+import pydantic
+
+from aioserve.scheduling.policy import Scheduler
+
+ENTRY_POINT_GROUP = "aioserve.schedulers"
+
+
+def available_schedulers() -> list[str]:
+    """Names registered under the ``aioserve.schedulers`` entry-point group."""
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_object(spec: str) -> Any:
+    """The object a ``"package.module:attribute"`` names.
+
+    Raises:
+        ValueError: not of that form, the module cannot be imported, or it has no such
+            attribute.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{spec!r} is not of the form 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{spec!r}: cannot import {module_name!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"{spec!r}: {module_name!r} has no {attr!r}") from None
+
+
+def _load_class(spec: str) -> Any:
+    if ":" in spec:
+        return load_object(spec)
+    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
+    if not matches:
+        known = ", ".join(available_schedulers()) or "none (is aioserve installed?)"
+        raise ValueError(
+            f"unknown scheduler {spec!r}; registered: {known}; or use 'package.module:Class'"
+        )
+    return matches[0].load()
+
+
+def _check_parameters(spec: str, cls: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` checked against ``cls``'s constructor: names it takes, values of the
+    annotated types (validated by pydantic; JSON numbers become floats where a float
+    is expected)."""
+    signature = inspect.signature(cls)
+    names = [n for n, p in signature.parameters.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # unresolvable annotations: the constructor checks for itself
+        hints = {}
+    checked: dict[str, Any] = {}
+    for name, value in params.items():
+        if name not in names and not takes_any:
+            takes = ", ".join(names) or "no parameters"
+            raise ValueError(f"scheduler {spec!r} has no parameter {name!r} (it takes: {takes})")
+        hint = hints.get(name)
+        if hint is None:
+            checked[name] = value
+            continue
+        try:
+            adapter = pydantic.TypeAdapter(hint, config={"arbitrary_types_allowed": True})
+            checked[name] = adapter.validate_python(value)
+        except pydantic.PydanticSchemaGenerationError:
+            checked[name] = value
+        except pydantic.ValidationError as exc:
+            reason = exc.errors()[0]["msg"]
+            raise ValueError(f"scheduler {spec!r}: parameter {name!r}: {reason}, "
+                             f"got {value!r}") from None
+    return checked
+
+
+def load_scheduler(spec: str | Scheduler, params: Mapping[str, Any] | None = None) -> Scheduler:
+    """A policy instance for a name, a ``"package.module:Class"`` or an instance.
+
+    Args:
+        spec: the policy.
+        params: constructor parameters (``--scheduler-config``); only with a name or
+            a ``"module:Class"``.
+
+    Raises:
+        ValueError: the name is unknown, the module cannot be imported, the object is
+            not a scheduler, a parameter is unknown or of the wrong type, or the
+            policy's constructor refuses a value (the message names it).
+    """
+    if not isinstance(spec, str):
+        if params:
+            raise ValueError("scheduler parameters need a scheduler name, not an instance")
+        return spec
+    cls = _load_class(spec)
+    if not callable(cls):
+        raise ValueError(f"scheduler {spec!r} is not a class")
+    kwargs = _check_parameters(spec, cls, params or {})
+    try:
+        scheduler = cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"scheduler {spec!r}: {exc}") from exc
+    if not callable(getattr(scheduler, "schedule", None)):
+        raise ValueError(f"scheduler {spec!r} has no schedule(state) method")
+    return scheduler  # type: ignore[no-any-return]

@@ -1,0 +1,140 @@
+"""StepCostModel: what one engine step costs, as a function of what is in it, fitted
+from real step records (a calibration profile).
+
+A step's cost is linear in four features of its batch:
+
+    cost = intercept + per_seq * rows + per_prefill_token * prefill tokens
+           + per_context_token * context tokens read
+
+(rows: requests in the step; prefill tokens: tokens fed by rows that are not decoding;
+context tokens: each row's KV positions read by attention, up to its last new token).
+The form is the usual roofline split of an LLM step: a fixed cost per step (kernel
+launches, the host's work), a cost per sequence (sampling, per-row attention set-up),
+a cost per token fed through the weights (the linear layers), and a cost per KV
+position read (attention) — the features Vidur and vLLM's performance models use.
+The cost of a real step is its *period*: from its start (its submission, or the end of
+the step before it when that was later) to its end, so it includes the host's work
+that the runner waited for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aioserve.runners.base import ScheduledBatch
+from aioserve.scheduling import StepFeedback
+
+#: The features' names, in the order of the coefficients.
+FEATURES = ("intercept", "per_seq", "per_prefill_token", "per_context_token")
+
+
+def batch_features(batch: ScheduledBatch) -> tuple[int, int, int]:
+    """(rows, prefill tokens, context tokens) of a batch."""
+    prefill = context = 0
+    for count, start, produced in zip(batch.num_scheduled_tokens, batch.start_positions,
+                                      batch.num_output_tokens):
+        if not (count == 1 and produced > 0):
+            prefill += count
+        context += start + count
+    return len(batch.request_ids), prefill, context
+
+
+def feedback_features(step: StepFeedback) -> tuple[int, int, int]:
+    """(rows, prefill tokens, context tokens) of a finished step."""
+    return step.num_seqs, step.num_prefill_tokens, step.num_context_tokens
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    """Milliseconds per step as a linear function of the batch (see the module).
+
+    Attributes:
+        intercept_ms, per_seq_ms, per_prefill_token_ms, per_context_token_ms: the
+            coefficients (>= 0), milliseconds.
+        source: what it was fitted on (model, machine, engine settings), free form.
+        fit: quality of the fit on its own records: ``steps``, ``r2``,
+            ``mean_abs_error_ms``, ``total_error_pct`` (sum of predicted minus sum of
+            measured step times, percent).
+    """
+
+    intercept_ms: float
+    per_seq_ms: float = 0.0
+    per_prefill_token_ms: float = 0.0
+    per_context_token_ms: float = 0.0
+    source: dict[str, Any] = field(default_factory=dict)
+    fit: dict[str, float] = field(default_factory=dict)
+
+    def cost_ms(self, rows: int, prefill: int, context: int) -> float:
+        """Predicted step cost in milliseconds."""
+        return (self.intercept_ms + self.per_seq_ms * rows
+                + self.per_prefill_token_ms * prefill + self.per_context_token_ms * context)
+
+    def batch_cost_ms(self, batch: ScheduledBatch) -> float:
+        """Predicted cost of a batch in milliseconds."""
+        return self.cost_ms(*batch_features(batch))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON."""
+        path = Path(path)
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> StepCostModel:
+        """Read a profile written by :meth:`save`.
+
+        Raises:
+            ValueError: not such a profile. OSError: cannot be read.
+        """
+        try:
+            data = json.loads(Path(path).read_text())
+            model = cls(**data)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: not a step-cost profile ({exc})") from None
+        coefficients = (model.intercept_ms, model.per_seq_ms, model.per_prefill_token_ms,
+                        model.per_context_token_ms)
+        if not all(isinstance(c, (int, float)) and math.isfinite(c) and c >= 0
+                   for c in coefficients):
+            raise ValueError(f"{path}: coefficients must be finite numbers >= 0")
+        return model
+
+
+def fit_steps(steps: Sequence[StepFeedback], source: dict[str, Any] | None = None
+              ) -> StepCostModel:
+    """Least-squares fit of the step cost on real step records, every coefficient kept
+    >= 0 (a feature whose coefficient comes out negative is dropped and the rest
+    refitted, the active-set method of Lawson and Hanson's NNLS).
+
+    Raises:
+        ValueError: fewer than 8 steps.
+    """
+    if len(steps) < 8:
+        raise ValueError(f"calibration needs at least 8 steps, got {len(steps)}")
+    x = np.array([(1.0, *feedback_features(s)) for s in steps], dtype=np.float64)
+    y = np.array([s.duration_s * 1e3 for s in steps], dtype=np.float64)
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        solution, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (solution >= 0).all():
+            coef[:] = 0
+            coef[active] = solution
+            break
+        active.pop(int(np.argmin(solution)))
+    predicted = x @ coef
+    residual = y - predicted
+    total = float(((y - y.mean()) ** 2).sum())
+    fit = {
+        "steps": float(len(steps)),
+        "r2": 1.0 - float((residual**2).sum()) / total if total > 0 else 1.0,
+        "mean_abs_error_ms": float(np.abs(residual).mean()),
+        "total_error_pct": 100.0 * float(predicted.sum() - y.sum()) / float(y.sum()),
+    }
+    return StepCostModel(*(float(c) for c in coef), source=dict(source or {}), fit=fit)
