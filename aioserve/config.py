@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,8 @@ class EngineConfig:
         tokenizer: tokenizer directory or hub id; defaults to ``model``.
         scheduler: a registered policy name (``"fcfs"``, ``"static"``, …) or
             ``"package.module:Class"``.
+        scheduler_config: the policy's constructor parameters (JSON-like: a dict with
+            string keys), checked when the engine starts (``--scheduler-config``).
         max_num_seqs: most requests running at once (slots).
         max_num_batched_tokens: most tokens (prefill + decode) in one step; longer
             prompts are prefilled in chunks.
@@ -50,6 +53,7 @@ class EngineConfig:
     model: str
     tokenizer: str | None = None
     scheduler: str = "fcfs"
+    scheduler_config: dict[str, Any] | None = None
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 4096
     block_size: int = 16
@@ -83,6 +87,12 @@ class EngineConfig:
         if fraction is not None and not 0 < fraction <= 1:
             raise ValueError(
                 f"EngineConfig.kv_cache_memory_fraction must be in (0, 1], got {fraction!r}")
+        params = self.scheduler_config
+        if params is not None and (
+            not isinstance(params, dict) or not all(isinstance(k, str) for k in params)
+        ):
+            raise ValueError("EngineConfig.scheduler_config must be a dict with string keys, "
+                             f"got {params!r}")
         if not self.model:
             raise ValueError("EngineConfig.model must name a model directory or hub id")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

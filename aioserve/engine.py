@@ -75,9 +75,11 @@ class AsyncEngine(EngineReadouts):
         """Load the model and tokenizer and start the step loop.
 
         Raises:
-            ValueError: unknown scheduler. OSError: the model cannot be loaded.
+            ValueError: unknown scheduler, or parameters it refuses. OSError: the model
+                cannot be loaded.
         """
-        scheduler = load_scheduler(self._scheduler_spec)
+        params = self.config.scheduler_config if isinstance(self._scheduler_spec, str) else None
+        scheduler = load_scheduler(self._scheduler_spec, params)
         if self.runner is None:
             from aioserve.runners.worker.torch_runner import TorchRunner
 

@@ -32,6 +32,8 @@ class EngineQueues:
         guard: calls the policy, containing its failures.
         on_finish: called with every request that ends (the engine's delivery).
         num_preemptions: preemptions so far.
+        num_preempted_tokens: computed tokens whose KV preemptions dropped (each is
+            recomputed when its request is readmitted, less prefix-cache hits).
         num_shed: requests a policy shed so far.
     """
 
@@ -46,6 +48,7 @@ class EngineQueues:
         self.requests: dict[str, Request] = {}
         self.step_count = 0
         self.num_preemptions = 0
+        self.num_preempted_tokens = 0
         self.num_shed = 0
         self.on_finish: Callable[[Request], None] | None = None
         self._released: list[str] = []
@@ -122,6 +125,7 @@ class EngineQueues:
         """Evict a running request; it is recomputed (prompt + output) when readmitted."""
         self.running.remove(request)
         self._free_blocks(request)
+        self.num_preempted_tokens += request.num_confirmed_tokens
         request.num_computed_tokens = 0
         request.num_in_flight_tokens = 0
         request.num_output_placeholders = 0
@@ -140,6 +144,18 @@ class EngineQueues:
             self._slots.discard(request.request_id)
             self._released.append(request.request_id)
         self._new_blocks.pop(request.request_id, None)
+
+    def set_policy(self, scheduler: Scheduler) -> None:
+        """Use another policy from the next step on (e.g. to compare policies on one
+        loaded engine). The new policy hears no earlier arrival.
+
+        Raises:
+            RuntimeError: requests are waiting or running.
+        """
+        if self.has_work:
+            raise RuntimeError("the policy can only change while the engine is idle")
+        self.scheduler = scheduler
+        self.guard = PolicyGuard(scheduler)
 
     def fail(self, request_ids: list[str]) -> list[Request]:
         """End the given requests with ``error`` (after a failed step); returns them."""

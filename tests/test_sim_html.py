@@ -7,8 +7,8 @@ import json
 
 from aioserve.cli import main
 from aioserve.sim.replay import FrameRecorder
+from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import load_workload
 
 
 def embedded_runs(page: str) -> dict:

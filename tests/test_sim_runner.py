@@ -9,8 +9,9 @@ import pytest
 from aioserve.runners.base import ScheduledBatch
 from aioserve.sim.report import percentile
 from aioserve.sim.runner import SimulatedRunner
+from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest, load_jsonl, load_workload, poisson
+from aioserve.sim.workloads import WorkloadRequest, load_jsonl, poisson
 
 
 def batch(tokens: list[list[int]], produced: list[int]) -> ScheduledBatch:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
 from aioserve.config import EngineConfig
 from aioserve.memory_size import parse_memory
+from aioserve.scheduling.registry import load_scheduler
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """Add --model, --scheduler, --max-num-seqs and the cache options."""
     parser.add_argument("--model", required=True, help="model directory or hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
-    parser.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")
+    add_scheduler_options(parser)
     parser.add_argument("--max-num-seqs", type=int, default=32,
                         help="slots: most requests running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096,
@@ -37,6 +40,34 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without one")
     add_prefix_caching_option(parser)
     add_runner_options(parser)
+
+
+def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--scheduler`` and ``--scheduler-config``."""
+    parser.add_argument("--scheduler", default="fcfs",
+                        help="policy name (fcfs, static, spf, memory_aware, priority, vtc, edf, "
+                             "mlfq, or an entry point) or package.module:Class")
+    parser.add_argument("--scheduler-config", default=None, metavar="JSON",
+                        help="the policy's parameters as a JSON object, e.g. "
+                             "'{\"max_wait_s\": 5}' (see docs/schedulers.md)")
+
+
+def scheduler_params(text: str | None) -> dict[str, Any] | None:
+    """The ``--scheduler-config`` JSON object, or None.
+
+    Raises:
+        ValueError: not a JSON object (the message names the option).
+    """
+    if text is None:
+        return None
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--scheduler-config: not valid JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise ValueError("--scheduler-config: must be a JSON object of parameters, e.g. "
+                         "'{\"max_wait_s\": 5}'")
+    return params
 
 
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
@@ -75,10 +106,16 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         budget = parse_memory(args.kv_cache_memory)
     except ValueError as exc:
         raise ValueError(f"--kv-cache-memory: {exc}") from None
+    params = scheduler_params(args.scheduler_config)
+    try:  # refuse a bad policy or parameter now, before the model loads
+        load_scheduler(args.scheduler, params)
+    except ValueError as exc:
+        raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
     return EngineConfig(
         model=args.model,
         tokenizer=args.tokenizer,
         scheduler=args.scheduler,
+        scheduler_config=params,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,

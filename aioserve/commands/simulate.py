@@ -1,4 +1,5 @@
-"""``aioserve simulate``: compare scheduling policies on a virtual clock."""
+"""``aioserve simulate``: compare scheduling policies on a virtual clock (or on the real
+engine with the same workload), and calibrate the simulator on this machine."""
 
 from __future__ import annotations
 
@@ -8,24 +9,15 @@ import json
 import sys
 from typing import Any
 
+from aioserve.commands.common import scheduler_params
+from aioserve.commands.simulate_options import add_options, engine_config, sim_config
+from aioserve.sim.compare import format_comparison, plot_comparison, write_comparison_html
+from aioserve.sim.figures import policy_figures
 from aioserve.sim.replay import FrameRecorder, write_html
 from aioserve.sim.report import format_report, summarize
-from aioserve.sim.simulator import SimConfig, SimResult, simulate
-from aioserve.sim.workloads import load_workload
-
-
-def _positive(value: str) -> int:
-    number = int(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
-
-
-def _non_negative(value: str) -> float:
-    number = float(value)
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return number
+from aioserve.sim.scenarios import load_workload
+from aioserve.sim.simulator import SimResult, simulate
+from aioserve.sim.workloads import WorkloadRequest
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -33,110 +25,106 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "simulate",
         help="run a workload through the engine and schedulers on a virtual clock",
-        description="Reproduce the article's tables and compare policies without a model.",
+        description="Reproduce the article's tables, compare policies without a model, "
+        "calibrate the simulator on this machine (--calibrate) or run the same workload on "
+        "the real engine (--real).",
     )
-    parser.add_argument(
-        "--scheduler",
-        default="fcfs",
-        help="policy name or package.module:Class; a comma list compares several",
-    )
-    parser.add_argument(
-        "--workload",
-        default="article-example",
-        help="article-example, article-mix, poisson[:n=,rate=,burst=,seed=] or FILE.jsonl",
-    )
-    parser.add_argument("--slots", type=_positive, default=4, help="slots (default 4)")
-    parser.add_argument(
-        "--step-ms",
-        type=_non_negative,
-        default=50.0,
-        help="cost of one step in ms (default 50, the article's)",
-    )
-    parser.add_argument(
-        "--prefill-ms-per-token",
-        type=_non_negative,
-        default=0.0,
-        help="extra cost per prompt or recomputed token in ms (default 0)",
-    )
-    parser.add_argument(
-        "--kv-blocks",
-        type=_positive,
-        default=None,
-        help="KV cache size in blocks (default: unlimited)",
-    )
-    parser.add_argument("--block-size", type=_positive, default=16, help="tokens per KV block")
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=_positive,
-        default=4096,
-        help="token budget of one step (default 4096)",
-    )
-    parser.add_argument(
-        "--enable-prefix-caching",
-        action="store_true",
-        help="share cached prompt prefixes (workload prefix_group/prefix_len; default off)",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object per scheduler as the last line(s)",
-    )
-    parser.add_argument(
-        "--plot",
-        default=None,
-        metavar="FILE.png",
-        help="slot timeline per scheduler, plus a latency CDF for several",
-    )
-    parser.add_argument(
-        "--html",
-        default=None,
-        metavar="FILE.html",
-        help="a self-contained page replaying each run's slots step by step "
-        "(time slider; a policy selector when comparing several)",
-    )
+    add_options(parser)
     return parser
+
+
+def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
+    """Each policy's parameters: ``--scheduler-config`` applies to every policy, or, as
+    an object keyed by policy names, to each its own.
+
+    Raises:
+        ValueError: not a JSON object.
+    """
+    params = scheduler_params(text)
+    if params and len(names) > 1 and set(params) <= set(names) and all(
+            isinstance(v, dict) for v in params.values()):
+        return {name: params.get(name) for name in names}
+    return dict.fromkeys(names, params)
+
+
+async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest],
+                   names: list[str]) -> tuple[list[SimResult], dict[str, FrameRecorder]]:
+    params = policy_params(args.scheduler_config, names)
+    results: list[SimResult] = []
+    recorders: dict[str, FrameRecorder] = {}
+    if args.real:
+        from aioserve.engine import AsyncEngine
+        from aioserve.sim.real import replay
+
+        async with AsyncEngine(engine_config(args)) as engine:
+            await replay(engine, workload[: max(4, len(workload) // 8)], "fcfs")  # warm-up
+            for name in names:
+                results.append(await replay(engine, workload, name, params[name]))
+        return results, recorders
+    config = sim_config(args, workload)
+    for name in names:
+        recorder = FrameRecorder(f"simulated: {args.workload}") if args.html else None
+        result = await simulate(workload, name, config, listener=recorder,
+                                scheduler_params=params[name])
+        results.append(result)
+        if recorder is not None:
+            recorders[result.scheduler] = recorder
+    return results, recorders
+
+
+async def _calibrate(args: argparse.Namespace) -> int:
+    from aioserve.engine import AsyncEngine
+    from aioserve.sim.calibrate import calibrate
+
+    async with AsyncEngine(engine_config(args)) as engine:
+        workload = load_workload(args.workload) if args.workload != "article-example" else None
+        model = await calibrate(engine, workload, rounds=args.repeats)
+    path = model.save(args.profile_out)
+    fit = model.fit
+    print(f"step cost (ms) = {model.intercept_ms:.3f} + {model.per_seq_ms:.4f} x rows + "
+          f"{model.per_prefill_token_ms:.5f} x prefill tokens + "
+          f"{model.per_context_token_ms:.6f} x context tokens")
+    print(f"fit on {fit['steps']:.0f} steps: R^2 {fit['r2']:.3f}, mean |error| "
+          f"{fit['mean_abs_error_ms']:.3f} ms, total {fit['total_error_pct']:+.2f}%")
+    print(f"profile: {path} (use: aioserve simulate --profile {path} ...)")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``simulate``; exit status 0.
 
     Raises:
-        ValueError: unknown scheduler or workload (the CLI prints it and exits 2).
+        ValueError: unknown scheduler, workload or option (the CLI prints it and exits 2).
     """
+    if args.calibrate:
+        return asyncio.run(_calibrate(args))
     workload = load_workload(args.workload)
-    config = SimConfig(
-        slots=args.slots,
-        step_ms=args.step_ms,
-        prefill_ms_per_token=args.prefill_ms_per_token,
-        kv_blocks=args.kv_blocks,
-        block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=args.enable_prefix_caching,
-    )
     names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
     if not names:
         raise ValueError("--scheduler: give at least one policy")
-    results: list[SimResult] = []
-    summaries: list[dict[str, Any]] = []
-    recorders: dict[str, FrameRecorder] = {}
-    for name in names:
-        recorder = FrameRecorder(f"simulated: {args.workload}") if args.html else None
-        result = asyncio.run(simulate(workload, name, config, listener=recorder))
-        results.append(result)
-        summaries.append(summarize(result, args.workload))
-        if recorder is not None:
-            recorders[result.scheduler] = recorder
-    if args.html:
+    results, recorders = asyncio.run(_run_all(args, workload, names))
+    kind = "real engine" if args.real else "simulated"
+    if args.html and recorders:
         title = f"aioserve simulate: {args.workload}"
         print(f"html: {write_html(recorders, args.html, title)}", file=sys.stderr)
+    if args.compare:
+        runs = [policy_figures(r, args.slo_ttft_ms, args.slo_tpot_ms) for r in results]
+        print(format_comparison(runs, f"{kind}: {args.workload}"))
+        if args.report:
+            path = write_comparison_html(runs, args.report, f"aioserve: {args.workload}", kind)
+            print(f"report: {path}", file=sys.stderr)
+        if args.plot:
+            plot_comparison(runs, args.plot)
+            print(f"plot: {args.plot}", file=sys.stderr)
+        if args.json:
+            for run_figures in runs:
+                print(json.dumps(run_figures))
+        return 0
+    summaries = [summarize(result, args.workload) for result in results]
     if args.plot:
         from aioserve.sim.plots import plot
 
         print(f"plot: {plot(results, summaries, args.plot)}", file=sys.stderr)
     for summary in summaries:
-        if args.json:
-            print(json.dumps(summary))
-        else:
-            print(format_report(summary))
-            print()
+        print(json.dumps(summary) if args.json else format_report(summary) + "\n")
     return 0

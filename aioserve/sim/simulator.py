@@ -105,6 +105,9 @@ class SimResult:
         finished: engine requests that ended, by id (tokens and metrics inside).
         rejected: id -> why, for requests that can never fit the KV cache.
         steps: every step run, in order.
+        feedback: what every step did (the engine's :class:`StepFeedback`).
+        num_preemptions: preemptions in this run (None: the core's count).
+        num_preempted_tokens: computed tokens preemptions dropped (recomputed later).
         preemptions: preemptions the engine counted.
         core: the engine core at the end (for integrity checks).
         runner: the simulated runner (its clock, step count and tokens).
@@ -118,11 +121,21 @@ class SimResult:
     finished: dict[str, Request] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)
+    feedback: list[StepFeedback] = field(default_factory=list)
+    num_preemptions: int | None = None
+    num_preempted_tokens: int | None = None
 
     @property
     def preemptions(self) -> int:
-        """Preemptions the engine counted over the whole run."""
-        return self.core.num_preemptions
+        """Preemptions the engine counted over the run."""
+        return self.core.num_preemptions if self.num_preemptions is None else self.num_preemptions
+
+    @property
+    def preempted_tokens(self) -> int:
+        """Computed tokens preemptions dropped (each recomputed on readmission)."""
+        if self.num_preempted_tokens is None:
+            return self.core.num_preempted_tokens
+        return self.num_preempted_tokens
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -267,6 +280,7 @@ async def simulate(
         listeners.notify_finish(request)
 
     def stepped(feedback: StepFeedback) -> None:
+        result.feedback.append(feedback)
         result.steps.append(StepRecord(feedback.start_time, feedback.end_time,
                                        feedback.request_ids, feedback.num_tokens))
         if on_step is not None:

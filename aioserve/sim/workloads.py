@@ -232,34 +232,3 @@ def dump_jsonl(requests: list[WorkloadRequest], path: str | Path) -> Path:
     path = Path(path)
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def load_workload(spec: str) -> list[WorkloadRequest]:
-    """``article-example``, ``article-mix``, ``poisson[:n=..,rate=..,burst=..,seed=..]``
-    or a path to a JSON Lines file.
-
-    Raises:
-        ValueError: an unknown name, a bad poisson option or a bad file.
-    """
-    if spec == "article-example":
-        return article_example()
-    if spec == "article-mix":
-        return article_mix()
-    if spec == "poisson" or spec.startswith("poisson:"):
-        options: dict[str, float] = {}
-        for part in filter(None, spec.partition(":")[2].split(",")):
-            key, _, value = part.partition("=")
-            if key not in ("n", "rate", "burst", "seed"):
-                raise ValueError(f"poisson workload: unknown option {key!r} (n, rate, burst, seed)")
-            options[key] = float(value)
-        return poisson(
-            n=int(options.get("n", 200)),
-            rate=options.get("rate", 1.0),
-            burst=options.get("burst", 4.0),
-            seed=int(options.get("seed", 0)),
-        )
-    if not Path(spec).exists():
-        raise ValueError(
-            f"workload {spec!r}: not article-example, article-mix, poisson:... or a file"
-        )
-    return load_jsonl(spec)

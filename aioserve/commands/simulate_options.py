@@ -1,0 +1,130 @@
+"""The options of ``aioserve simulate`` and the engine settings they describe (the same
+flags set the simulated engine and, with ``--real`` or ``--calibrate``, the real one)."""
+
+from __future__ import annotations
+
+import argparse
+
+from aioserve.commands.common import add_scheduler_options
+from aioserve.config import EngineConfig
+from aioserve.sim.simulator import SimConfig
+from aioserve.sim.step_cost import StepCostModel
+from aioserve.sim.workloads import WorkloadRequest
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+def _non_negative(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Add every ``simulate`` option."""
+    add_scheduler_options(parser)
+    parser.set_defaults(scheduler="fcfs")
+    add = parser.add_argument
+    add("--workload", default="article-example",
+        help="article-example, article-mix, poisson[:n=,rate=,burst=,seed=], two-tenants, "
+        "priority-mix, slo-mix, heavy-tail (each with :key=value options) or FILE.jsonl")
+    add("--slots", type=_positive, default=None,
+        help="slots (default 4, or the profile's)")
+    add("--step-ms", type=_non_negative, default=50.0,
+        help="cost of one step in ms (default 50, the article's; a --profile replaces it)")
+    add("--prefill-ms-per-token", type=_non_negative, default=0.0,
+        help="extra cost per prompt or recomputed token in ms (default 0)")
+    add("--kv-blocks", type=_positive, default=None,
+        help="KV cache size in blocks (default: unlimited, or the profile's)")
+    add("--block-size", type=_positive, default=None,
+        help="tokens per KV block (default 16, or the profile's)")
+    add("--max-num-batched-tokens", type=_positive, default=None,
+        help="token budget of one step (default 4096, or the profile's)")
+    add("--enable-prefix-caching", action="store_true",
+        help="share cached prompt prefixes (workload prefix_group/prefix_len; default off)")
+    add("--profile", default=None, metavar="FILE.json",
+        help="a calibrated step cost (from --calibrate): simulate this engine on this machine "
+        "(one step ahead, as the engine schedules; its slots and cache unless given)")
+    add("--overlap", action=argparse.BooleanOptionalAction, default=None,
+        help="schedule one step ahead as the engine does (default: on with --profile)")
+    add("--calibrate", action="store_true",
+        help="run a short workload on the real engine (--model) and fit the step cost; "
+        "writes --profile-out")
+    add("--profile-out", default="profile.json", metavar="FILE.json",
+        help="where --calibrate writes the profile (default profile.json)")
+    add("--real", action="store_true",
+        help="run the workload on the real engine (--model) instead of simulating it")
+    add("--repeats", type=_positive, default=2, help="--calibrate: passes to fit on (2)")
+    add("--model", default=None, help="model directory, for --real and --calibrate")
+    add("--forward", default="transformers", help="the engine's forward (--real, --calibrate)")
+    add("--device", default="auto", help="the engine's device (--real, --calibrate)")
+    add("--compare", action="store_true",
+        help="print the policy comparison: throughput, goodput, TTFT/TPOT/E2E, per-tenant "
+        "service and Jain's index, max wait, preemptions, recomputed tokens")
+    add("--slo-ttft-ms", type=_non_negative, default=None,
+        help="--compare: TTFT objective of requests that carry none")
+    add("--slo-tpot-ms", type=_non_negative, default=None,
+        help="--compare: TPOT objective of requests that carry none")
+    add("--report", default=None, metavar="FILE.html",
+        help="--compare: also write the comparison as a self-contained HTML page")
+    add("--json", action="store_true",
+        help="print one JSON object per scheduler as the last line(s)")
+    add("--plot", default=None, metavar="FILE.png",
+        help="slot timeline per scheduler and a latency CDF (with --compare: the comparison)")
+    add("--html", default=None, metavar="FILE.html",
+        help="a self-contained page replaying each run's slots step by step "
+        "(time slider; a policy selector when comparing several)")
+
+
+def _profile(args: argparse.Namespace) -> StepCostModel | None:
+    return StepCostModel.load(args.profile) if args.profile else None
+
+
+def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> SimConfig:
+    """The simulated engine of the options (a profile's engine where options are unset).
+
+    Raises:
+        ValueError: an unreadable profile.
+    """
+    model = _profile(args)
+    source = model.source if model is not None else {}
+
+    def pick(value: int | None, key: str, default: int | None) -> int | None:
+        return value if value is not None else source.get(key, default)
+
+    overlap = args.overlap if args.overlap is not None else model is not None
+    return SimConfig(
+        slots=pick(args.slots, "slots", 4) or 4, step_ms=args.step_ms,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        kv_blocks=pick(args.kv_blocks, "kv_blocks", None),
+        block_size=pick(args.block_size, "block_size", 16) or 16,
+        max_num_batched_tokens=pick(args.max_num_batched_tokens, "max_num_batched_tokens",
+                                    4096) or 4096,
+        enable_prefix_caching=args.enable_prefix_caching or bool(
+            source.get("enable_prefix_caching", False)),
+        cost_model=model, overlap=overlap, max_model_len=source.get("max_model_len"),
+    )
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The real engine of the options (``--real``, ``--calibrate``).
+
+    Raises:
+        ValueError: no ``--model``, or an option out of range.
+    """
+    if not args.model:
+        raise ValueError("--model: give the model to run (needed by --real and --calibrate)")
+    return EngineConfig(
+        model=args.model, scheduler="fcfs", max_num_seqs=args.slots or 4,
+        num_kv_blocks=args.kv_blocks,
+        block_size=args.block_size or 16,
+        max_num_batched_tokens=args.max_num_batched_tokens or 4096,
+        enable_prefix_caching=args.enable_prefix_caching, forward=args.forward,
+        device=args.device,
+    )

@@ -1,0 +1,74 @@
+"""Calibration: run a short workload on the real engine, record every step, fit the
+simulator's step cost (:class:`~aioserve.sim.step_cost.StepCostModel`) to it."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import random
+from typing import Any
+
+import aioserve
+from aioserve.engine import AsyncEngine
+from aioserve.sim.real import replay
+from aioserve.sim.step_cost import StepCostModel, fit_steps
+from aioserve.sim.workloads import WorkloadRequest
+
+
+def calibration_workload(max_num_seqs: int, seed: int = 0) -> list[WorkloadRequest]:
+    """Steps of every composition the engine meets: requests one at a time (small
+    decode batches), a burst of twice ``max_num_seqs`` (full batches, queueing,
+    preemption when the cache is small), and long prompts among short outputs
+    (prefill-heavy steps, chunked prefill). Prompts 8-256 tokens, outputs 4-96."""
+    rng = random.Random(seed)
+    items: list[WorkloadRequest] = []
+    t = 0.0
+    for i in range(max(4, max_num_seqs // 2)):  # one at a time
+        items.append(WorkloadRequest(f"cal-solo-{i}", round(t, 4), rng.randint(8, 64),
+                                     rng.randint(4, 24)))
+        t += 0.15
+    for i in range(2 * max_num_seqs):  # a burst
+        items.append(WorkloadRequest(f"cal-burst-{i}", round(t + 0.002 * i, 4),
+                                     rng.randint(8, 128), rng.randint(16, 96)))
+    t += 0.6
+    for i in range(max_num_seqs):  # long prompts, arriving while others decode
+        items.append(WorkloadRequest(f"cal-long-{i}", round(t + 0.03 * i, 4),
+                                     rng.randint(128, 256), rng.randint(4, 32)))
+    return items
+
+
+def describe(engine: AsyncEngine) -> dict[str, Any]:
+    """What a profile was measured on: model, device, threads, engine settings, machine."""
+    config = engine.config
+    core = engine._require_core()
+    return {
+        "model": config.model, "forward": config.forward, "device": config.device,
+        "dtype": config.dtype, "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
+        "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
+        "block_size": core.blocks.block_size,
+        "max_num_batched_tokens": core.max_num_batched_tokens,
+        "max_model_len": core.max_model_len,
+        "enable_prefix_caching": core.blocks.enable_caching,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpus": os.cpu_count(), "aioserve": aioserve.__version__,
+        "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+async def calibrate(engine: AsyncEngine, workload: list[WorkloadRequest] | None = None,
+                    rounds: int = 2) -> StepCostModel:
+    """Fit the step cost of a running, idle ``engine``: a warm-up pass, then ``rounds``
+    passes of ``workload`` (default :func:`calibration_workload`) under ``fcfs``.
+
+    Raises:
+        ValueError: too few steps to fit.
+        RuntimeError: the engine is busy.
+    """
+    core = engine._require_core()
+    workload = workload or calibration_workload(core.max_num_seqs)
+    await replay(engine, workload[: max(4, len(workload) // 4)], "fcfs")  # warm-up
+    steps = []
+    for _ in range(rounds):
+        steps += (await replay(engine, workload, "fcfs")).feedback
+    return fit_steps(steps, source=describe(engine))

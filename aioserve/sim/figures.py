@@ -1,0 +1,132 @@
+"""The figures that compare policies, from one run (simulated or real): throughput,
+goodput under service-level objectives, TTFT / TPOT / E2E latency, per-tenant service
+and Jain's fairness index, the longest wait, preemptions and recomputed tokens.
+
+Definitions follow vLLM's serving benchmark (TTFT: arrival to first token; TPOT: mean
+time per output token after the first; E2E: arrival to last token) and DistServe's
+goodput (requests per second that meet every objective they carry). Jain's index is
+(sum x)^2 / (n * sum x^2) over the tenants' service (R. Jain, D. Chiu, W. Hawe, "A
+Quantitative Measure of Fairness and Discrimination", DEC-TR-301, 1984), counted as VTC
+counts it (input tokens + 2 x output tokens) during the steps in which every tenant had
+a request waiting (backlogged).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from aioserve.request import Request
+from aioserve.sim.simulator import SimResult
+from aioserve.sim.workloads import WorkloadRequest
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank ``p``-th percentile (0 < p <= 100) of ``values``; None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(p / 100 * len(ordered)) - 1, 0)]
+
+
+def mean(values: list[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def jain(values: list[float]) -> float | None:
+    """Jain's fairness index of ``values`` (1: all equal; 1/n: one gets everything)."""
+    total, squares = math.fsum(values), math.fsum(v * v for v in values)
+    return total * total / (len(values) * squares) if squares > 0 else None
+
+
+def meets(request: Request, item: WorkloadRequest, ttft_ms: float | None,
+          tpot_ms: float | None) -> bool:
+    """Whether a finished request met every objective it carries (its own
+    ``ttft_slo_ms``/``tpot_slo_ms``/``deadline_s``, else the defaults given)."""
+    m = request.metrics
+    if m.first_token_time is None or m.finished_time is None:
+        return False
+    ttft_slo = item.ttft_slo_ms if item.ttft_slo_ms is not None else ttft_ms
+    tpot_slo = item.tpot_slo_ms if item.tpot_slo_ms is not None else tpot_ms
+    if ttft_slo is not None and (m.first_token_time - item.arrival_s) * 1e3 > ttft_slo:
+        return False
+    tpot = _tpot(request)
+    if tpot_slo is not None and tpot is not None and tpot * 1e3 > tpot_slo:
+        return False
+    return item.deadline_s is None or m.finished_time <= item.deadline_s
+
+
+def _tpot(request: Request) -> float | None:
+    m = request.metrics
+    if request.num_output_tokens < 2 or m.first_token_time is None or m.last_token_time is None:
+        return None
+    return (m.last_token_time - m.first_token_time) / (request.num_output_tokens - 1)
+
+
+def _latencies(requests: list[tuple[Request, WorkloadRequest]]) -> dict[str, float | None]:
+    ttft = [r.metrics.first_token_time - w.arrival_s for r, w in requests
+            if r.metrics.first_token_time is not None]
+    e2e = [r.metrics.finished_time - w.arrival_s for r, w in requests
+           if r.metrics.finished_time is not None]
+    tpot = [t for r, _ in requests if (t := _tpot(r)) is not None]
+    return {"mean_ttft_s": mean(ttft), "p50_ttft_s": percentile(ttft, 50),
+            "p99_ttft_s": percentile(ttft, 99), "mean_tpot_s": mean(tpot),
+            "p99_tpot_s": percentile(tpot, 99), "mean_e2e_s": mean(e2e),
+            "p50_e2e_s": percentile(e2e, 50), "p99_e2e_s": percentile(e2e, 99)}
+
+
+def backlogged_service(result: SimResult) -> dict[str | None, float]:
+    """Each tenant's service (input + 2 x output tokens) in the steps during which
+    every tenant had a request waiting."""
+    queued: dict[str | None, list[tuple[float, float]]] = defaultdict(list)
+    tenant_of = {w.id: w.tenant for w in result.workload}
+    for w in result.workload:
+        request = result.finished.get(w.id)
+        start = request.metrics.first_scheduled_time if request is not None else None
+        queued[w.tenant].append((w.arrival_s, math.inf if start is None else start))
+    service: dict[str | None, float] = dict.fromkeys(queued, 0.0)
+    if len(queued) < 2:
+        return service
+    for step in result.feedback:
+        t = step.start_time
+        if all(any(a <= t < b for a, b in spans) for spans in queued.values()):
+            for request_id, amount in step.served().items():
+                service[tenant_of.get(request_id)] += amount
+    return service
+
+
+def policy_figures(result: SimResult, slo_ttft_ms: float | None = None,
+                   slo_tpot_ms: float | None = None) -> dict[str, Any]:
+    """Every comparison figure of one run (seconds, tokens, tokens/s, requests/s)."""
+    items = {w.id: w for w in result.workload}
+    done = [(r, items[k]) for k, r in result.finished.items() if k in items
+            and r.finish_reason is not None and r.finish_reason.value != "error"]
+    start = min((w.arrival_s for w in result.workload), default=0.0)
+    end = max((r.metrics.finished_time or start for r, _ in done), default=start)
+    makespan = end - start
+    tokens = sum(r.num_output_tokens for r, _ in done)
+    good = sum(meets(r, w, slo_ttft_ms, slo_tpot_ms) for r, w in done)
+    waits = [r.metrics.first_scheduled_time - w.arrival_s for r, w in done
+             if r.metrics.first_scheduled_time is not None]
+    tenants: dict[str | None, list[tuple[Request, WorkloadRequest]]] = defaultdict(list)
+    priorities: dict[int, list[tuple[Request, WorkloadRequest]]] = defaultdict(list)
+    for pair in done:
+        tenants[pair[1].tenant].append(pair)
+        priorities[pair[1].priority].append(pair)
+    service = backlogged_service(result)
+    return {
+        "scheduler": result.scheduler, "finished": len(done),
+        "failed": len(result.workload) - len(done), "makespan_s": makespan,
+        "throughput_tok_s": tokens / makespan if makespan > 0 else 0.0,
+        "goodput_req_s": good / makespan if makespan > 0 else 0.0,
+        "slo_attainment": good / len(result.workload) if result.workload else None,
+        **_latencies(done), "max_wait_s": max(waits, default=None),
+        "preemptions": result.preemptions, "recomputed_tokens": result.preempted_tokens,
+        "jain_index": jain(list(service.values())) if len(service) > 1 else None,
+        "tenants": {str(t): {"requests": len(p), "backlogged_service": service.get(t, 0.0),
+                             "output_tokens": sum(r.num_output_tokens for r, _ in p),
+                             **_latencies(p)} for t, p in sorted(tenants.items(), key=str)},
+        "priorities": {str(k): {"requests": len(p), **_latencies(p)}
+                       for k, p in sorted(priorities.items())},
+    }

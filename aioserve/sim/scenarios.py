@@ -1,0 +1,144 @@
+"""Workloads that exercise scheduling policies: two tenants (one heavy, one light), a
+priority mix, an SLO mix and heavy-tailed lengths, each a bursty Poisson stream,
+deterministic for a seed. Named ``NAME[:key=value,...]`` on the command line."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from aioserve.sim.workloads import (
+    WorkloadRequest,
+    article_example,
+    article_mix,
+    load_jsonl,
+    poisson,
+)
+
+
+def _arrivals(n: int, rate: float, burst: float, rng: random.Random) -> Iterator[float]:
+    """``n`` arrival times: bursts as a Poisson process, each burst a geometric number
+    of requests (mean ``burst``) arriving together, ``rate`` requests/s on average."""
+    t, sent = 0.0, 0
+    while sent < n:
+        t += rng.expovariate(rate / burst)
+        size = 1
+        while rng.random() > 1 / burst:
+            size += 1
+        for _ in range(min(size, n - sent)):
+            sent += 1
+            yield round(t, 6)
+
+
+def two_tenants(n: int = 200, rate: float = 40.0, light: float = 0.1, burst: float = 2.0,
+                seed: int = 0) -> list[WorkloadRequest]:
+    """Tenant ``heavy`` sends ``1 - light`` of the requests, tenant ``light`` the rest;
+    prompts 16-64 tokens, outputs 16-128."""
+    rng = random.Random(seed)
+    return [WorkloadRequest(f"t{i:04d}", t, rng.randint(16, 64), rng.randint(16, 128),
+                            tenant="light" if rng.random() < light else "heavy")
+            for i, t in enumerate(_arrivals(n, rate, burst, rng))]
+
+
+def priority_mix(n: int = 200, rate: float = 40.0, high: float = 0.1, burst: float = 2.0,
+                 seed: int = 0) -> list[WorkloadRequest]:
+    """``high`` of the requests have priority 0, the others 1 (lower is served first);
+    prompts 16-64 tokens, outputs 16-128."""
+    rng = random.Random(seed)
+    return [WorkloadRequest(f"q{i:04d}", t, rng.randint(16, 64), rng.randint(16, 128),
+                            priority=0 if rng.random() < high else 1)
+            for i, t in enumerate(_arrivals(n, rate, burst, rng))]
+
+
+def slo_mix(n: int = 200, rate: float = 40.0, tight_ms: float = 500.0,
+            loose_ms: float = 5000.0, tpot_ms: float | None = None, burst: float = 2.0,
+            seed: int = 0) -> list[WorkloadRequest]:
+    """Half the requests are interactive (``ttft_slo_ms`` = ``tight_ms``, short
+    outputs 8-64), half batch-like (``loose_ms``, outputs 64-192); prompts 16-128."""
+    rng = random.Random(seed)
+    items = []
+    for i, t in enumerate(_arrivals(n, rate, burst, rng)):
+        tight = rng.random() < 0.5
+        items.append(WorkloadRequest(
+            f"s{i:04d}", t, rng.randint(16, 128),
+            rng.randint(8, 64) if tight else rng.randint(64, 192),
+            ttft_slo_ms=tight_ms if tight else loose_ms, tpot_slo_ms=tpot_ms,
+            tenant="interactive" if tight else "batch"))
+    return items
+
+
+def heavy_tail(n: int = 200, rate: float = 20.0, alpha: float = 1.3, burst: float = 2.0,
+               seed: int = 0) -> list[WorkloadRequest]:
+    """Output lengths Pareto(``alpha``) from 8 tokens, capped at 400 (most short, a few
+    very long, as in chat traces); prompts lognormal around 48 tokens, 8-256."""
+    rng = random.Random(seed)
+    return [WorkloadRequest(f"h{i:04d}", t,
+                            min(max(int(rng.lognormvariate(3.9, 0.6)), 8), 256),
+                            min(int(8 * rng.paretovariate(alpha)), 400))
+            for i, t in enumerate(_arrivals(n, rate, burst, rng))]
+
+
+SCENARIOS: dict[str, Callable[..., list[WorkloadRequest]]] = {
+    "two-tenants": two_tenants, "priority-mix": priority_mix, "slo-mix": slo_mix,
+    "heavy-tail": heavy_tail,
+}
+
+
+def parse_options(name: str, text: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """``key=value,...`` as numbers (ints where integral), checked against ``allowed``.
+
+    Raises:
+        ValueError: an unknown key or a value that is not a number.
+    """
+    options: dict[str, Any] = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if key not in allowed:
+            raise ValueError(f"{name} workload: unknown option {key!r} ({', '.join(allowed)})")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{name} workload: {key} must be a number, got {value!r}") from None
+        options[key] = int(number) if key in ("n", "seed") else number
+    return options
+
+
+def scenario(spec: str) -> list[WorkloadRequest] | None:
+    """The scenario a spec names (``two-tenants:n=100,rate=60``), or None if it names
+    none.
+
+    Raises:
+        ValueError: a bad option.
+    """
+    name, _, text = spec.partition(":")
+    make = SCENARIOS.get(name)
+    if make is None:
+        return None
+    allowed = make.__code__.co_varnames[: make.__code__.co_argcount]
+    return make(**parse_options(name, text, allowed))
+
+
+def load_workload(spec: str) -> list[WorkloadRequest]:
+    """``article-example``, ``article-mix``, ``poisson[:n=..,rate=..,burst=..,seed=..]``,
+    a scenario (``two-tenants``, ``priority-mix``, ``slo-mix``, ``heavy-tail``, each
+    with ``:key=value,...`` options) or a path to a JSON Lines file.
+
+    Raises:
+        ValueError: an unknown name, a bad option or a bad file.
+    """
+    if spec == "article-example":
+        return article_example()
+    if spec == "article-mix":
+        return article_mix()
+    if spec == "poisson" or spec.startswith("poisson:"):
+        options = parse_options("poisson", spec.partition(":")[2], ("n", "rate", "burst", "seed"))
+        return poisson(**options)
+    found = scenario(spec)
+    if found is not None:
+        return found
+    if not Path(spec).exists():
+        raise ValueError(f"workload {spec!r}: not article-example, article-mix, poisson:..., "
+                         f"{', '.join(SCENARIOS)} or a file")
+    return load_jsonl(spec)
