@@ -81,10 +81,7 @@ class PriorityScheduler(OrderedScheduler):
             if admission.fits(head, reserve):
                 break
             chosen.append(victim.request_id)
-            admission.slots += 1
-            admission.free_blocks += victim.num_blocks + state.blocks_needed(
-                victim, state.tokens_to_compute(victim))
-            admission.budget += state.tokens_to_compute(victim)
+            admission.release(victim)
         if not chosen or not admission.fits(head, reserve):
             return SchedulerOutput(admit=admitted)
         admission.admit(head)

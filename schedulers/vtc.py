@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from aioserve.scheduling import (
+    Admission,
     OrderedScheduler,
     RequestView,
     SchedulerOutput,
@@ -29,11 +30,16 @@ class VTCScheduler(OrderedScheduler):
     smallest counter of the backlogged tenants when a request of its arrives, so idling
     earns no credit (the paper's counter lift); this bounds the service difference
     between backlogged tenants (the paper's Theorem 4.4). Under memory pressure the
-    victim is the newest request of the most-served tenant.
+    victim is the newest request of the most-served tenant. With ``preempt`` (default),
+    a waiting tenant with nothing running never waits for a slot while a more-served
+    tenant holds several: the newest request of the most-served one is preempted for it
+    (recomputed later), so a light tenant's first token does not wait for a heavy
+    tenant's long requests to end.
 
     Args:
         prompt_weight: service per input token (the paper's w_p, default 1).
         output_weight: service per output token (the paper's w_q, default 2).
+        preempt: preempt for a tenant that has nothing running (default True).
         watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
@@ -43,12 +49,13 @@ class VTCScheduler(OrderedScheduler):
     name: ClassVar[str] = "vtc"
 
     def __init__(self, prompt_weight: float = 1.0, output_weight: float = 2.0,
-                 watermark: float = 0.01) -> None:
+                 preempt: bool = True, watermark: float = 0.01) -> None:
         super().__init__(watermark)
         if not (prompt_weight >= 0 and output_weight >= 0):
             raise ValueError("prompt_weight and output_weight must be >= 0")
         self.prompt_weight = prompt_weight
         self.output_weight = output_weight
+        self.preempt = preempt
         self.counters: defaultdict[str | None, float] = defaultdict(float)
         self.active: Counter[str | None] = Counter()  # requests per tenant, not finished
         self.tenant_of: dict[str, str | None] = {}
@@ -101,4 +108,23 @@ class VTCScheduler(OrderedScheduler):
             queues[tenant].pop()
             if not queues[tenant]:
                 del queues[tenant]
+        if queues and self.preempt:
+            return self._make_room(state, admission, queues, reserve)
         return SchedulerOutput(admit=admission.admitted)
+
+    def _make_room(self, state: SchedulerState, admission: Admission,
+                   queues: dict[str | None, list[RequestView]], reserve: int) -> SchedulerOutput:
+        """Preempt for the least-served waiting tenant if it has nothing running."""
+        tenant = min(queues, key=lambda t: self.counters[t])
+        request = queues[tenant][-1]
+        load = Counter(r.tenant for r in state.running)
+        victims = [r for r in self.victims(state) if load[r.tenant] > 1
+                   and self.counters[r.tenant] > self.counters[tenant]]
+        if load[tenant] or not victims:
+            return SchedulerOutput(admit=admission.admitted)
+        admission.release(victims[0])
+        if not admission.fits(request, reserve):
+            return SchedulerOutput(admit=admission.admitted)
+        admission.admit(request)
+        self.counters[tenant] += self.prompt_weight * state.tokens_to_compute(request)
+        return SchedulerOutput(admit=admission.admitted, preempt=[victims[0].request_id])

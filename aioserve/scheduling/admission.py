@@ -66,6 +66,14 @@ class Admission:
         self.budget -= chunk
         self.free_blocks -= blocks
 
+    def release(self, request: RequestView) -> None:
+        """Credit back a running request this decision preempts: its slot, its tokens
+        of this step and its blocks (held, and those it needed to grow)."""
+        tokens = self.state.tokens_to_compute(request)
+        self.slots += 1
+        self.budget += tokens
+        self.free_blocks += request.num_blocks + self.state.blocks_needed(request, tokens)
+
     def fill(self, order: Iterable[RequestView], keep_free: int = 0) -> list[str]:
         """Admit requests in ``order`` until the first that does not fit; returns every
         id admitted so far."""

@@ -77,9 +77,11 @@ def _check_parameters(spec: str, cls: Any, params: Mapping[str, Any]) -> dict[st
             continue
         try:
             adapter = pydantic.TypeAdapter(hint, config={"arbitrary_types_allowed": True})
-            checked[name] = adapter.validate_python(value)
-        except pydantic.PydanticSchemaGenerationError:
+        except Exception:  # a type pydantic cannot check (a Protocol...): the policy checks
             checked[name] = value
+            continue
+        try:
+            checked[name] = adapter.validate_python(value)
         except pydantic.ValidationError as exc:
             reason = exc.errors()[0]["msg"]
             raise ValueError(f"scheduler {spec!r}: parameter {name!r}: {reason}, "

@@ -1,0 +1,181 @@
+"""The literature's policies as plugins: priority (vLLM), vtc (VTC, OSDI'24), edf
+(deadline / goodput-aware) and mlfq (FastServe's skip-join MLFQ), on the simulator's
+virtual clock (exact, so no timing is measured here)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aioserve.request import FinishReason, Request, RequestStatus
+from aioserve.sampling_params import SamplingParams
+from aioserve.scheduling import SchedulerState
+from aioserve.sim.figures import policy_figures
+from aioserve.sim.scenarios import slo_mix
+from aioserve.sim.simulator import SimConfig, simulate
+from aioserve.sim.workloads import WorkloadRequest
+from schedulers.edf import EDFScheduler
+from schedulers.mlfq import MLFQScheduler
+from schedulers.priority import PriorityScheduler
+from schedulers.vtc import VTCScheduler
+
+STEP = 0.05  # the simulator's default step, seconds
+
+
+def running(request_id: str, priority: int, arrival: float) -> Request:
+    request = Request(request_id, [5] * 4, SamplingParams(max_tokens=32), arrival)
+    request.meta = type(request.meta)(priority=priority)
+    request.status = RequestStatus.RUNNING
+    request.num_computed_tokens = 4
+    request.block_ids = [0]
+    return request
+
+
+def test_priority_victims_are_the_lowest_priority_then_the_latest():
+    reqs = [running("a", 0, 0.0), running("b", 2, 0.1), running("c", 2, 0.2), running("d", 1, 0.3)]
+    state = SchedulerState((), tuple(r.view for r in reqs), 0, 8, 4, 4, 4096, 1.0, 0)
+    assert [r.request_id for r in PriorityScheduler().victims(state)] == ["c", "b", "d", "a"]
+    views = [r.view for r in reqs]
+    assert PriorityScheduler().choose_victim(views[0], views) == "c"
+
+
+async def test_high_priority_preempts_lower_priority_at_max_num_seqs():
+    workload = [WorkloadRequest(f"low{i}", 0.0, 4, 100, priority=1) for i in range(2)]
+    workload.append(WorkloadRequest("high", 0.5, 4, 10, priority=0))
+    fcfs = await simulate(workload, "fcfs", SimConfig(slots=2))
+    result = await simulate(workload, PriorityScheduler(), SimConfig(slots=2))
+    high = result.finished["high"].metrics
+    assert high.first_scheduled_time - high.arrival_time <= STEP  # the next step
+    assert fcfs.finished["high"].metrics.first_scheduled_time >= 5.0  # a slot had to free
+    assert result.preemptions == 1
+    assert all(result.finished[w.id].num_output_tokens == w.output_len for w in workload)
+
+
+async def test_equal_priorities_keep_arrival_order():
+    workload = [WorkloadRequest(f"r{i}", 0.01 * i, 4, 5, priority=3) for i in range(6)]
+    result = await simulate(workload, PriorityScheduler(), SimConfig(slots=1))
+    starts = [result.finished[f"r{i}"].metrics.first_scheduled_time for i in range(6)]
+    assert starts == sorted(starts)
+
+
+@pytest.mark.parametrize("max_wait_s", [2.0, math.inf])
+async def test_aging_bounds_the_wait_of_low_priority(max_wait_s):
+    workload = [WorkloadRequest("low", 0.0, 4, 20, priority=5)]
+    workload += [WorkloadRequest(f"h{i:03d}", round(i * 4 * STEP, 6), 4, 4, priority=0)
+                 for i in range(100)]
+    result = await simulate(workload, PriorityScheduler(max_wait_s=max_wait_s),
+                            SimConfig(slots=1))
+    low = result.finished["low"].metrics
+    waited = low.first_scheduled_time - low.arrival_time
+    if max_wait_s == 2.0:  # the bound: max_wait_s plus one short job's run
+        assert 2.0 <= waited <= 2.0 + 4 * STEP
+    else:
+        assert waited >= 99 * 4 * STEP  # starved until the stream ended
+
+
+def two_tenants(light_too: bool = True) -> list[WorkloadRequest]:
+    """A heavy tenant's burst of 60 long requests, a light tenant's 6 spread over it."""
+    items = [WorkloadRequest(f"heavy{i:02d}", 0.0, 8, 40, tenant="heavy") for i in range(60)]
+    if light_too:
+        items += [WorkloadRequest(f"light{i}", 1.0 + 2.0 * i, 8, 10, tenant="light")
+                  for i in range(6)]
+    return items
+
+
+def light_ttft(result) -> float:
+    ttfts = [r.metrics.first_token_time - r.arrival_time for k, r in result.finished.items()
+             if k.startswith("light")]
+    return sum(ttfts) / len(ttfts)
+
+
+async def test_vtc_keeps_a_light_tenant_fast_under_a_heavy_one():
+    config = SimConfig(slots=4)
+    alone = await simulate([w for w in two_tenants() if w.tenant == "light"], "fcfs", config)
+    vtc = await simulate(two_tenants(), VTCScheduler(), config)
+    fcfs = await simulate(two_tenants(), "fcfs", config)
+    assert light_ttft(vtc) <= 2 * light_ttft(alone)
+    assert light_ttft(fcfs) > 10 * light_ttft(alone)
+
+
+async def test_vtc_shares_service_fairly_between_backlogged_tenants():
+    workload = [WorkloadRequest(f"a{i:02d}", 0.0, 8, 30, tenant="a") for i in range(40)]
+    workload += [WorkloadRequest(f"b{i:02d}", 0.2, 8, 30, tenant="b") for i in range(20)]
+    vtc = policy_figures(await simulate(workload, VTCScheduler(), SimConfig(slots=4)))
+    fcfs = policy_figures(await simulate(workload, "fcfs", SimConfig(slots=4)))
+    assert vtc["jain_index"] >= 0.9 > fcfs["jain_index"]
+
+
+def test_vtc_lifts_a_returning_tenant_to_the_backlogged_minimum():
+    policy = VTCScheduler()
+    busy = Request("b1", [5], SamplingParams(), 0.0)
+    busy.meta = type(busy.meta)(tenant="busy")
+    policy.on_arrival(busy.view)
+    policy.counters["busy"] = 500.0
+    idle = Request("i1", [5], SamplingParams(), 0.0)
+    idle.meta = type(idle.meta)(tenant="idle")
+    policy.on_arrival(idle.view)
+    assert policy.counters["idle"] == 500.0  # no credit for having been away
+
+
+async def test_edf_serves_the_earliest_due_first():
+    workload = [WorkloadRequest(name, 0.0, 4, 5, ttft_slo_ms=slo)
+                for name, slo in (("loose", 5000), ("tight", 300), ("mid", 1000))]
+    workload.append(WorkloadRequest("none", 0.0, 4, 5))
+    result = await simulate(workload, EDFScheduler(), SimConfig(slots=1))
+    order = sorted(result.finished, key=lambda k: result.finished[k].metrics.first_scheduled_time)
+    assert order == ["tight", "mid", "loose", "none"]
+
+
+async def test_edf_sheds_late_requests_when_asked():
+    workload = [WorkloadRequest(f"r{i}", 0.0, 4, 20, ttft_slo_ms=400) for i in range(6)]
+    result = await simulate(workload, EDFScheduler(shed_late=True), SimConfig(slots=2))
+    shed = [r for r in result.finished.values() if r.finish_reason is FinishReason.ERROR]
+    served = [r for r in result.finished.values() if r.finish_reason is FinishReason.STOP]
+    assert len(shed) == 4 and len(served) == 2
+    assert all("cannot meet its objective" in (r.shed_reason or "") for r in shed)
+    assert result.core.blocks.num_free_blocks == result.core.blocks.num_blocks
+
+
+async def test_edf_attains_more_slos_than_fcfs_under_overload():
+    # the load at which fcfs meets about half of the objectives (8 slots, 20 ms steps)
+    workload = slo_mix(n=200, rate=4.3, tight_ms=300, loose_ms=3000, seed=3)
+    config = SimConfig(slots=8, step_ms=20)
+    fcfs = policy_figures(await simulate(workload, "fcfs", config))
+    edf = policy_figures(await simulate(workload, EDFScheduler(), config))
+    assert 0.35 <= fcfs["slo_attainment"] <= 0.65
+    assert edf["slo_attainment"] >= fcfs["slo_attainment"] + 0.2
+
+
+def test_mlfq_skip_join_and_demotion():
+    policy = MLFQScheduler(levels=4, quantum=8)
+    short = Request("short", [5] * 6, SamplingParams(), 0.0)
+    long = Request("long", [5] * 40, SamplingParams(), 0.0)
+    policy.on_arrival(short.view)
+    policy.on_arrival(long.view)
+    assert policy.level == {"short": 0, "long": 3}  # 40 > 8, 16, 32: the last level
+    from aioserve.scheduling import StepFeedback
+
+    for step in range(8):
+        policy.on_step(StepFeedback(step, 0.0, 0.1, ("short",), (1,), (6,), (1,), (True,), ()))
+    assert policy.level["short"] == 1 and policy.served["short"] == 0
+
+
+async def test_mlfq_evicts_for_a_short_job_behind_long_ones():
+    workload = [WorkloadRequest(f"long{i}", 0.0, 4, 100) for i in range(2)]
+    workload.append(WorkloadRequest("short", 1.0, 4, 4))
+    fcfs = await simulate(workload, "fcfs", SimConfig(slots=2))
+    mlfq = await simulate(workload, MLFQScheduler(evict=True), SimConfig(slots=2))
+    wait = {name: r.finished["short"].metrics.first_scheduled_time - 1.0
+            for name, r in (("fcfs", fcfs), ("mlfq", mlfq))}
+    assert wait["mlfq"] <= 2 * STEP and wait["fcfs"] >= 3.0
+    assert all(mlfq.finished[w.id].num_output_tokens == w.output_len for w in workload)
+
+
+async def test_mlfq_pauses_all_but_its_batch():
+    rows: list[int] = []
+    workload = [WorkloadRequest(f"r{i}", 0.0, 4, 30) for i in range(4)]
+    result = await simulate(workload, MLFQScheduler(batch_size=2), SimConfig(slots=4),
+                            on_step=lambda core, f: rows.append(len(f.request_ids)))
+    assert max(rows[1:]) == 2 and result.preemptions == 0
+    assert all(r.num_output_tokens == 30 for r in result.finished.values())
