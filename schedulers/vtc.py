@@ -31,15 +31,15 @@ class VTCScheduler(OrderedScheduler):
     earns no credit (the paper's counter lift); this bounds the service difference
     between backlogged tenants (the paper's Theorem 4.4). Under memory pressure the
     victim is the newest request of the most-served tenant. With ``preempt`` (default),
-    a waiting tenant with nothing running never waits for a slot while a more-served
-    tenant holds several: the newest request of the most-served one is preempted for it
-    (recomputed later), so a light tenant's first token does not wait for a heavy
-    tenant's long requests to end.
+    the least-served waiting tenant does not wait for a slot while a more-served tenant
+    holds at least two slots more: the newest request of the most-served one is
+    preempted for it (recomputed later), so a light tenant's first token does not wait
+    for a heavy tenant's long requests to end.
 
     Args:
         prompt_weight: service per input token (the paper's w_p, default 1).
         output_weight: service per output token (the paper's w_q, default 2).
-        preempt: preempt for a tenant that has nothing running (default True).
+        preempt: preempt for the least-served tenant (default True).
         watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
@@ -114,13 +114,14 @@ class VTCScheduler(OrderedScheduler):
 
     def _make_room(self, state: SchedulerState, admission: Admission,
                    queues: dict[str | None, list[RequestView]], reserve: int) -> SchedulerOutput:
-        """Preempt for the least-served waiting tenant if it has nothing running."""
+        """Preempt for the least-served waiting tenant, from a more-served tenant that
+        holds at least two more slots."""
         tenant = min(queues, key=lambda t: self.counters[t])
         request = queues[tenant][-1]
         load = Counter(r.tenant for r in state.running)
-        victims = [r for r in self.victims(state) if load[r.tenant] > 1
+        victims = [r for r in self.victims(state) if load[r.tenant] > load[tenant] + 1
                    and self.counters[r.tenant] > self.counters[tenant]]
-        if load[tenant] or not victims:
+        if not victims:
             return SchedulerOutput(admit=admission.admitted)
         admission.release(victims[0])
         if not admission.fits(request, reserve):
