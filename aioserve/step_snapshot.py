@@ -43,6 +43,8 @@ class SlotState:
         max_tokens: the request's output limit in tokens.
         num_blocks: KV blocks held.
         num_preemptions: times this request was preempted.
+        tenant: who sent it (``RequestMeta.tenant``), or None.
+        priority: its priority (lower is served first).
     """
 
     request_id: str
@@ -53,6 +55,8 @@ class SlotState:
     max_tokens: int
     num_blocks: int
     num_preemptions: int
+    tenant: str | None = None
+    priority: int = 0
 
     @classmethod
     def of(cls, request: Request) -> SlotState:
@@ -61,7 +65,8 @@ class SlotState:
         return cls(request.request_id, "prefill" if behind > 1 else "decode",
                    request.num_prompt_tokens, request.num_output_tokens,
                    request.num_computed_tokens, request.params.max_tokens,
-                   len(request.block_ids), request.metrics.num_preemptions)
+                   len(request.block_ids), request.metrics.num_preemptions,
+                   request.meta.tenant, request.meta.priority)
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ class StepSnapshot:
             tokens per block.
         num_preemptions: preemptions so far.
         num_generated_tokens: output tokens sampled so far (the tokens/s counter).
+        tenants: (tenant, running, waiting) per tenant with requests in the engine
+            (None: requests without a tenant), most requests first.
     """
 
     step: int
@@ -93,24 +100,28 @@ class StepSnapshot:
     block_size: int
     num_preemptions: int
     num_generated_tokens: int
+    tenants: tuple[tuple[str | None, int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; slots are compact lists ``[id, phase, prompt, output,
-        computed, max_tokens, blocks, preemptions]`` (None: free), waiting requests
-        ``[id, preemptions]``."""
+        computed, max_tokens, blocks, preemptions, tenant, priority]`` (None: free),
+        waiting requests ``[id, preemptions, tenant, priority]``."""
 
         def row(s: SlotState) -> list[Any]:
             return [s.request_id, s.phase, s.num_prompt_tokens, s.num_output_tokens,
-                    s.num_computed_tokens, s.max_tokens, s.num_blocks, s.num_preemptions]
+                    s.num_computed_tokens, s.max_tokens, s.num_blocks, s.num_preemptions,
+                    s.tenant, s.priority]
 
         return {
             "step": self.step, "time": round(self.time, 6), "scheduler": self.scheduler,
             "slots": [None if s is None else row(s) for s in self.slots],
-            "waiting": [[s.request_id, s.num_preemptions] for s in self.waiting],
+            "waiting": [[s.request_id, s.num_preemptions, s.tenant, s.priority]
+                        for s in self.waiting],
             "num_waiting": self.num_waiting,
             "kv_used_blocks": self.kv_used_blocks, "kv_total_blocks": self.kv_total_blocks,
             "block_size": self.block_size, "num_preemptions": self.num_preemptions,
             "num_generated_tokens": self.num_generated_tokens,
+            "tenants": [list(t) for t in self.tenants],
         }
 
 
@@ -152,9 +163,15 @@ class SnapshotBuilder:
                 slots[index] = SlotState.of(request)
         waiting = tuple(SlotState.of(r) for _, r in zip(range(MAX_WAITING_LISTED), core.waiting))
         blocks = core.blocks
+        counts: dict[str | None, list[int]] = {}
+        for index, queue in enumerate((core.running, core.waiting)):
+            for request in queue:
+                counts.setdefault(request.meta.tenant, [0, 0])[index] += 1
+        tenants = tuple(sorted(((t, r, w) for t, (r, w) in counts.items()),
+                               key=lambda row: -(row[1] + row[2])))
         return StepSnapshot(
             core.step_count, core.clock(), scheduler_name(core.scheduler), tuple(slots),
             waiting, len(core.waiting), blocks.num_blocks - blocks.num_free_blocks,
             blocks.num_blocks, blocks.block_size, core.num_preemptions,
-            self.num_generated_tokens,
+            self.num_generated_tokens, tenants,
         )

@@ -38,7 +38,8 @@ const AIOSERVE = (() => {
       bar.style.width = "0"; pre.style.width = "0"; info.textContent = "free";
       return;
     }
-    const [id, phase, prompt, output, computed, maxTokens, blocks, preempted] = s;
+    const [id, phase, prompt, output, computed, maxTokens, blocks, preempted, tenant,
+      priority] = s;
     const total = Math.max(1, prompt + maxTokens);
     row.dataset.requestId = id; row.dataset.phase = phase;
     row.classList.toggle("was-preempted", preempted > 0);
@@ -54,8 +55,22 @@ const AIOSERVE = (() => {
       mark.className = "preempted"; mark.textContent = `⟲${preempted} `;
       info.append(mark);
     }
+    if (tenant != null || priority) info.append(`${tenant ?? "–"}·p${priority ?? 0} `);
     info.append(short(id));
     info.title = id;
+  }
+
+  function drawTenants(frame) {
+    const box = $("tenants");
+    box.innerHTML = "";
+    for (const [tenant, running, waiting, ttft] of frame.tenants || []) {
+      const row = document.createElement("div");
+      row.className = "tenant";
+      row.dataset.tenant = tenant ?? "";
+      row.textContent = `${tenant ?? "(no tenant)"}: ${running} running, ${waiting} waiting, ` +
+        `TTFT p50 / p99 ${ttft ? `${ms(ttft.p50)} / ${ms(ttft.p99)} ms` : "–"}`;
+      box.appendChild(row);
+    }
   }
 
   function drawQueue(frame) {
@@ -111,6 +126,7 @@ const AIOSERVE = (() => {
     ensureSlots(frame.slots.length);
     frame.slots.forEach((s, i) => drawSlot($("slots").children[i], s));
     drawQueue(frame);
+    drawTenants(frame);
   }
 
   function setStatus(ok, text) {

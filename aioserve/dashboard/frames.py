@@ -11,6 +11,8 @@ from aioserve.step_snapshot import StepSnapshot
 
 #: Percentiles the page shows.
 PERCENTILES = (50, 90, 99)
+#: Most tenants the page breaks down (by requests in the engine).
+MAX_TENANTS = 16
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -86,11 +88,19 @@ class FrameMaker:
     def __init__(self, model: str) -> None:
         self.model = model
         self.latencies = LatencyWindow()
+        self.by_tenant: dict[str | None, LatencyWindow] = {}
         self.rate = RateMeter()
 
     def record_finished(self, request: Request) -> None:
-        """Add a finished request to the latency window."""
+        """Add a finished request to the latency window (and its tenant's: the first
+        :data:`MAX_TENANTS` tenants seen get one)."""
         self.latencies.record(request)
+        tenant = request.meta.tenant
+        window = self.by_tenant.get(tenant)
+        if window is None and len(self.by_tenant) < MAX_TENANTS:
+            window = self.by_tenant[tenant] = LatencyWindow(100)
+        if window is not None:
+            window.record(request)
 
     def frame(self, snapshot: StepSnapshot) -> dict[str, Any]:
         """The frame of one snapshot (call in time order: it advances the rate)."""
@@ -100,4 +110,8 @@ class FrameMaker:
         frame["tokens_per_s"] = round(
             self.rate.add(snapshot.time, snapshot.num_generated_tokens), 3)
         frame.update(self.latencies.summary())
+        frame["tenants"] = [
+            [tenant, running, waiting,
+             (w.summary()["ttft"] if (w := self.by_tenant.get(tenant)) else None)]
+            for tenant, running, waiting in snapshot.tenants[:MAX_TENANTS]]
         return frame

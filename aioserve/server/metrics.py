@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from aioserve.engine import AsyncEngine
 from aioserve.request import Request, RequestMetrics
+from aioserve.server.tenant_metrics import TenantMetrics
 from aioserve.step_snapshot import StepSnapshot
 
 PREFIX = "aioserve:"
@@ -92,6 +93,11 @@ class _EngineCollector(Collector):
              core.prefix_cache_queries if core is not None else m.last_prefix_queries),
             ("prefix_cache_hits", "Tokens found in the prefix cache at admission.",
              core.prefix_cache_hits if core is not None else m.last_prefix_hits),
+            ("scheduler_failures", "Policy calls that raised or returned a malformed "
+             "decision (contained: the FCFS decision was used, or the hook skipped).",
+             core.guard.failures if core is not None else m.last_scheduler_failures),
+            ("num_requests_shed", "Requests the scheduling policy shed (HTTP 503).",
+             core.num_shed if core is not None else m.last_shed),
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
@@ -114,6 +120,8 @@ class ServerMetrics:
         self.last_preemptions = 0
         self.last_prefix_queries = 0
         self.last_prefix_hits = 0
+        self.last_scheduler_failures = 0
+        self.last_shed = 0
         r = self.registry
         self.request_success = Counter(
             PREFIX + "request_success", "Finished requests by finish reason.",
@@ -135,6 +143,7 @@ class ServerMetrics:
         self.queue_time = Histogram(
             PREFIX + "request_queue_time_seconds", "Arrival to first scheduled (seconds).",
             buckets=_E2E_BUCKETS, registry=r)
+        self.tenants = TenantMetrics(PREFIX, r, _LATENCY_BUCKETS)
         r.register(_EngineCollector(self))
 
     def attach(self) -> None:
@@ -160,6 +169,7 @@ class ServerMetrics:
                                  (self.queue_time, lat.queue_time), (self.e2e, lat.e2e)):
             if value is not None:
                 histogram.observe(value)
+        self.tenants.record(request, lat.time_to_first_token)
         if lat.time_per_output_token is not None:
             self.tpot.observe(lat.time_per_output_token)
             for _ in range(request.num_output_tokens - 1):
@@ -173,6 +183,8 @@ class ServerMetrics:
             self.last_preemptions = self.engine.core.num_preemptions
             self.last_prefix_queries = self.engine.core.prefix_cache_queries
             self.last_prefix_hits = self.engine.core.prefix_cache_hits
+            self.last_scheduler_failures = self.engine.core.guard.failures
+            self.last_shed = self.engine.core.num_shed
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus text format."""
