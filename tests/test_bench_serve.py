@@ -72,3 +72,44 @@ async def test_serve_benchmark_reports_prefix_cache_hits(model_dir):
     result = summarize(records, duration, used)
     assert result.metrics["prefix_hit_rate"] == pytest.approx(96 / (4 * 44))
     assert "prefix cache hits" in result.summary()
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "ws"])
+async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint):
+    """The file ``aioserve simulate`` reads replays against a live server: arrival times,
+    lengths, and every field a policy reads (tenant sent as ``user``)."""
+    from aioserve.bench.workload_file import workload_requests
+    from aioserve.scheduling import OrderedScheduler
+    from aioserve.sim.workloads import WorkloadRequest, dump_jsonl
+
+    class Seen(OrderedScheduler):
+        def __init__(self):
+            super().__init__()
+            self.views = []
+
+        def on_arrival(self, request):
+            self.views.append(request)
+
+    items = [WorkloadRequest("a", 0.0, 6, 4, tenant="acme", priority=2, ttft_slo_ms=900,
+                             tpot_slo_ms=50, deadline_s=30.0, metadata={"team": "x"}),
+             WorkloadRequest("b", 0.05, 8, 3)]
+    path = dump_jsonl(items, tmp_path / "w.jsonl")
+    policy = Seen()
+    engine = AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=4), scheduler=policy)
+    server = TestServer(create_app(engine), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        requests = workload_requests(str(path), 512)
+        records, _, _ = await run_serving(url, requests, endpoint=endpoint)
+    finally:
+        await server.close()
+    assert [r.output_tokens for r in records] == [4, 3]
+    assert [r.prompt_len for r in records] == [6, 8]
+    first = next(v for v in policy.views if v.num_prompt_tokens == 6)
+    assert (first.tenant, first.priority, first.ttft_slo_ms, first.tpot_slo_ms) == (
+        "acme", 2, 900, 50)
+    assert dict(first.metadata) == {"team": "x"}
+    assert first.deadline is not None and 25 < first.deadline - first.arrival_time <= 30
+    other = next(v for v in policy.views if v.num_prompt_tokens == 8)
+    assert (other.tenant, other.priority, other.deadline) == (None, 0, None)

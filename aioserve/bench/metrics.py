@@ -72,7 +72,24 @@ class ServingResult:
             s = m[name]
             lines.append(f"{name.upper():>5} ms: mean {s['mean_ms']:8.2f}  median "
                          f"{s['median_ms']:8.2f}  p99 {s['p99_ms']:8.2f}")
+        for group, g in m.get("groups", {}).items():
+            lines.append(f"  {group}: {g['requests']} requests, TTFT mean "
+                         f"{g['ttft']['mean_ms']:.1f} p99 {g['ttft']['p99_ms']:.1f} ms, E2E mean "
+                         f"{g['e2e']['mean_ms']:.1f} ms")
         return "\n".join(lines)
+
+
+def _groups(done: list[RequestRecord]) -> dict[str, dict[str, Any]]:
+    """TTFT and E2E per (tenant, priority), when the requests have several."""
+    groups: dict[tuple[str | None, int], list[RequestRecord]] = {}
+    for record in done:
+        groups.setdefault(record.group, []).append(record)
+    if len(groups) < 2:
+        return {}
+    return {f"{tenant or '-'} p{priority}": {
+        "requests": len(rs), "ttft": latency_stats([r.ttft for r in rs]),
+        "e2e": latency_stats([r.e2e for r in rs])}
+        for (tenant, priority), rs in sorted(groups.items(), key=str)}
 
 
 def summarize(
@@ -89,7 +106,8 @@ def summarize(
     tpots = [t for r in done if (t := r.tpot) is not None]
     good = [
         r for r in done
-        if r.ttft * 1000 <= slo_ttft_ms and (r.tpot or 0.0) * 1000 <= slo_tpot_ms
+        if r.ttft * 1000 <= (r.slo_ms[0] or slo_ttft_ms)
+        and (r.tpot or 0.0) * 1000 <= (r.slo_ms[1] or slo_tpot_ms)
     ]
     out_tokens = sum(r.output_tokens for r in done)
     metrics: dict[str, Any] = {
@@ -105,5 +123,6 @@ def summarize(
         / max(1, sum(r.prompt_len for r in done)),
         "slo_ttft_ms": slo_ttft_ms,
         "slo_tpot_ms": slo_tpot_ms,
+        "groups": _groups(done),
     }
     return ServingResult(endpoint, len(done), len(records) - len(done), duration_s, metrics)

@@ -37,6 +37,8 @@ class RequestRecord:
         error: why it failed, or None.
         cached_tokens: prompt tokens the server took from its prefix cache (its usage's
             ``prompt_tokens_details.cached_tokens``; 0 when it sends none).
+        group: the request's (tenant, priority), for the per-group figures.
+        slo_ms: its own (TTFT, TPOT) objectives in ms, for goodput (None: the run's).
     """
 
     prompt_len: int
@@ -47,6 +49,8 @@ class RequestRecord:
     end: float = 0.0
     error: str | None = None
     cached_tokens: int = 0
+    group: tuple[str | None, int] = (None, 0)
+    slo_ms: tuple[float | None, float | None] = (None, None)
 
     @property
     def ok(self) -> bool:
@@ -80,15 +84,24 @@ async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
             yield line[5:].strip()
 
 
+def extra_fields(request: BenchRequest, unix_start: float) -> dict[str, Any]:
+    """The request's fields beyond prompt and length; its deadline as Unix time
+    (``unix_start``: the run's start)."""
+    fields = dict(request.fields)
+    if request.deadline_s is not None:
+        fields["deadline"] = unix_start + request.deadline_s
+    return fields
+
+
 async def send_completion(
     session: aiohttp.ClientSession, base_url: str, model: str | None, record: RequestRecord,
-    request: BenchRequest,
+    request: BenchRequest, unix_start: float = 0.0,
 ) -> None:
     """Stream one completion over HTTP into ``record`` (errors are recorded, not raised)."""
     body: dict[str, Any] = {
         "prompt": request.prompt_token_ids, "max_tokens": request.output_len,
         "temperature": 0.0, "ignore_eos": True, "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True}, **extra_fields(request, unix_start),
     }
     if model is not None:
         body["model"] = model
@@ -136,7 +149,8 @@ class WebsocketClient:
         for queue in self.queues.values():
             queue.put_nowait({"type": "error", "message": "websocket closed"})
 
-    async def send(self, request_id: str, record: RequestRecord, request: BenchRequest) -> None:
+    async def send(self, request_id: str, record: RequestRecord, request: BenchRequest,
+                   unix_start: float = 0.0) -> None:
         """Stream one generation into ``record`` (errors are recorded, not raised)."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.queues[request_id] = queue
@@ -144,6 +158,7 @@ class WebsocketClient:
         await self.ws.send_json({
             "type": "generate", "id": request_id, "prompt": request.prompt_token_ids,
             "max_tokens": request.output_len, "temperature": 0.0, "ignore_eos": True,
+            **extra_fields(request, unix_start),
         })
         while True:
             message = await queue.get()
@@ -185,6 +200,16 @@ def arrival_gaps(num: int, request_rate: float, seed: int) -> list[float]:
     return [rng.expovariate(request_rate) for _ in range(num)]
 
 
+def send_times(requests: list[BenchRequest], request_rate: float, seed: int) -> list[float]:
+    """When to send each request, seconds after the start: its own ``arrival_s`` when
+    the workload gives one, else Poisson arrivals at ``request_rate``."""
+    times, t = [], 0.0
+    for request, gap in zip(requests, arrival_gaps(len(requests), request_rate, seed)):
+        t += gap
+        times.append(request.arrival_s if request.arrival_s is not None else t)
+    return times
+
+
 async def run_serving(
     base_url: str,
     requests: list[BenchRequest],
@@ -208,7 +233,10 @@ async def run_serving(
     if endpoint not in ("auto", "completions", "ws"):
         raise ValueError(f"endpoint must be auto, completions or ws, got {endpoint!r}")
     base_url = base_url.rstrip("/")
-    records = [RequestRecord(r.prompt_len, r.output_len) for r in requests]
+    records = [RequestRecord(r.prompt_len, r.output_len,
+                             group=(r.fields.get("user"), r.fields.get("priority", 0)),
+                             slo_ms=(r.fields.get("ttft_slo_ms"), r.fields.get("tpot_slo_ms")))
+               for r in requests]
     bar = tqdm(total=len(requests), desc="serve", unit="req", disable=not progress)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -221,16 +249,19 @@ async def run_serving(
 
         async def one(index: int) -> None:
             if ws is not None:
-                await ws.send(f"b{index}", records[index], requests[index])
+                await ws.send(f"b{index}", records[index], requests[index], unix_start)
             else:
-                await send_completion(session, base_url, model, records[index], requests[index])
+                await send_completion(session, base_url, model, records[index], requests[index],
+                                      unix_start)
             bar.update(1)
 
         tasks = []
-        start = time.perf_counter()
-        for index, gap in enumerate(arrival_gaps(len(requests), request_rate, seed)):
-            if gap > 0:
-                await asyncio.sleep(gap)
+        start, unix_start = time.perf_counter(), time.time()
+        times = send_times(requests, request_rate, seed)
+        for index in sorted(range(len(requests)), key=times.__getitem__):
+            delay = start + times[index] - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(index)))
         await asyncio.gather(*tasks)
         duration = time.perf_counter() - start

@@ -4,8 +4,9 @@ output lengths."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,10 +16,19 @@ class BenchRequest:
     Attributes:
         prompt_token_ids: the prompt (BOS + random ids).
         output_len: tokens to generate (EOS is ignored, so exactly this many).
+        arrival_s: when to send it, seconds after the run starts (None: the run's
+            Poisson arrivals decide).
+        fields: more request-body fields (``priority``, ``user``, ``ttft_slo_ms``,
+            ``tpot_slo_ms``, ``metadata``, ``length_hint``).
+        deadline_s: its deadline, seconds after the run starts (sent as the absolute
+            Unix time ``deadline``), or None.
     """
 
     prompt_token_ids: list[int]
     output_len: int
+    arrival_s: float | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    deadline_s: float | None = None
 
     @property
     def prompt_len(self) -> int:

@@ -90,6 +90,11 @@ def _add_serve(sub: Any) -> None:
                    help="TPOT objective in ms, for goodput")
     p.add_argument("--plot", default=None, help="save latency plots to this file (PNG)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--workload", default=None, metavar="FILE.jsonl",
+                   help="replay a simulator workload (a JSONL file, or a named one as "
+                        "aioserve simulate --workload): its arrival times, prompt and output "
+                        "lengths, priority, tenant (sent as user), objectives and metadata; "
+                        "the random options are then unused")
     _workload_options(p, 100)
     p.set_defaults(bench=_serve)
 
@@ -122,6 +127,10 @@ def _prefix(args: argparse.Namespace) -> tuple[int, int, int] | None:
 
 
 def _requests(args: argparse.Namespace) -> list[BenchRequest]:
+    if getattr(args, "workload", None):
+        from aioserve.bench.workload_file import workload_requests
+
+        return workload_requests(args.workload, args.vocab_size)
     prefix = _prefix(args)
     if prefix is None:
         return random_requests(args.num_prompts, args.input_len, args.output_len,
