@@ -59,6 +59,7 @@ class BatchBuilder:
         the end of the request's; each request's counters advance by what is now in
         flight. The per-step hot path at hundreds of running requests, so every lookup
         is bound once."""
+        chunks = chunks or None  # one truth test here, not one per request
         ids, counts, starts = self.request_ids, self._counts, self._starts
         block_size, reserve = self.block_size, self._reserve
         sample, produced_list, record = self._sample, self._produced, self.record

@@ -79,11 +79,15 @@ class EngineCore(EngineQueues):
     def snapshot(self) -> SchedulerState:
         """The read-only view a policy decides on."""
         running = self.running
+        views = self.running_views
         if self._finishing:  # their slots are free for the next step
             running = [r for r in running if r.request_id not in self._finishing]
+            views = tuple([r.view for r in running])
+        elif views is None:
+            views = self.running_views = tuple([r.view for r in running])
         return SchedulerState(
-            waiting=tuple(r.view for r in self.waiting),
-            running=tuple(r.view for r in running),
+            waiting=tuple([r.view for r in self.waiting]),
+            running=views,
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
             block_size=self.blocks.block_size,
@@ -92,6 +96,7 @@ class EngineCore(EngineQueues):
             now=self.clock(),
             step=self.step_count,
             prefix_hit=prefix_hit_lookup(self.blocks, self.requests),
+            running_requests=running,
         )
 
     def schedule(self) -> ScheduledBatch | None:
@@ -188,6 +193,7 @@ class EngineCore(EngineQueues):
             count = min(request.num_tokens - request.num_computed_tokens, limit)
             self.waiting.remove(request)
             self.running.append(request)
+            self.running_views = None
             request.status = RequestStatus.RUNNING
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = now

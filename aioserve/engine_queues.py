@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from aioserve.kv_cache import BlockManager
 from aioserve.request import FinishReason, Request, RequestStatus
-from aioserve.scheduling import Scheduler
+from aioserve.scheduling import RequestView, Scheduler
 from aioserve.scheduling.guard import PolicyGuard
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ class EngineQueues:
         self.clock = clock
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        #: views of ``running`` for the next snapshot (None: to be made again)
+        self.running_views: tuple[RequestView, ...] | None = None
         self.requests: dict[str, Request] = {}
         self.step_count = 0
         self.num_preemptions = 0
@@ -85,6 +87,7 @@ class EngineQueues:
             return
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
+            self.running_views = None
         else:
             self.waiting.remove(request)
         self._free_blocks(request)
@@ -124,6 +127,7 @@ class EngineQueues:
     def preempt(self, request: Request) -> None:
         """Evict a running request; it is recomputed (prompt + output) when readmitted."""
         self.running.remove(request)
+        self.running_views = None
         self._free_blocks(request)
         self.num_preempted_tokens += request.num_confirmed_tokens
         request.num_computed_tokens = 0
