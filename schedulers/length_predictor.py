@@ -39,7 +39,7 @@ def make_predictor(spec: LengthPredictor | str | None) -> LengthPredictor:
     predictor = load_object(spec)() if isinstance(spec, str) else spec
     if not callable(getattr(predictor, "predict", None)):
         raise ValueError(f"predictor {spec!r} has no predict(request) method")
-    return predictor  # type: ignore[no-any-return]
+    return predictor
 
 
 def predicted_remaining(predictor: LengthPredictor, request: RequestView) -> int:

@@ -22,7 +22,7 @@ from aioserve.sim.workloads import WorkloadRequest
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``simulate`` command."""
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
         help="run a workload through the engine and schedulers on a virtual clock",
         description="Reproduce the article's tables, compare policies without a model, "

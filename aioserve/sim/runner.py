@@ -91,7 +91,7 @@ class SimulatedRunner:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.eos_token_ids = (eos_token_id,)
+        self.eos_token_ids: tuple[int, ...] = (eos_token_id,)
         self.cost_model = cost_model
         self.now_ns = 0
         self.steps = 0

@@ -137,4 +137,6 @@ def fit_steps(steps: Sequence[StepFeedback], source: dict[str, Any] | None = Non
         "mean_abs_error_ms": float(np.abs(residual).mean()),
         "total_error_pct": 100.0 * float(predicted.sum() - y.sum()) / float(y.sum()),
     }
-    return StepCostModel(*(float(c) for c in coef), source=dict(source or {}), fit=fit)
+    intercept, per_seq, per_prefill, per_context = (float(c) for c in coef)
+    return StepCostModel(intercept, per_seq, per_prefill, per_context,
+                         source=dict(source or {}), fit=fit)
