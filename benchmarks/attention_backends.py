@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from aioserve.runners.attention.backend import backend_for
+from aioserve.runners.attention.registry import backend_for
 from aioserve.runners.model.layer_rules import LayerRules
 
 GIB = 1 << 30

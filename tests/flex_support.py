@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from aioserve.runners.attention.backend import ReferenceBackend
 from aioserve.runners.attention.flex.backend import FlexBackend
+from aioserve.runners.attention.reference import ReferenceBackend
 from aioserve.runners.model import loader as model_loader
 from aioserve.runners.model.layer_rules import LayerRules
 

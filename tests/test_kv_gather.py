@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from aioserve.runners.attention.backend import ReferenceBackend
 from aioserve.runners.attention.kv_gather import GatherBuffers, gather, gather_index
+from aioserve.runners.attention.reference import ReferenceBackend
 from aioserve.runners.model.layer_rules import LayerRules
 
 BLOCK = 4

@@ -6,6 +6,7 @@ import argparse
 
 from aioserve.config import EngineConfig
 from aioserve.memory_size import parse_memory
+from aioserve.runners.attention import registry as attention_registry
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -42,13 +43,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
     """Add ``--forward`` and ``--attention-backend`` (how the runner runs the model)."""
     parser.add_argument(
-        "--forward", default="transformers", choices=["transformers", "lean-llama"],
+        "--forward", default="transformers", choices=list(attention_registry.FORWARDS),
         help="the model's forward: its own (any decoder), or the opt-in lean forward of "
              "Llama checkpoints (fewer Python calls; pays on small models on the CPU; "
              "checked bit for bit against transformers' at load)",
     )
     parser.add_argument(
-        "--attention-backend", default="reference", choices=["reference", "flex"],
+        "--attention-backend", default="reference",
+        choices=list(attention_registry.backend_names()),
         help="attention implementation behind the runner's seam: reference (exact, any "
              "device) or flex (FlexAttention over the paged cache; compiled, with CUDA "
              "graphs for decode steps, on CUDA)",

@@ -46,6 +46,7 @@ ATTENTION_NAME = "aioserve_paged"
 __all__ = [
     "ATTENTION_NAME",
     "attend_groups",
+    "attend_layer",
     "PagedAttentionMetadata",
     "build_metadata",
     "paged_attention",
@@ -178,18 +179,20 @@ def paged_attention(
     k_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
     v_cache.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
     q = query[0].transpose(0, 1)  # [T, q_heads, k_dim]
-    out = attend_groups(q, k_cache, v_cache, meta, scaling, rules, kwargs.get("s_aux"))
+    out = attend_layer(scaling, rules, q, k_cache, v_cache, meta, kwargs.get("s_aux"))
     return out.unsqueeze(0), None
 
 
-def attend_groups(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: PagedAttentionMetadata, scaling: float | None,
-    rules: LayerRules | None = None, sinks: torch.Tensor | None = None,
+def attend_layer(
+    scaling: float | None, rules: LayerRules | None, q: torch.Tensor, k_cache: torch.Tensor,
+    v_cache: torch.Tensor, meta: PagedAttentionMetadata, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each group's attention over its gathered context (the step's keys and values
     already written): ``q`` ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]``.
-    ``rules`` None: a plain layer (no window, soft-cap or sinks; equal K/V widths)."""
+    ``rules`` None: a plain layer (no window, soft-cap or sinks; equal K/V widths).
+    The layer's own arguments come first, so ``functools.partial(attend_layer,
+    scaling, rules)`` is one layer's attention at the cost of a direct call
+    (:meth:`~aioserve.runners.attention.reference.ReferenceBackend.layer_attention`)."""
     size = meta.block_size
     if len(meta.groups) == 1 and meta.groups[0].token_index is None:
         return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size, rules, sinks,
@@ -203,6 +206,15 @@ def attend_groups(
             _attend(part, k_cache, v_cache, group, scaling, size, rules, sinks, meta.buffers),
         )
     return out
+
+
+def attend_groups(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata, scaling: float | None,
+    rules: LayerRules | None = None, sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`attend_layer` with the tensors first."""
+    return attend_layer(scaling, rules, q, k_cache, v_cache, meta, sinks)
 
 
 def register() -> str:

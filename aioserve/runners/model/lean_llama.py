@@ -6,7 +6,9 @@ tensor parallelism): module calls, decorators and config look-ups around a few
 hundred aten ops per step. On the CPU a small model's step costs what its ops cost
 to launch from Python, so this forward runs the same computation with fewer ops and
 no module calls: the rotary embedding applied to queries and keys together, views
-without shape arithmetic, and aioserve's paged attention called directly. When the
+without shape arithmetic, and each layer's attention called through the backend's seam
+(:meth:`~aioserve.runners.attention.backend.AttentionBackend.layer_attention`, bound
+at load), so it runs on any attention backend. When the
 model's linear layers are packed (:mod:`~aioserve.runners.cpu.packed_linear`: oneDNN's
 layout or compiled panels) the q/k/v projections are one matrix product and gate/up
 another (either way a column's bits are the same fused or not); on plain weights they
@@ -28,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from aioserve.runners.attention.paged import attend_groups
+from aioserve.runners.attention.backend import AttentionBackend, LayerAttention
 from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
 from aioserve.runners.cpu import native_kernels
 from aioserve.runners.cpu.packed_linear import (
@@ -37,6 +39,7 @@ from aioserve.runners.cpu.packed_linear import (
     linear_pointwise,
     pack_weight,
 )
+from aioserve.runners.model.layer_rules import LayerRules
 
 _STATIC_ROPE = {"default", "linear", "llama3"}
 
@@ -68,9 +71,12 @@ class LeanLlama(torch.nn.Module):
 
     Args:
         model: a transformers ``LlamaForCausalLM`` (see :func:`supports`).
+        backend: the attention backend the model was loaded with.
+        rules: each layer's rules by layer index (plain layers).
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, backend: AttentionBackend,
+                 rules: dict[int, LayerRules]) -> None:
         super().__init__()
         config = model.config
         inner = model.model
@@ -85,7 +91,9 @@ class LeanLlama(torch.nn.Module):
         self.inv_freq = inner.rotary_emb.inv_freq.detach().float()
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.layers = [self._layer(layer) for layer in inner.layers]
-        self.scaling = float(inner.layers[0].self_attn.scaling)
+        # each layer's attention, bound once: no dispatch per layer in a step
+        self.attention: list[LayerAttention] = [
+            backend.layer_attention(rules[index]) for index in range(len(self.layers))]
         # rotation and cache writes in one compiled call (float32 on the CPU)
         self.native = (self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
                        and native_kernels.available())
@@ -178,6 +186,7 @@ class LeanLlama(torch.nn.Module):
         half = self.head_dim // 2
         slot_mapping = meta.slot_mapping
         for index, (norm1, qkv_w, o_w, norm2, mlp_w) in enumerate(self.layers):
+            attend = self.attention[index]
             h = self._rms_norm(x, norm1)
             qk, v = self._qkv(h, qkv_w)
             qk = qk.unflatten(1, (-1, self.head_dim))
@@ -192,7 +201,7 @@ class LeanLlama(torch.nn.Module):
                 q, k = qk[:, : self.heads], qk[:, self.heads :]
                 k_cache.index_copy_(0, slot_mapping, k)
                 v_cache.index_copy_(0, slot_mapping, v)
-            attn = attend_groups(q, k_cache, v_cache, meta, self.scaling)
+            attn = attend(q, k_cache, v_cache, meta)
             x = x + self._linear(attn.flatten(1), o_w)
             h = self._rms_norm(x, norm2)
             x = x + self._mlp(h, mlp_w)
@@ -201,23 +210,24 @@ class LeanLlama(torch.nn.Module):
 
 
 def lean_forward(
-    model: torch.nn.Module, all_plain: bool,
+    model: torch.nn.Module, backend: AttentionBackend, rules: dict[int, LayerRules],
     probe: Callable[[LeanLlama | None], list[torch.Tensor]],
 ) -> LeanLlama:
-    """The lean forward of ``model``, checked: ``probe(forward)`` runs the same probe
-    steps through transformers' forward (None) or the lean one and returns the logits;
-    the lean forward is returned only if they are equal bit for bit.
+    """The lean forward of ``model`` (loaded with ``backend``; its layers' ``rules``),
+    checked: ``probe(forward)`` runs the same probe steps through transformers' forward
+    (None) or the lean one and returns the logits; the lean forward is returned only if
+    they are equal bit for bit.
 
     Raises:
         ValueError: the model is not a supported Llama (``forward``), or the lean
             forward's logits differ from transformers' on the probe.
     """
-    if not (supports(model) and all_plain):
+    if not (supports(model) and all(layer.plain for layer in rules.values())):
         raise ValueError(
             "forward: lean-llama needs a Llama model (no projection biases, SiLU, a static "
             "rotary embedding, plain attention layers); use --forward transformers"
         )
-    lean = LeanLlama(model)
+    lean = LeanLlama(model, backend, rules)
     want, got = probe(None), probe(lean)
     if not all(torch.equal(a, b) for a, b in zip(want, got)):
         raise ValueError("forward: lean-llama's logits differ from transformers' on this "

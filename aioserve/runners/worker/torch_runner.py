@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from aioserve.config import EngineConfig
-from aioserve.runners.attention.backend import AttentionBackend, ReferenceBackend, backend_for
+from aioserve.runners.attention.backend import AttentionBackend
+from aioserve.runners.attention.registry import backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.cpu import malloc as cpu_malloc
 from aioserve.runners.cpu import native_kernels
@@ -57,7 +58,8 @@ class TorchRunner:
         OSError: the model cannot be loaded.
         UnsupportedModelError: the model cannot be served exactly (ALiBi, layers that
             bypass transformers' attention interface, rules the backend lacks).
-        ValueError: the KV-cache budget holds no block; an unknown attention backend.
+        ValueError: the KV-cache budget holds no block; an unknown attention backend,
+            or one that does not serve ``config.forward`` (refused before the model loads).
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -79,12 +81,13 @@ class TorchRunner:
         """Everything :meth:`__init__` documents, on the worker thread."""
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.backend: AttentionBackend = backend_for(config.attention_backend, self.device,
+                                                     config.forward)
         if self.device.type == "cpu":  # large temporaries reuse heap memory (cpu_malloc.py)
             cpu_malloc.tune_malloc()
         local = config.model.startswith((".", "/", "~"))
         if local and not os.path.isdir(os.path.expanduser(config.model)):
             raise OSError(f"model directory {config.model!r} does not exist")
-        self.backend: AttentionBackend = backend_for(config.attention_backend, self.device)
         model, self.layer_rules = model_loader.load_model(
             config.model, self.dtype, self.device, self.backend
         )
@@ -99,8 +102,7 @@ class TorchRunner:
         self.num_kv_blocks = self._num_blocks(config)
         graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
             and not config.enforce_eager
-        # the reference backend reads a CPU cache head-major (sparse_decode.py)
-        head_major = self.device.type == "cpu" and isinstance(self.backend, ReferenceBackend)
+        head_major = self.device.type == "cpu" and self.backend.head_major
         if self.device.type == "cpu" and self.dtype == torch.float32:
             native_kernels.available()  # built now (once a machine), not mid-step
         # small steps padded so a row's products do not depend on the step (row_padding.py)
@@ -127,8 +129,7 @@ class TorchRunner:
             torch.set_num_threads(self.num_threads)
         self.lean: LeanLlama | None = None
         if config.forward == "lean-llama":
-            plain = all(rules.plain for rules in self.layer_rules.values())
-            self.lean = lean_forward(model, plain, self._probe)
+            self.lean = lean_forward(model, self.backend, self.layer_rules, self._probe)
         self._waiter: ThreadPoolExecutor | None = None
         self._pinned: list[torch.Tensor] = []
         if self.device.type == "cuda":
