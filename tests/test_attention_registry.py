@@ -21,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without to
 def transformers_only(monkeypatch):
     """A registered backend that serves only transformers' forward (removed after)."""
     monkeypatch.setattr(registry, "_BACKENDS", dict(registry._BACKENDS))
-    registry.register_backend("eager-only", lambda device: ReferenceBackend(),
+    registry.register_backend("eager-only", lambda device, invariance: ReferenceBackend(),
                               forwards=("transformers",), reason="it hooks modules only")
     return "eager-only"
 
@@ -34,9 +34,10 @@ def test_names_and_unknown_backend():
 
 def test_registration_is_checked(transformers_only):
     with pytest.raises(ValueError, match="already registered"):
-        registry.register_backend("reference", lambda device: ReferenceBackend())
+        registry.register_backend("reference", lambda device, invariance: ReferenceBackend())
     with pytest.raises(ValueError, match="unknown forwards"):
-        registry.register_backend("other", lambda device: ReferenceBackend(), forwards=("x",))
+        registry.register_backend("other", lambda device, invariance: ReferenceBackend(),
+                                  forwards=("x",))
     assert transformers_only in registry.backend_names()
     assert isinstance(registry.backend_for(transformers_only, torch.device("cpu")),
                       ReferenceBackend)

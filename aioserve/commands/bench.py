@@ -143,7 +143,7 @@ def _throughput(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype, device=args.device, enable_prefix_caching=args.enable_prefix_caching,
         forward=args.forward, attention_backend=args.attention_backend,
-        enforce_eager=args.enforce_eager,
+        enforce_eager=args.enforce_eager, batch_invariant=args.batch_invariant,
     )
     report = run_offline(
         config, num_prompts=args.num_prompts, input_len=args.input_len,

@@ -57,6 +57,11 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--enforce-eager", action="store_true",
                         help="never capture CUDA graphs (vLLM's flag of the same name)")
+    parser.add_argument(
+        "--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+        help="a request's greedy tokens in any batch equal its tokens alone (row padding "
+             "and a 32-key context floor on the CPU); --no-batch-invariant saves that time",
+    )
 
 
 def add_prefix_caching_option(parser: argparse.ArgumentParser) -> None:
@@ -95,4 +100,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         forward=args.forward,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
+        batch_invariant=args.batch_invariant,
     )

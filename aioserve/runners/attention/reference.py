@@ -18,6 +18,7 @@ from aioserve.runners.attention import paged_metadata
 from aioserve.runners.attention.backend import LayerAttention, uneven_heads
 from aioserve.runners.attention.kv_gather import GatherBuffers
 from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
+from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu import native_kernels
 from aioserve.runners.model.layer_rules import LayerRules
 
@@ -28,13 +29,19 @@ class ReferenceBackend:
     """The exact backend: every rule of :class:`LayerRules`, on any device. Its
     layers gather blocks into buffers it keeps (:class:`GatherBuffers`), so one
     backend serves one runner, whose steps run one after another. On the CPU it
-    reads a head-major cache (:mod:`~aioserve.runners.attention.sparse_decode`)."""
+    reads a head-major cache (:mod:`~aioserve.runners.attention.sparse_decode`).
+
+    Args:
+        invariance: the batch-invariance policy (its context floor: every group spans
+            at least ``invariance.min_context_width`` keys).
+    """
 
     attention_name = attention.ATTENTION_NAME
     head_major = True
 
-    def __init__(self) -> None:
+    def __init__(self, invariance: BatchInvariance | None = None) -> None:
         self.buffers = GatherBuffers()
+        self.min_context = (invariance or BatchInvariance()).min_context_width
 
     def register(self) -> str:
         return attention.register()
@@ -55,6 +62,7 @@ class ReferenceBackend:
         return paged_metadata.build_metadata(
             kv_caches, start_positions, num_new_tokens, block_tables, block_size, device,
             windows=windows, buffers=self.buffers, native_decode=native,
+            min_context=self.min_context,
         )
 
     def attend(

@@ -16,9 +16,13 @@ if TYPE_CHECKING:
     import torch
 
     from aioserve.runners.attention.backend import AttentionBackend
+    from aioserve.runners.batch_invariance import BatchInvariance
 
 __all__ = ["BackendEntry", "FORWARDS", "backend_for", "backend_names", "check_forward",
            "register_backend"]
+
+#: ``factory(device, invariance)``: a backend for the device under the policy.
+Factory = Callable[["torch.device", "BatchInvariance"], "AttentionBackend"]
 
 #: The model forwards (``EngineConfig.forward``): transformers' own and the lean
 #: Llama forward (:mod:`~aioserve.runners.model.lean_llama`).
@@ -30,14 +34,15 @@ class BackendEntry:
     """One registered backend.
 
     Attributes:
-        factory: ``factory(device)`` makes the backend for ``device``; raises ValueError
-            where it cannot run there (the message names the backend).
+        factory: ``factory(device, invariance)`` makes the backend for ``device`` under
+            the batch-invariance policy; raises ValueError where it cannot run there
+            (the message names the backend).
         forwards: the forwards it serves (a subset of :data:`FORWARDS`); the others are
             refused before the model loads.
         reason: why it does not serve the other forwards (in the refusal).
     """
 
-    factory: Callable[[torch.device], AttentionBackend]
+    factory: Factory
     forwards: tuple[str, ...] = FORWARDS
     reason: str = ""
 
@@ -46,7 +51,7 @@ _BACKENDS: dict[str, BackendEntry] = {}
 
 
 def register_backend(
-    name: str, factory: Callable[[torch.device], AttentionBackend],
+    name: str, factory: Factory,
     forwards: tuple[str, ...] = FORWARDS, reason: str = "",
 ) -> None:
     """Make ``name`` an ``--attention-backend`` (``EngineConfig.attention_backend``).
@@ -88,25 +93,34 @@ def check_forward(forward: str, name: str) -> None:
                          f"it serves --forward {served}. {entry.reason}".rstrip())
 
 
-def backend_for(name: str, device: torch.device, forward: str = "transformers") -> AttentionBackend:
-    """The attention backend called ``name`` for ``device`` and the model forward
-    ``forward``.
+def backend_for(
+    name: str, device: torch.device, forward: str = "transformers",
+    invariance: BatchInvariance | None = None,
+) -> AttentionBackend:
+    """The attention backend called ``name`` for ``device``, the model forward
+    ``forward`` and the batch-invariance policy (None: on).
 
     Raises:
         ValueError: an unknown name, a forward the backend does not serve, or a device
             where it cannot run.
     """
     check_forward(forward, name)
-    return _entry(name).factory(device)
+    if invariance is None:
+        from aioserve.runners.batch_invariance import BatchInvariance
+
+        invariance = BatchInvariance()
+    return _entry(name).factory(device, invariance)
 
 
-def _reference(device: torch.device) -> AttentionBackend:
+def _reference(device: torch.device, invariance: BatchInvariance) -> AttentionBackend:
     from aioserve.runners.attention.reference import ReferenceBackend
 
-    return ReferenceBackend()
+    return ReferenceBackend(invariance)
 
 
-def _flex(device: torch.device) -> AttentionBackend:
+def _flex(device: torch.device, invariance: BatchInvariance) -> AttentionBackend:
+    # the policy's context floor is the reference backend's; flex promises no
+    # batch invariance of its own (row padding, in the runner, still applies)
     from aioserve.runners.attention.flex.backend import FlexBackend
 
     return FlexBackend.for_device(device)

@@ -14,9 +14,9 @@ from aioserve.config import EngineConfig
 from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.registry import backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu import malloc as cpu_malloc
 from aioserve.runners.cpu import native_kernels
-from aioserve.runners.cpu.row_padding import RowPadding, probe_row_padding
 from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
 from aioserve.runners.model import layer_rules
 from aioserve.runners.model import loader as model_loader
@@ -81,8 +81,9 @@ class TorchRunner:
         """Everything :meth:`__init__` documents, on the worker thread."""
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.invariance = BatchInvariance(config.batch_invariant)
         self.backend: AttentionBackend = backend_for(config.attention_backend, self.device,
-                                                     config.forward)
+                                                     config.forward, self.invariance)
         if self.device.type == "cpu":  # large temporaries reuse heap memory (cpu_malloc.py)
             cpu_malloc.tune_malloc()
         local = config.model.startswith((".", "/", "~"))
@@ -105,11 +106,9 @@ class TorchRunner:
         head_major = self.device.type == "cpu" and self.backend.head_major
         if self.device.type == "cpu" and self.dtype == torch.float32:
             native_kernels.available()  # built now (once a machine), not mid-step
-        # small steps padded so a row's products do not depend on the step (row_padding.py)
-        self.row_padding = RowPadding([])
-        if self.device.type == "cpu":
-            self.row_padding = probe_row_padding(
-                m.weight for m in model.modules() if type(m) is torch.nn.Linear)
+        # small steps padded so a row's products do not depend on the step
+        self.row_padding = self.invariance.row_padding(
+            (m.weight for m in model.modules() if type(m) is torch.nn.Linear), self.device)
         # CUDA graphs' and row padding's rows write into one scratch block the engine
         # never sees
         self._scratch_block = self.num_kv_blocks
