@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from aioserve.runners.attention.kv_gather import GatherBuffers, gather, gather_index
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.reference import ReferenceBackend
-from aioserve.runners.model.layer_rules import LayerRules
 
 BLOCK = 4
 

@@ -6,7 +6,7 @@ the runner refuses at load a model with a layer the backend cannot serve
 exactly. Every forward reaches attention through this seam only: transformers'
 forward through the attention function registered under
 :attr:`AttentionBackend.attention_name` (the layer's rules come with each call,
-:class:`~aioserve.runners.model.layer_rules.LayerRules`), the lean forward
+:class:`~aioserve.runners.attention.layer_rules.LayerRules`), the lean forward
 (:mod:`~aioserve.runners.model.lean_llama`) through :meth:`AttentionBackend.layer_attention`,
 one callable per layer bound at load, so a step pays no dispatch per layer.
 
@@ -23,8 +23,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
-from aioserve.runners.model.layer_rules import LayerRules
 
 __all__ = ["AttentionBackend", "LayerAttention", "uneven_heads"]
 

@@ -30,16 +30,15 @@ from transformers import AttentionInterface
 
 from aioserve.runners.attention import decode_gather as decode_attention
 from aioserve.runners.attention import eager as eager_attention
-from aioserve.runners.attention import sparse_decode
+from aioserve.runners.attention import layer_rules, sparse_decode
 from aioserve.runners.attention.kv_gather import GatherBuffers, gather, gather_index, is_head_major
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged_metadata import (
     AttentionGroup,
     PagedAttentionMetadata,
     build_metadata,
 )
 from aioserve.runners.cpu import native_kernels
-from aioserve.runners.model import layer_rules
-from aioserve.runners.model.layer_rules import LayerRules
 
 ATTENTION_NAME = "aioserve_paged"
 
@@ -148,14 +147,14 @@ def paged_attention(
 
     Writes the step's keys and values into the cache, then attends each group of
     sequences (decode, prefill) over its own gathered context, under the layer's
-    rules (:class:`~aioserve.runners.model.layer_rules.LayerRules`: window, soft-cap,
+    rules (:class:`~aioserve.runners.attention.layer_rules.LayerRules`: window, soft-cap,
     sinks, K/V widths) taken from the call.
 
     Args:
         query: ``[1, q_heads, T, k_dim]``; key ``[1, kv_heads, T, k_dim]``, value
             ``[1, kv_heads, T, v_dim]``.
         paged_metadata: this step's :class:`PagedAttentionMetadata` (else the one the
-            runner set in :data:`~aioserve.runners.model.layer_rules.CURRENT_METADATA`).
+            runner set in :data:`~aioserve.runners.attention.layer_rules.CURRENT_METADATA`).
 
     Returns:
         ``([1, T, q_heads, v_dim], None)``.

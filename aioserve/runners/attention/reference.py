@@ -17,10 +17,10 @@ from aioserve.runners.attention import paged as attention
 from aioserve.runners.attention import paged_metadata
 from aioserve.runners.attention.backend import LayerAttention, uneven_heads
 from aioserve.runners.attention.kv_gather import GatherBuffers
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
 from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu import native_kernels
-from aioserve.runners.model.layer_rules import LayerRules
 
 __all__ = ["ReferenceBackend"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aioserve.runners.model import layer_rules
+from aioserve.runners.attention import layer_rules
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:

@@ -9,7 +9,8 @@ nothing. Two kinds need help or a refusal:
 * ALiBi models (bloom, mpt, falcon with ``alibi``) compute attention themselves and
   bypass the interface: refused at load (:class:`UnsupportedModelError`), never run
   with wrong attention. Any other model whose layers do not all reach the interface
-  is refused by :func:`check_coverage` after :func:`~aioserve.runners.model.layer_rules.discover`.
+  is refused by :func:`check_coverage` after
+  :func:`~aioserve.runners.attention.layer_rules.discover`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from aioserve.errors import UnsupportedModelError
-from aioserve.runners.model.layer_rules import LayerRules
+from aioserve.runners.attention.layer_rules import LayerRules
 
 #: model_type -> why it cannot be served.
 REFUSED = {

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from aioserve.runners.attention.backend import AttentionBackend, LayerAttention
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
 from aioserve.runners.cpu import native_kernels
 from aioserve.runners.cpu.packed_linear import (
@@ -39,7 +40,6 @@ from aioserve.runners.cpu.packed_linear import (
     linear_pointwise,
     pack_weight,
 )
-from aioserve.runners.model.layer_rules import LayerRules
 
 _STATIC_ROPE = {"default", "linear", "llama3"}
 

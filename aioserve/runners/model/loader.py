@@ -1,7 +1,7 @@
 """Loading a model for paged attention: adapters, refusals, per-layer rules, KV cache.
 
 The runner calls :func:`load_model` once; it returns the model with every attention
-layer's :class:`~aioserve.runners.model.layer_rules.LayerRules`, or refuses the model
+layer's :class:`~aioserve.runners.attention.layer_rules.LayerRules`, or refuses the model
 (:class:`~aioserve.errors.UnsupportedModelError`) before anything is served.
 """
 
@@ -13,11 +13,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from aioserve.errors import UnsupportedModelError
+from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention.backend import AttentionBackend
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.cpu import packed_linear
 from aioserve.runners.model import adapters as model_adapters
-from aioserve.runners.model import layer_rules
-from aioserve.runners.model.layer_rules import LayerRules
 
 
 def load_model(

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from aioserve.config import EngineConfig
+from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.registry import backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
@@ -18,7 +19,6 @@ from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu import malloc as cpu_malloc
 from aioserve.runners.cpu import native_kernels
 from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
-from aioserve.runners.model import layer_rules
 from aioserve.runners.model import loader as model_loader
 from aioserve.runners.model.lean_llama import LeanLlama, lean_forward
 from aioserve.runners.worker.batch_sampler import BatchSampler
@@ -42,7 +42,7 @@ class TorchRunner:
     The KV cache is, per layer, K ``[num_kv_blocks * block_size, kv_heads, k_dim]`` and
     V ``[..., kv_heads, v_dim]`` (the model's dtype), indexed by the engine's block ids
     and shaped from each layer's own rules, found by one recording forward at load
-    (:func:`~aioserve.runners.model.layer_rules.discover`). Per-request state (tokens, block
+    (:func:`~aioserve.runners.attention.layer_rules.discover`). Per-request state (tokens, block
     tables, sampling parameters, last sampled tokens) persists between steps
     (:class:`~aioserve.runners.worker.input_batch.InputBatch`); each step applies the engine's
     changes. The load and every step run in order in one worker thread (one OpenMP

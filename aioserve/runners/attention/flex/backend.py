@@ -28,13 +28,13 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 from transformers import AttentionInterface
 
+from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention import paged as attention
 from aioserve.runners.attention.backend import LayerAttention, uneven_heads
 from aioserve.runners.attention.flex import metadata as flex_metadata
 from aioserve.runners.attention.flex.metadata import FlexGroup, FlexMetadata
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
-from aioserve.runners.model import layer_rules
-from aioserve.runners.model.layer_rules import LayerRules
 
 ATTENTION_NAME = "aioserve_flex"
 
