@@ -200,7 +200,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.plot:
         from aioserve.bench.plots import plot_serving
 
-        plot_serving(records, args.plot, f"rate {args.request_rate}/s, {endpoint}")
+        try:
+            plot_serving(records, args.plot, f"rate {args.request_rate}/s, {endpoint}")
+        except ImportError as exc:
+            raise ValueError(f"--plot needs matplotlib: pip install 'aioserve[plots]' "
+                             f"({exc})") from None
     print(json.dumps(result.to_dict()) if args.json else result.summary())
     failures = [r.error for r in records if r.error]
     if failures and not args.json:

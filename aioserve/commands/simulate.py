@@ -132,7 +132,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from aioserve.sim.plots import plot
 
-        print(f"plot: {plot(results, summaries, args.plot)}", file=sys.stderr)
+        try:
+            print(f"plot: {plot(results, summaries, args.plot)}", file=sys.stderr)
+        except ImportError as exc:
+            raise ValueError(f"--plot needs matplotlib: pip install 'aioserve[plots]' "
+                             f"({exc})") from None
     for summary in summaries:
         if args.json:
             print(json.dumps(summary))
