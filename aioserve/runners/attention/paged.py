@@ -133,7 +133,7 @@ def _attend(
 
 
 def paged_attention(
-    module: torch.nn.Module,
+    module: Any,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -151,6 +151,8 @@ def paged_attention(
     sinks, K/V widths) taken from the call.
 
     Args:
+        module: the model's attention module (a ``torch.nn.Module`` with its
+            ``layer_idx``, an int set by transformers).
         query: ``[1, q_heads, T, k_dim]``; key ``[1, kv_heads, T, k_dim]``, value
             ``[1, kv_heads, T, v_dim]``.
         paged_metadata: this step's :class:`PagedAttentionMetadata` (else the one the

@@ -26,6 +26,7 @@ static rotary embedding and plain attention layers.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,10 @@ _STATIC_ROPE = {"default", "linear", "llama3"}
 #: gate/up/down (three, or fused gate/up packed and down packed).
 LayerWeights = tuple[torch.Tensor, tuple[PackedWeight, ...], PackedWeight, torch.Tensor,
                      tuple[PackedWeight, ...]]
+
+#: ``F.linear`` for the dense weights of unpacked models, which :data:`LayerWeights` holds
+#: as :data:`PackedWeight` (plain tensors there): the same function, typed once.
+_dense_linear = cast(Callable[[torch.Tensor, PackedWeight], torch.Tensor], F.linear)
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -75,19 +80,20 @@ class LeanLlama(torch.nn.Module):
         rules: each layer's rules by layer index (plain layers).
     """
 
-    def __init__(self, model: torch.nn.Module, backend: AttentionBackend,
+    def __init__(self, model: Any, backend: AttentionBackend,
                  rules: dict[int, LayerRules]) -> None:
         super().__init__()
         config = model.config
         inner = model.model
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.eps = float(config.rms_norm_eps)
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = inner.norm.weight.detach()
         self.packed = isinstance(model.lm_head, PackedLinear)
-        self.lm_head = model.lm_head.packed if self.packed else model.lm_head.weight.detach()
+        self.lm_head: PackedWeight = (model.lm_head.packed if self.packed
+                                      else model.lm_head.weight.detach())
         self.inv_freq = inner.rotary_emb.inv_freq.detach().float()
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.layers = [self._layer(layer) for layer in inner.layers]
@@ -98,7 +104,7 @@ class LeanLlama(torch.nn.Module):
         self.native = (self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
                        and native_kernels.available())
 
-    def _layer(self, layer: torch.nn.Module) -> LayerWeights:
+    def _layer(self, layer: Any) -> LayerWeights:
         """One layer's weights: dense, or on packed models one packed weight for
         q/k/v and one for gate/up."""
         attn, mlp = layer.self_attn, layer.mlp
@@ -118,7 +124,7 @@ class LeanLlama(torch.nn.Module):
                                                                  mlp.down_proj.packed)
 
     def _linear(self, x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
-        return linear_pointwise(x, weight) if self.packed else F.linear(x, weight)
+        return linear_pointwise(x, weight) if self.packed else _dense_linear(x, weight)
 
     def _qkv(self, h: torch.Tensor, weights: tuple[PackedWeight, ...]) -> tuple[torch.Tensor, ...]:
         """Queries and keys side by side ``[T, (heads + kv_heads) * head_dim]``, values."""
@@ -127,7 +133,8 @@ class LeanLlama(torch.nn.Module):
             width = (self.heads + self.kv_heads) * self.head_dim
             return qkv[:, :width], qkv[:, width:]
         q_w, k_w, v_w = weights
-        return torch.cat((F.linear(h, q_w), F.linear(h, k_w)), dim=-1), F.linear(h, v_w)
+        return (torch.cat((_dense_linear(h, q_w), _dense_linear(h, k_w)), dim=-1),
+                _dense_linear(h, v_w))
 
     def _mlp(self, h: torch.Tensor, weights: tuple[PackedWeight, ...]) -> torch.Tensor:
         """``down(silu(gate(h)) * up(h))``."""
@@ -139,7 +146,7 @@ class LeanLlama(torch.nn.Module):
             gate = F.silu(gate_up[:, :width].contiguous(), inplace=True)
             return linear_pointwise(gate.mul_(gate_up[:, width:]), weights[1])
         gate_w, up_w, down_w = weights
-        return F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
+        return _dense_linear(F.silu(_dense_linear(h, gate_w)) * _dense_linear(h, up_w), down_w)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' LlamaRMSNorm (float32 statistics). For float32 on the CPU,
@@ -210,7 +217,7 @@ class LeanLlama(torch.nn.Module):
 
 
 def lean_forward(
-    model: torch.nn.Module, backend: AttentionBackend, rules: dict[int, LayerRules],
+    model: Any, backend: AttentionBackend, rules: dict[int, LayerRules],
     probe: Callable[[LeanLlama | None], list[torch.Tensor]],
 ) -> LeanLlama:
     """The lean forward of ``model`` (loaded with ``backend``; its layers' ``rules``),

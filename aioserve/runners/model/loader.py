@@ -37,7 +37,8 @@ def load_model(
     model_adapters.check_config(hf_config.get_text_config())
     model_adapters.prepare(hf_config, name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=name)
-    model = model.to(device).eval()
+    # transformers' decorated PreTrainedModel.to is typed as taking a model
+    model = model.to(device).eval()  # type: ignore[arg-type]
     if packed_linear.available(device, dtype, packed_linear.linear_parameters(model)):
         packed_linear.pack_linears(model)
     text_config = model.config.get_text_config()

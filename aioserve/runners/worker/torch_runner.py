@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,7 +97,8 @@ class TorchRunner:
         text_config = model.config.get_text_config()
         self.windows = tuple(sorted({r.window for r in self.layer_rules.values() if r.window}))
         self.max_model_len = context_length(config.max_model_len, text_config)
-        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        embeddings: Any = model.get_input_embeddings()  # an nn.Embedding (or a subclass)
+        self.vocab_size = int(embeddings.num_embeddings)
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size
         self.kv_block_bytes = self.kv_bytes_per_block()
@@ -254,13 +256,14 @@ class TorchRunner:
         if lean is not None:
             return lean.forward(input_ids, positions, keep, meta)[:num_kept]
         with layer_rules.metadata_context(meta):  # for models that drop kwargs (stablelm)
-            return self.model(
+            logits: torch.Tensor = self.model(
                 input_ids=input_ids.unsqueeze(0),
                 position_ids=positions.unsqueeze(0),
                 use_cache=False,
                 logits_to_keep=keep,
                 paged_metadata=meta,
             ).logits[0, :num_kept]
+        return logits
 
     @torch.inference_mode()
     def _probe(self, lean: LeanLlama | None) -> list[torch.Tensor]:

@@ -73,7 +73,7 @@ def _attend_group(
         batch = q.index_select(0, group.query_index).view(group.size, group.q_len, heads, dim)
         batch = batch.transpose(1, 2)
     options = {"BLOCK_N": min(block_size, 64)} if q.device.type == "cuda" else None
-    out = flex_function(q.device.type)(
+    out: torch.Tensor = flex_function(q.device.type)(
         batch, keys, values,
         score_mod=None if rules.softcap is None else softcap_mod(rules.softcap),
         block_mask=group.masks[rules.window],
@@ -107,7 +107,7 @@ def attend(
 
 
 def flex_paged_attention(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
     paged_metadata: PagedAttentionMetadata | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
@@ -147,7 +147,9 @@ class FlexBackend:
         """
         if device.type not in ("cuda", "cpu"):
             raise ValueError(f"attention backend 'flex' runs on cuda or cpu, not {device.type}")
-        if not torch._dynamo.is_dynamo_supported():
+        from torch._dynamo.eval_frame import is_dynamo_supported
+
+        if not is_dynamo_supported():
             raise ValueError("attention backend 'flex' needs torch.compile (dynamo), "
                              "which this Python/torch does not support")
         if device.type == "cuda":
