@@ -7,7 +7,7 @@ import asyncio
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aioserve.bench.workloads import (
     BenchRequest,
@@ -17,6 +17,9 @@ from aioserve.bench.workloads import (
 )
 from aioserve.commands.common import add_prefix_caching_option, add_runner_options
 from aioserve.config import EngineConfig
+
+if TYPE_CHECKING:
+    from aioserve.commands.common import Subparsers
 
 
 def _workload_options(parser: argparse.ArgumentParser, prompts: int) -> None:
@@ -104,7 +107,7 @@ def _add_overhead(sub: Any) -> None:
     p.set_defaults(bench=_overhead)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Register the ``bench`` command and its three benchmarks."""
     parser = subparsers.add_parser("bench", help="benchmarks: throughput, serve, overhead")
     sub = parser.add_subparsers(dest="bench_command", required=True)

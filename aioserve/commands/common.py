@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from aioserve.config import EngineConfig
 from aioserve.memory_size import parse_memory
 from aioserve.runners.attention import registry as attention_registry
+
+if TYPE_CHECKING:
+    #: What ``ArgumentParser.add_subparsers`` returns; each command's ``add_parser`` takes it.
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:

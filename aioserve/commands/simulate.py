@@ -6,12 +6,15 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aioserve.sim.replay import FrameRecorder, write_html
 from aioserve.sim.report import format_report, summarize
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
 from aioserve.sim.workloads import load_workload
+
+if TYPE_CHECKING:
+    from aioserve.commands.common import Subparsers
 
 
 def _positive(value: str) -> int:
@@ -28,7 +31,7 @@ def _non_negative(value: str) -> float:
     return number
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Register the ``simulate`` command."""
     parser = subparsers.add_parser(
         "simulate",
