@@ -41,6 +41,9 @@ class EngineConfig:
             (``"reference"``: exact on any device).
         enforce_eager: never capture CUDA graphs (they are captured on CUDA for decode
             steps when the attention backend supports them, e.g. ``"flex"``).
+        batch_invariant: a request's greedy tokens in any batch equal its tokens alone
+            (on by default; off saves the padding it takes on the CPU, see
+            :mod:`aioserve.runners.batch_invariance`).
         forward: the model's forward: ``"transformers"`` (the model's own, any
             decoder) or ``"lean-llama"`` (opt-in, Llama checkpoints: the same
             arithmetic in fewer Python calls, checked bit for bit against
@@ -68,6 +71,7 @@ class EngineConfig:
     attention_backend: str = "reference"
     forward: str = "transformers"
     enforce_eager: bool = False
+    batch_invariant: bool = True
 
     def __post_init__(self) -> None:
         positive = {

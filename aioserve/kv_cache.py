@@ -1,7 +1,7 @@
 """The KV-cache block pool. Block ids index the runner's physical K/V tensors.
 
 With prefix caching (vLLM's automatic prefix caching), a full block of computed
-tokens is registered under its :func:`~aioserve.prefix_cache.block_key`; requests
+tokens is registered under its :func:`~aioserve.block_keys.block_key`; requests
 with the same prefix share it (reference counts), and when its last holder lets go
 it stays cached, evictable least recently released first, until its memory is
 needed. A shared block is read-only: the runner writes K/V only for new tokens,
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
-from aioserve.prefix_cache import BlockKey
+from aioserve.block_keys import BlockKey
 
 
 class BlockManager:

@@ -53,7 +53,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
 
     @property
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, int | dict[str, int]]:
         """OpenAI-style usage counts (tokens), cached prompt tokens included."""
         return {
             "prompt_tokens": self.num_prompt_tokens,

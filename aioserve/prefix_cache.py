@@ -1,4 +1,4 @@
-"""Automatic prefix caching: block keys, the lookup of a waiting request's cached
+"""Automatic prefix caching: the lookup of a waiting request's cached
 prefix, its first allocation after that prefix, and the registration of blocks once
 they are full of computed tokens. A full block is named by its tokens and everything
 before them.
@@ -12,49 +12,17 @@ blocks collide only if their parents' 64-bit hashes collide *and* their tokens m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from aioserve.block_keys import extend_keys
 from aioserve.scheduling import NO_HIT, PrefixHit, RequestView
 
 if TYPE_CHECKING:
     from aioserve.kv_cache import BlockManager
     from aioserve.request import Request
 
-#: A full block's key: (hash chained over every block up to this one, its token ids).
-BlockKey = tuple[int, tuple[int, ...]]
-
-#: Parent hash of a request's first block.
-ROOT_HASH = 0
-
-
-def block_key(parent: BlockKey | None, tokens: Sequence[int]) -> BlockKey:
-    """The key of a full block of ``tokens`` whose predecessor has key ``parent``
-    (None for a sequence's first block)."""
-    ids = tuple(tokens)
-    return hash((parent[0] if parent is not None else ROOT_HASH, ids)), ids
-
-
-def extend_keys(
-    keys: list[BlockKey],
-    num_blocks: int,
-    block_size: int,
-    tokens_from: Callable[[int, int], Sequence[int]],
-) -> list[BlockKey]:
-    """Extend ``keys`` (a sequence's block keys, in order) in place to its first
-    ``num_blocks`` blocks, hashing only the blocks not keyed yet; returns ``keys``.
-
-    Args:
-        keys: keys already known (a prefix of the sequence's keys).
-        num_blocks: full blocks the sequence has (each ``block_size`` tokens).
-        block_size: tokens per block.
-        tokens_from: ``(start, count)`` to the token ids at those positions.
-    """
-    while len(keys) < num_blocks:
-        start = len(keys) * block_size
-        keys.append(block_key(keys[-1] if keys else None, tokens_from(start, block_size)))
-    return keys
-
+__all__ = ["allocate_first_chunk", "cached_prefix", "prefix_hit_lookup", "register_computed"]
 
 def cached_prefix(blocks: BlockManager, request: Request) -> list[int]:
     """The cached blocks a waiting request can start from: the longest cached prefix

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from aioserve.prefix_cache import BlockKey
+from aioserve.block_keys import BlockKey
 from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling.view import RequestView

@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import torch
 
-from aioserve.runners.attention.backend import backend_for
-from aioserve.runners.model.layer_rules import LayerRules
+from aioserve.runners.attention.layer_rules import LayerRules
+from aioserve.runners.attention.registry import backend_for
 
 GIB = 1 << 30
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from aioserve.runners.attention.backend import ReferenceBackend
 from aioserve.runners.attention.flex.backend import FlexBackend
+from aioserve.runners.attention.layer_rules import LayerRules
+from aioserve.runners.attention.reference import ReferenceBackend
 from aioserve.runners.model import loader as model_loader
-from aioserve.runners.model.layer_rules import LayerRules
 
 
 def random_cache(num_blocks, block_size, kv_heads, dim, device="cpu", seed=0):
@@ -75,7 +75,7 @@ def load(path, backend, device, num_blocks, block_size, dtype=torch.float32):
 @torch.inference_mode()
 def model_step(model, backend, caches, token_ids, starts, tables, block_size, device="cpu"):
     """Logits ``[T, vocab]`` of one packed step (token_ids: per sequence, its new tokens)."""
-    from aioserve.runners.model import layer_rules
+    from aioserve.runners.attention import layer_rules
 
     meta, positions = backend.build_metadata(
         caches, starts, [len(t) for t in token_ids], tables, block_size, torch.device(device), ()

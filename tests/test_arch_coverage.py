@@ -9,7 +9,7 @@ import torch
 from transformers.masking_utils import sliding_window_overlay
 
 from aioserve.bench import coverage, tiny_models
-from aioserve.runners.attention.paged_metadata import window_mask
+from aioserve.runners.attention.additive_masks import window_mask
 
 ARCHITECTURES = [
     "mistral", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3", "stablelm", "falcon",
@@ -93,8 +93,8 @@ def test_layer_rules_shape_the_cache(model_dir, tmp_path):
 
 def test_layers_that_bypass_the_interface_are_refused():
     from aioserve.errors import UnsupportedModelError
+    from aioserve.runners.attention.layer_rules import LayerRules
     from aioserve.runners.model.adapters import check_coverage
-    from aioserve.runners.model.layer_rules import LayerRules
 
     rules = LayerRules(4, 2, 16, 16, None, None, None, False)
     with pytest.raises(UnsupportedModelError, match=r"falcon: layers \[1\] compute attention"):

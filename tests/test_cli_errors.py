@@ -91,3 +91,15 @@ def test_bad_or_busy_port_is_one_error_line(model_dir):
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"aioserve: error: --host/--port: cannot listen on 127.0.0.1:{port}")
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
+    """matplotlib is the `plots` extra, not a core dependency: without it `--plot` is one
+    error line naming the extra, and the simulation itself still runs."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    status = main(["simulate", "--workload", "article-example", "--scheduler", "fcfs",
+                   "--plot", str(tmp_path / "plot.png")])
+    assert status == 2
+    assert "aioserve: error: --plot needs matplotlib: pip install 'aioserve[plots]'" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "plot.png").exists()

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from aioserve.runners.attention.backend import ReferenceBackend
 from aioserve.runners.attention.flex.backend import FlexBackend
+from aioserve.runners.attention.reference import ReferenceBackend
 from aioserve.runners.gpu.cuda_graphs import (
     DecodeGraphs,
     DecodeInputs,

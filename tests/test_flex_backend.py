@@ -9,10 +9,11 @@ import torch
 from torch.nn.attention.flex_attention import create_mask
 from torch.testing import assert_close
 
-from aioserve.runners.attention.backend import ReferenceBackend, backend_for
 from aioserve.runners.attention.flex import masks as flex_masks
 from aioserve.runners.attention.flex.backend import FlexBackend
-from aioserve.runners.model.layer_rules import LayerRules
+from aioserve.runners.attention.layer_rules import LayerRules
+from aioserve.runners.attention.reference import ReferenceBackend
+from aioserve.runners.attention.registry import backend_for
 from tests.flex_support import (
     both_attend,
     load,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from aioserve.runners.attention.backend import ReferenceBackend
 from aioserve.runners.attention.kv_gather import GatherBuffers, gather, gather_index
-from aioserve.runners.model.layer_rules import LayerRules
+from aioserve.runners.attention.layer_rules import LayerRules
+from aioserve.runners.attention.reference import ReferenceBackend
 
 BLOCK = 4
 

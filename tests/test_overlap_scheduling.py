@@ -128,7 +128,7 @@ def test_bad_engine_options_name_the_field(field, value):
 def test_unknown_attention_backend_is_refused_naming_the_option():
     import torch
 
-    from aioserve.runners.attention.backend import backend_for
+    from aioserve.runners.attention.registry import backend_for
 
     with pytest.raises(ValueError, match="attention backend: 'fast' is not one of"):
         backend_for("fast", torch.device("cpu"))

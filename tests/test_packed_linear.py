@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from aioserve import EngineConfig
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged import attend_groups
 from aioserve.runners.attention.paged_metadata import build_metadata
 from aioserve.runners.cpu import packed_linear
 from aioserve.runners.model import loader as model_loader
-from aioserve.runners.model.layer_rules import LayerRules
 
 needs_onednn = pytest.mark.skipif(
     not packed_linear.available(torch.device("cpu"), torch.float32, 10**9),

@@ -19,11 +19,11 @@ import torch
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.runners.attention import sparse_decode
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged import attend_groups
 from aioserve.runners.attention.paged_metadata import build_metadata
 from aioserve.runners.cpu import native_kernels
 from aioserve.runners.model import loader as model_loader
-from aioserve.runners.model.layer_rules import LayerRules
 
 CPU = torch.device("cpu")
 

@@ -12,7 +12,7 @@ def plot_serving(records: list[RequestRecord], path: str | Path, title: str = ""
     start-to-end span over time. Returns the path written (PNG, SVG or PDF by suffix).
 
     Raises:
-        ImportError: matplotlib is not installed.
+        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
     """
     import matplotlib
 

@@ -107,7 +107,6 @@ def greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> li
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
-            pad_token_id=0,
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
         )
     return out[0, len(prompt):].tolist()

@@ -7,7 +7,7 @@ import asyncio
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aioserve.bench.workloads import (
     BenchRequest,
@@ -17,6 +17,9 @@ from aioserve.bench.workloads import (
 )
 from aioserve.commands.common import add_prefix_caching_option, add_runner_options
 from aioserve.config import EngineConfig
+
+if TYPE_CHECKING:
+    from aioserve.commands.common import Subparsers
 
 
 def _workload_options(parser: argparse.ArgumentParser, prompts: int) -> None:
@@ -109,7 +112,7 @@ def _add_overhead(sub: Any) -> None:
     p.set_defaults(bench=_overhead)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Register the ``bench`` command and its three benchmarks."""
     parser = subparsers.add_parser("bench", help="benchmarks: throughput, serve, overhead")
     sub = parser.add_subparsers(dest="bench_command", required=True)
@@ -152,7 +155,7 @@ def _throughput(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype, device=args.device, enable_prefix_caching=args.enable_prefix_caching,
         forward=args.forward, attention_backend=args.attention_backend,
-        enforce_eager=args.enforce_eager,
+        enforce_eager=args.enforce_eager, batch_invariant=args.batch_invariant,
     )
     report = run_offline(
         config, num_prompts=args.num_prompts, input_len=args.input_len,
@@ -209,7 +212,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.plot:
         from aioserve.bench.plots import plot_serving
 
-        plot_serving(records, args.plot, f"rate {args.request_rate}/s, {endpoint}")
+        try:
+            plot_serving(records, args.plot, f"rate {args.request_rate}/s, {endpoint}")
+        except ImportError as exc:
+            raise ValueError(f"--plot needs matplotlib: pip install 'aioserve[plots]' "
+                             f"({exc})") from None
     print(json.dumps(result.to_dict()) if args.json else result.summary())
     failures = [r.error for r in records if r.error]
     if failures and not args.json:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aioserve.config import EngineConfig
 from aioserve.memory_size import parse_memory
+from aioserve.runners.attention import registry as attention_registry
 from aioserve.scheduling.registry import load_scheduler
+
+if TYPE_CHECKING:
+    #: What ``ArgumentParser.add_subparsers`` returns; each command's ``add_parser`` takes it.
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -73,19 +78,25 @@ def scheduler_params(text: str | None) -> dict[str, Any] | None:
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
     """Add ``--forward`` and ``--attention-backend`` (how the runner runs the model)."""
     parser.add_argument(
-        "--forward", default="transformers", choices=["transformers", "lean-llama"],
+        "--forward", default="transformers", choices=list(attention_registry.FORWARDS),
         help="the model's forward: its own (any decoder), or the opt-in lean forward of "
              "Llama checkpoints (fewer Python calls; pays on small models on the CPU; "
              "checked bit for bit against transformers' at load)",
     )
     parser.add_argument(
-        "--attention-backend", default="reference", choices=["reference", "flex"],
+        "--attention-backend", default="reference",
+        choices=list(attention_registry.backend_names()),
         help="attention implementation behind the runner's seam: reference (exact, any "
              "device) or flex (FlexAttention over the paged cache; compiled, with CUDA "
              "graphs for decode steps, on CUDA)",
     )
     parser.add_argument("--enforce-eager", action="store_true",
                         help="never capture CUDA graphs (vLLM's flag of the same name)")
+    parser.add_argument(
+        "--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+        help="a request's greedy tokens in any batch equal its tokens alone (row padding "
+             "and a 32-key context floor on the CPU); --no-batch-invariant saves that time",
+    )
 
 
 def add_prefix_caching_option(parser: argparse.ArgumentParser) -> None:
@@ -130,4 +141,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         forward=args.forward,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
+        batch_invariant=args.batch_invariant,
     )

@@ -6,14 +6,17 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aioserve.commands.common import add_engine_options, engine_config
 from aioserve.engine import AsyncEngine
 from aioserve.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from aioserve.commands.common import Subparsers
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Register the ``generate`` command."""
     parser = subparsers.add_parser("generate", help="stream a continuation of PROMPT to stdout")
     parser.add_argument("prompt", help="the text to continue")

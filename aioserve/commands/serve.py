@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -20,10 +20,13 @@ from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_summary
 from aioserve.server.state import ENGINE_KEY
 
+if TYPE_CHECKING:
+    from aioserve.commands.common import Subparsers
+
 logger = logging.getLogger("aioserve.serve")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Register the ``serve`` command."""
     parser = subparsers.add_parser("serve", help="serve the model over HTTP and websocket")
     add_engine_options(parser)

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.common import scheduler_params
 from aioserve.commands.simulate_options import add_options, engine_config, sim_config
@@ -19,8 +19,11 @@ from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimResult, simulate
 from aioserve.sim.workloads import WorkloadRequest
 
+if TYPE_CHECKING:
+    from aioserve.commands.common import Subparsers
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Register the ``simulate`` command."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
@@ -124,7 +127,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from aioserve.sim.plots import plot
 
-        print(f"plot: {plot(results, summaries, args.plot)}", file=sys.stderr)
+        try:
+            print(f"plot: {plot(results, summaries, args.plot)}", file=sys.stderr)
+        except ImportError as exc:
+            raise ValueError(f"--plot needs matplotlib: pip install 'aioserve[plots]' "
+                             f"({exc})") from None
     for summary in summaries:
         print(json.dumps(summary) if args.json else format_report(summary) + "\n")
     return 0

@@ -1,5 +1,9 @@
 """The dashboard page: one self-contained HTML file (CSS and JavaScript inline, no
-build step), live over ``/ws/stats`` or replaying recorded frames."""
+build step), live over ``/ws/stats`` or replaying recorded frames.
+
+Imports (checked by tests/test_import_rules.py):
+    may import: aioserve
+"""
 
 from __future__ import annotations
 

@@ -6,8 +6,12 @@ A policy decides; the engine owns every queue and block and checks each decision
 cannot corrupt state, and one that raises is contained (:mod:`.guard`). See
 ``docs/schedulers.md``.
 
-May import: ``aioserve.sampling_params``, ``aioserve.request`` (types only), pydantic.
-Never the runners, the server or any concrete policy.
+It never imports the runners, the server or a concrete policy (``schedulers/``): the
+registry finds policies by name.
+
+Imports (checked by tests/test_import_rules.py):
+    may import: aioserve
+    never at module level: torch, numpy, transformers
 """
 
 from aioserve.scheduling.admission import Admission

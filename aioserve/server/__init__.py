@@ -1,4 +1,9 @@
-"""The aiohttp server: OpenAI-compatible HTTP API, websocket, health and metrics."""
+"""The aiohttp server: OpenAI-compatible HTTP API, websocket, health and metrics.
+
+Imports (checked by tests/test_import_rules.py):
+    may import: aioserve, aioserve.dashboard, aioserve.scheduling
+    never at module level: torch, numpy, transformers
+"""
 
 from aioserve.server.app import METRICS_KEY, create_app
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig

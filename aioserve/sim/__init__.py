@@ -1,1 +1,8 @@
-"""The scheduler lab: simulator, workloads, report and plots (``aioserve simulate``)."""
+"""The scheduler lab (``aioserve simulate``): the simulator on the engine's own step loop
+and its runners (a virtual clock behind ``runners/base.py``), workloads and scenarios,
+the calibrated step cost, the replay on a real engine, figures, reports and plots.
+
+Imports (checked by tests/test_import_rules.py):
+    may import: aioserve, aioserve.dashboard, aioserve.runners, aioserve.scheduling
+    never at module level: torch, transformers
+"""

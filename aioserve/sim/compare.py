@@ -55,8 +55,15 @@ def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
 
 def plot_comparison(runs: list[dict[str, Any]], path: str | Path | None = None) -> bytes:
     """A PNG: throughput and goodput per policy, TTFT p50/p99 per policy, and each
-    tenant's share of the backlogged service per policy. Written to ``path`` if given."""
-    import matplotlib
+    tenant's share of the backlogged service per policy. Written to ``path`` if given.
+
+    Raises:
+        ValueError: matplotlib is missing (``pip install 'aioserve[plots]'``).
+    """
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ValueError(f"plots need matplotlib: pip install 'aioserve[plots]' ({exc})") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -103,7 +110,8 @@ img{max-width:100%;background:#fff;border-radius:6px}h1{font-size:20px}</style><
 <table><tr><th>policy</th>{% for c in columns %}<th>{{ c[1] }}</th>{% endfor %}</tr>
 {% for r in rows %}<tr><td>{{ r.name }}</td>{% for v in r.cells %}<td>{{ v }}</td>{% endfor %}
 </tr>{% endfor %}</table>
-<pre>{{ text }}</pre><img alt="comparison plots" src="data:image/png;base64,{{ png }}">
+<pre>{{ text }}</pre>
+{% if png %}<img alt="comparison plots" src="data:image/png;base64,{{ png }}">{% endif %}
 </body></html>""", autoescape=True)
 
 
@@ -117,7 +125,10 @@ def write_comparison_html(runs: list[dict[str, Any]], path: str | Path, title: s
     """
     rows = [{"name": r["scheduler"],
              "cells": [_cell(r.get(k), s, d) for k, _, s, d in COLUMNS]} for r in runs]
-    png = base64.b64encode(plot_comparison(runs)).decode("ascii")
+    try:
+        png = base64.b64encode(plot_comparison(runs)).decode("ascii")
+    except ValueError:  # no matplotlib: the page without its plots
+        png = ""
     page = _PAGE.render(title=title, note=note, columns=COLUMNS, rows=rows,
                         text=format_comparison(runs), png=png)
     path = Path(path)

@@ -82,7 +82,7 @@ def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | 
     timeline per run and, for several runs, their latency CDF; returns the path.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install 'aioserve[sim]'``).
+        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
     """
     import matplotlib
 

@@ -16,7 +16,7 @@ development box, 32 sequences x 304 keys, per layer: SmolLM2-135M's heads (9 que
 
 A sequence's scores do not depend on its batch-mates as long as the context is at
 least 32 keys wide (MKL computes narrower score products with another kernel, see
-``paged_metadata.MIN_CONTEXT_WIDTH``); the softmax and the weighted sum add exact
+``batch_invariance.MIN_CONTEXT_WIDTH``); the softmax and the weighted sum add exact
 zeros for padding.
 """
 

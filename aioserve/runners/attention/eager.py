@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from aioserve.runners.model.layer_rules import LayerRules
+from aioserve.runners.attention.layer_rules import LayerRules
 
 
 def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:

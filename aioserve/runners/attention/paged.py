@@ -30,22 +30,22 @@ from transformers import AttentionInterface
 
 from aioserve.runners.attention import decode_gather as decode_attention
 from aioserve.runners.attention import eager as eager_attention
-from aioserve.runners.attention import sparse_decode
+from aioserve.runners.attention import layer_rules, sparse_decode
 from aioserve.runners.attention.kv_gather import GatherBuffers, gather, gather_index, is_head_major
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged_metadata import (
     AttentionGroup,
     PagedAttentionMetadata,
     build_metadata,
 )
 from aioserve.runners.cpu import native_kernels
-from aioserve.runners.model import layer_rules
-from aioserve.runners.model.layer_rules import LayerRules
 
 ATTENTION_NAME = "aioserve_paged"
 
 __all__ = [
     "ATTENTION_NAME",
     "attend_groups",
+    "attend_layer",
     "PagedAttentionMetadata",
     "build_metadata",
     "paged_attention",
@@ -133,7 +133,7 @@ def _attend(
 
 
 def paged_attention(
-    module: torch.nn.Module,
+    module: Any,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -147,14 +147,16 @@ def paged_attention(
 
     Writes the step's keys and values into the cache, then attends each group of
     sequences (decode, prefill) over its own gathered context, under the layer's
-    rules (:class:`~aioserve.runners.model.layer_rules.LayerRules`: window, soft-cap,
+    rules (:class:`~aioserve.runners.attention.layer_rules.LayerRules`: window, soft-cap,
     sinks, K/V widths) taken from the call.
 
     Args:
+        module: the model's attention module (a ``torch.nn.Module`` with its
+            ``layer_idx``, an int set by transformers).
         query: ``[1, q_heads, T, k_dim]``; key ``[1, kv_heads, T, k_dim]``, value
             ``[1, kv_heads, T, v_dim]``.
         paged_metadata: this step's :class:`PagedAttentionMetadata` (else the one the
-            runner set in :data:`~aioserve.runners.model.layer_rules.CURRENT_METADATA`).
+            runner set in :data:`~aioserve.runners.attention.layer_rules.CURRENT_METADATA`).
 
     Returns:
         ``([1, T, q_heads, v_dim], None)``.
@@ -178,18 +180,20 @@ def paged_attention(
     k_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
     v_cache.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
     q = query[0].transpose(0, 1)  # [T, q_heads, k_dim]
-    out = attend_groups(q, k_cache, v_cache, meta, scaling, rules, kwargs.get("s_aux"))
+    out = attend_layer(scaling, rules, q, k_cache, v_cache, meta, kwargs.get("s_aux"))
     return out.unsqueeze(0), None
 
 
-def attend_groups(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: PagedAttentionMetadata, scaling: float | None,
-    rules: LayerRules | None = None, sinks: torch.Tensor | None = None,
+def attend_layer(
+    scaling: float | None, rules: LayerRules | None, q: torch.Tensor, k_cache: torch.Tensor,
+    v_cache: torch.Tensor, meta: PagedAttentionMetadata, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each group's attention over its gathered context (the step's keys and values
     already written): ``q`` ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]``.
-    ``rules`` None: a plain layer (no window, soft-cap or sinks; equal K/V widths)."""
+    ``rules`` None: a plain layer (no window, soft-cap or sinks; equal K/V widths).
+    The layer's own arguments come first, so ``functools.partial(attend_layer,
+    scaling, rules)`` is one layer's attention at the cost of a direct call
+    (:meth:`~aioserve.runners.attention.reference.ReferenceBackend.layer_attention`)."""
     size = meta.block_size
     if len(meta.groups) == 1 and meta.groups[0].token_index is None:
         return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size, rules, sinks,
@@ -203,6 +207,15 @@ def attend_groups(
             _attend(part, k_cache, v_cache, group, scaling, size, rules, sinks, meta.buffers),
         )
     return out
+
+
+def attend_groups(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata, scaling: float | None,
+    rules: LayerRules | None = None, sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`attend_layer` with the tensors first."""
+    return attend_layer(scaling, rules, q, k_cache, v_cache, meta, sinks)
 
 
 def register() -> str:

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from aioserve.runners.attention.additive_masks import visible_prefix, window_mask
 from aioserve.runners.attention.kv_gather import GatherBuffers
 from aioserve.runners.attention.sparse_decode import SparseDecodeIndex
+from aioserve.runners.batch_invariance import MIN_CONTEXT_WIDTH
 
 
 @dataclass(frozen=True)
@@ -110,24 +112,6 @@ def block_table_array(block_tables: list[list[int]]) -> np.ndarray:
     return np.fromiter(flat, dtype=np.int64, count=len(flat)).reshape(len(block_tables), width)
 
 
-#: Fewest key columns a group attends over (padding masked): MKL computes the score
-#: products of narrower contexts with another kernel, so a sequence of 16 or fewer
-#: tokens got other bits alone than beside a longer batch-mate (measured, AVX2).
-MIN_CONTEXT_WIDTH = 32
-
-_PREFIX_MASKS = np.zeros((1, 0), dtype=np.float32)
-
-
-def visible_prefix(lengths: np.ndarray, width: int) -> np.ndarray:
-    """``[len(lengths), width]`` float32 additive mask: row i is 0 at the first
-    ``lengths[i]`` positions (all of them past ``width``) and ``-inf`` after (rows
-    of a table grown on demand)."""
-    global _PREFIX_MASKS
-    if _PREFIX_MASKS.shape[1] < width:  # row i: -inf from column i on
-        _PREFIX_MASKS = np.triu(np.full((width + 1, width), -np.inf, dtype=np.float32))
-    return _PREFIX_MASKS[np.minimum(lengths, width), :width]
-
-
 def _group(
     rows: np.ndarray,
     tables: np.ndarray,
@@ -141,11 +125,13 @@ def _group(
     always_mask: bool,
     windows: tuple[int, ...] = (),
     native_decode: bool = False,
+    min_context: int = MIN_CONTEXT_WIDTH,
 ) -> AttentionGroup:
-    """The group of sequences ``rows`` (indices into the batch)."""
+    """The group of sequences ``rows`` (indices into the batch), spanning at least
+    ``min_context`` keys."""
     starts, counts, offsets = starts[rows], counts[rows], offsets[rows]
     seq_lens = starts + counts
-    num_blocks = -(-max(int(seq_lens.max()), MIN_CONTEXT_WIDTH) // block_size)
+    num_blocks = -(-max(int(seq_lens.max()), min_context) // block_size)
     blocks = tables[rows, :num_blocks]
     width = num_blocks * block_size
     max_new = int(counts.max())
@@ -186,16 +172,6 @@ def _group(
         window_masks,
         seq_lens=to_device(seq_lens, device) if native_decode and max_new == 1 else None,
     )
-
-
-def window_mask(query_pos: np.ndarray, width: int, window: int) -> np.ndarray:
-    """``[b, 1, Q, width]`` float32 additive mask of a sliding window: 0 where key
-    position k satisfies ``p - window < k <= p`` for query position p
-    (``query_pos`` ``[b, Q]``), ``-inf`` elsewhere (transformers' convention)."""
-    keys = np.arange(width)[None, None, :]
-    pos = query_pos[:, :, None]
-    allowed = (keys <= pos) & (keys > pos - window)
-    return np.where(allowed, np.float32(0.0), np.float32(-np.inf))[:, None]
 
 
 def split_by_length(
@@ -241,6 +217,7 @@ def build_metadata(
     windows: tuple[int, ...] = (),
     buffers: GatherBuffers | None = None,
     native_decode: bool = False,
+    min_context: int = MIN_CONTEXT_WIDTH,
 ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
     """Build the step's metadata and the packed position ids (``[T]`` int64).
 
@@ -261,12 +238,15 @@ def build_metadata(
             (:mod:`~aioserve.runners.cpu.native_kernels`): one group, with its ``seq_lens``
             (the kernel reads only each sequence's own context, so cutting the rows by
             length would save it nothing and cost a call per group).
+        min_context: fewest keys a group spans, padding masked (the batch-invariance
+            policy's floor, :data:`~aioserve.runners.batch_invariance.MIN_CONTEXT_WIDTH`;
+            1 when the policy is off).
     """
     batch = len(start_positions)
     tables = (block_tables if isinstance(block_tables, np.ndarray)
               else block_table_array(block_tables))
-    min_blocks = -(-MIN_CONTEXT_WIDTH // block_size)
-    if tables.shape[1] < min_blocks:  # every group spans MIN_CONTEXT_WIDTH keys (masked)
+    min_blocks = -(-min_context // block_size)
+    if tables.shape[1] < min_blocks:  # every group spans min_context keys (masked)
         extra = np.repeat(tables[:, :1], min_blocks - tables.shape[1], axis=1)
         tables = np.concatenate((tables, extra), axis=1)
     starts = np.asarray(start_positions, dtype=np.int64)
@@ -289,7 +269,7 @@ def build_metadata(
     ]
     groups = tuple(
         _group(rows, tables, starts, counts, offsets, block_size, dtype, device,
-               rows.size == batch, always_mask, windows, native_decode)
+               rows.size == batch, always_mask, windows, native_decode, min_context)
         for rows in parts
         if rows.size
     )

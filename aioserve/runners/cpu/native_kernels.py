@@ -24,7 +24,8 @@ all (blocks in order, cache warm): SmolLM2-135M's heads (9 query, 3 KV, dim 64)
 ``[32, 49152]`` logits: 1.9 ms (``argmax``) -> 0.43 ms.
 
 The kernels are built on first use with torch's C++ extension loader (a C++ compiler
-and ninja; 15-25 s once on the 2-core box, then cached under ``~/.cache/torch_extensions``). Where
+and ninja: ``pip install 'aioserve[kernels]'`` or a system ninja; 15-25 s once on the
+2-core box, then cached under ``~/.cache/torch_extensions``). Where
 the build fails, or with ``AIOSERVE_NATIVE_KERNELS=0``, :func:`available` is False and
 the stock-kernel paths serve.
 """
@@ -104,7 +105,7 @@ def wait_for_build_lock(lock: Path) -> None:
 
 
 def _ninja_on_path() -> None:
-    """Put the ``ninja`` package's binary (a dependency) on ``PATH`` when no ``ninja`` is
+    """Put the ``ninja`` package's binary (the ``kernels`` extra) on ``PATH`` when no ``ninja`` is
     there: torch's loader runs it by name, and pip may install console scripts outside
     ``PATH``."""
     if shutil.which("ninja") is None:

@@ -75,7 +75,8 @@ def linear_pointwise(
     """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` float32 -> ``[n, out]``."""
     if isinstance(packed, PanelWeight):
         return panel_linear.linear(rows, packed, bias)
-    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out
 
 
 class PackedLinear(torch.nn.Module):

@@ -1,1 +1,5 @@
-"""GPU-only pieces: CUDA-graph capture of decode steps."""
+"""GPU-only pieces: CUDA-graph capture of decode steps.
+
+Imports (checked by tests/test_import_rules.py):
+    may import: aioserve.runners.attention
+"""

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aioserve.runners.model import layer_rules
+from aioserve.runners.attention import layer_rules
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -155,8 +155,10 @@ def model_decode_forward(
         meta = backend.decode_metadata(kv_caches, inputs.slot_mapping, inputs.block_table,
                                        inputs.seq_lens, block_size, windows)
         with layer_rules.metadata_context(meta):
-            return model(input_ids=inputs.input_ids[None], position_ids=inputs.positions[None],
-                         use_cache=False, paged_metadata=meta).logits[0]
+            logits: torch.Tensor = model(
+                input_ids=inputs.input_ids[None], position_ids=inputs.positions[None],
+                use_cache=False, paged_metadata=meta).logits[0]
+            return logits
 
     return forward
 

@@ -9,18 +9,22 @@ nothing. Two kinds need help or a refusal:
 * ALiBi models (bloom, mpt, falcon with ``alibi``) compute attention themselves and
   bypass the interface: refused at load (:class:`UnsupportedModelError`), never run
   with wrong attention. Any other model whose layers do not all reach the interface
-  is refused by :func:`check_coverage` after :func:`~aioserve.runners.model.layer_rules.discover`.
+  is refused by :func:`check_coverage` after
+  :func:`~aioserve.runners.attention.layer_rules.discover`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aioserve.errors import UnsupportedModelError
-from aioserve.runners.model.layer_rules import LayerRules
+from aioserve.runners.attention.layer_rules import LayerRules
+
+if TYPE_CHECKING:
+    from transformers.models.falcon.modeling_falcon import FalconAttention
 
 #: model_type -> why it cannot be served.
 REFUSED = {
@@ -57,13 +61,13 @@ def prepare(config: Any, attention_name: str) -> None:
         )
 
 
-def _paged_falcon_attention(modeling_falcon: Any) -> type:
+def _paged_falcon_attention(modeling_falcon: Any) -> type[FalconAttention]:
     """A ``FalconAttention`` whose forward attends through the registered paged
     attention (rotary falcon: the q/k/v split and rotary of falcon's own forward)."""
     from transformers import AttentionInterface
 
     class PagedFalconAttention(modeling_falcon.FalconAttention):  # type: ignore[misc]
-        def forward(  # type: ignore[override]
+        def forward(
             self, hidden_states: torch.Tensor, alibi: torch.Tensor | None,
             attention_mask: torch.Tensor | None, position_ids: Any = None,
             layer_past: Any = None, use_cache: bool = False, output_attentions: bool = False,

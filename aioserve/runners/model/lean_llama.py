@@ -6,7 +6,9 @@ tensor parallelism): module calls, decorators and config look-ups around a few
 hundred aten ops per step. On the CPU a small model's step costs what its ops cost
 to launch from Python, so this forward runs the same computation with fewer ops and
 no module calls: the rotary embedding applied to queries and keys together, views
-without shape arithmetic, and aioserve's paged attention called directly. When the
+without shape arithmetic, and each layer's attention called through the backend's seam
+(:meth:`~aioserve.runners.attention.backend.AttentionBackend.layer_attention`, bound
+at load), so it runs on any attention backend. When the
 model's linear layers are packed (:mod:`~aioserve.runners.cpu.packed_linear`: oneDNN's
 layout or compiled panels) the q/k/v projections are one matrix product and gate/up
 another (either way a column's bits are the same fused or not); on plain weights they
@@ -24,11 +26,13 @@ static rotary embedding and plain attention layers.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
-from aioserve.runners.attention.paged import attend_groups
+from aioserve.runners.attention.backend import AttentionBackend, LayerAttention
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
 from aioserve.runners.cpu import native_kernels
 from aioserve.runners.cpu.packed_linear import (
@@ -44,6 +48,10 @@ _STATIC_ROPE = {"default", "linear", "llama3"}
 #: gate/up/down (three, or fused gate/up packed and down packed).
 LayerWeights = tuple[torch.Tensor, tuple[PackedWeight, ...], PackedWeight, torch.Tensor,
                      tuple[PackedWeight, ...]]
+
+#: ``F.linear`` for the dense weights of unpacked models, which :data:`LayerWeights` holds
+#: as :data:`PackedWeight` (plain tensors there): the same function, typed once.
+_dense_linear = cast(Callable[[torch.Tensor, PackedWeight], torch.Tensor], F.linear)
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -68,29 +76,35 @@ class LeanLlama(torch.nn.Module):
 
     Args:
         model: a transformers ``LlamaForCausalLM`` (see :func:`supports`).
+        backend: the attention backend the model was loaded with.
+        rules: each layer's rules by layer index (plain layers).
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: Any, backend: AttentionBackend,
+                 rules: dict[int, LayerRules]) -> None:
         super().__init__()
         config = model.config
         inner = model.model
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.eps = float(config.rms_norm_eps)
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = inner.norm.weight.detach()
         self.packed = isinstance(model.lm_head, PackedLinear)
-        self.lm_head = model.lm_head.packed if self.packed else model.lm_head.weight.detach()
+        self.lm_head: PackedWeight = (model.lm_head.packed if self.packed
+                                      else model.lm_head.weight.detach())
         self.inv_freq = inner.rotary_emb.inv_freq.detach().float()
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.layers = [self._layer(layer) for layer in inner.layers]
-        self.scaling = float(inner.layers[0].self_attn.scaling)
+        # each layer's attention, bound once: no dispatch per layer in a step
+        self.attention: list[LayerAttention] = [
+            backend.layer_attention(rules[index]) for index in range(len(self.layers))]
         # rotation and cache writes in one compiled call (float32 on the CPU)
         self.native = (self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
                        and native_kernels.available())
 
-    def _layer(self, layer: torch.nn.Module) -> LayerWeights:
+    def _layer(self, layer: Any) -> LayerWeights:
         """One layer's weights: dense, or on packed models one packed weight for
         q/k/v and one for gate/up."""
         attn, mlp = layer.self_attn, layer.mlp
@@ -110,7 +124,7 @@ class LeanLlama(torch.nn.Module):
                                                                  mlp.down_proj.packed)
 
     def _linear(self, x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
-        return linear_pointwise(x, weight) if self.packed else F.linear(x, weight)
+        return linear_pointwise(x, weight) if self.packed else _dense_linear(x, weight)
 
     def _qkv(self, h: torch.Tensor, weights: tuple[PackedWeight, ...]) -> tuple[torch.Tensor, ...]:
         """Queries and keys side by side ``[T, (heads + kv_heads) * head_dim]``, values."""
@@ -119,7 +133,8 @@ class LeanLlama(torch.nn.Module):
             width = (self.heads + self.kv_heads) * self.head_dim
             return qkv[:, :width], qkv[:, width:]
         q_w, k_w, v_w = weights
-        return torch.cat((F.linear(h, q_w), F.linear(h, k_w)), dim=-1), F.linear(h, v_w)
+        return (torch.cat((_dense_linear(h, q_w), _dense_linear(h, k_w)), dim=-1),
+                _dense_linear(h, v_w))
 
     def _mlp(self, h: torch.Tensor, weights: tuple[PackedWeight, ...]) -> torch.Tensor:
         """``down(silu(gate(h)) * up(h))``."""
@@ -131,7 +146,7 @@ class LeanLlama(torch.nn.Module):
             gate = F.silu(gate_up[:, :width].contiguous(), inplace=True)
             return linear_pointwise(gate.mul_(gate_up[:, width:]), weights[1])
         gate_w, up_w, down_w = weights
-        return F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
+        return _dense_linear(F.silu(_dense_linear(h, gate_w)) * _dense_linear(h, up_w), down_w)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' LlamaRMSNorm (float32 statistics). For float32 on the CPU,
@@ -178,6 +193,7 @@ class LeanLlama(torch.nn.Module):
         half = self.head_dim // 2
         slot_mapping = meta.slot_mapping
         for index, (norm1, qkv_w, o_w, norm2, mlp_w) in enumerate(self.layers):
+            attend = self.attention[index]
             h = self._rms_norm(x, norm1)
             qk, v = self._qkv(h, qkv_w)
             qk = qk.unflatten(1, (-1, self.head_dim))
@@ -192,7 +208,7 @@ class LeanLlama(torch.nn.Module):
                 q, k = qk[:, : self.heads], qk[:, self.heads :]
                 k_cache.index_copy_(0, slot_mapping, k)
                 v_cache.index_copy_(0, slot_mapping, v)
-            attn = attend_groups(q, k_cache, v_cache, meta, self.scaling)
+            attn = attend(q, k_cache, v_cache, meta)
             x = x + self._linear(attn.flatten(1), o_w)
             h = self._rms_norm(x, norm2)
             x = x + self._mlp(h, mlp_w)
@@ -201,23 +217,24 @@ class LeanLlama(torch.nn.Module):
 
 
 def lean_forward(
-    model: torch.nn.Module, all_plain: bool,
+    model: Any, backend: AttentionBackend, rules: dict[int, LayerRules],
     probe: Callable[[LeanLlama | None], list[torch.Tensor]],
 ) -> LeanLlama:
-    """The lean forward of ``model``, checked: ``probe(forward)`` runs the same probe
-    steps through transformers' forward (None) or the lean one and returns the logits;
-    the lean forward is returned only if they are equal bit for bit.
+    """The lean forward of ``model`` (loaded with ``backend``; its layers' ``rules``),
+    checked: ``probe(forward)`` runs the same probe steps through transformers' forward
+    (None) or the lean one and returns the logits; the lean forward is returned only if
+    they are equal bit for bit.
 
     Raises:
         ValueError: the model is not a supported Llama (``forward``), or the lean
             forward's logits differ from transformers' on the probe.
     """
-    if not (supports(model) and all_plain):
+    if not (supports(model) and all(layer.plain for layer in rules.values())):
         raise ValueError(
             "forward: lean-llama needs a Llama model (no projection biases, SiLU, a static "
             "rotary embedding, plain attention layers); use --forward transformers"
         )
-    lean = LeanLlama(model)
+    lean = LeanLlama(model, backend, rules)
     want, got = probe(None), probe(lean)
     if not all(torch.equal(a, b) for a, b in zip(want, got)):
         raise ValueError("forward: lean-llama's logits differ from transformers' on this "

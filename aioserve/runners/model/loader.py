@@ -1,7 +1,7 @@
 """Loading a model for paged attention: adapters, refusals, per-layer rules, KV cache.
 
 The runner calls :func:`load_model` once; it returns the model with every attention
-layer's :class:`~aioserve.runners.model.layer_rules.LayerRules`, or refuses the model
+layer's :class:`~aioserve.runners.attention.layer_rules.LayerRules`, or refuses the model
 (:class:`~aioserve.errors.UnsupportedModelError`) before anything is served.
 """
 
@@ -13,11 +13,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from aioserve.errors import UnsupportedModelError
+from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention.backend import AttentionBackend
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.cpu import packed_linear
 from aioserve.runners.model import adapters as model_adapters
-from aioserve.runners.model import layer_rules
-from aioserve.runners.model.layer_rules import LayerRules
 
 
 def load_model(
@@ -37,7 +37,8 @@ def load_model(
     model_adapters.check_config(hf_config.get_text_config())
     model_adapters.prepare(hf_config, name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=name)
-    model = model.to(device).eval()
+    # transformers' decorated PreTrainedModel.to is typed as taking a model
+    model = model.to(device).eval()  # type: ignore[arg-type]
     if packed_linear.available(device, dtype, packed_linear.linear_parameters(model)):
         packed_linear.pack_linears(model)
     text_config = model.config.get_text_config()

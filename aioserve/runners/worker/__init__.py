@@ -1,1 +1,8 @@
-"""The runner's worker: TorchRunner, its persistent batch state and the sampler."""
+"""The runner's worker: TorchRunner (a step: apply the engine's changes, run the
+forward, sample), its set-up, its persistent batch state and the sampler. The only
+room that sees all the others.
+
+Imports (checked by tests/test_import_rules.py):
+    may import: aioserve, aioserve.runners, aioserve.runners.attention, aioserve.runners.cpu,
+        aioserve.runners.gpu, aioserve.runners.model
+"""

@@ -92,15 +92,14 @@ class BatchSampler:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self._seeds = torch.Generator().manual_seed(seed)
-        floats = {"dtype": torch.float32, "device": self.device}
-        ints = {"dtype": torch.int64, "device": self.device}
-        self._temperature = torch.ones(num_slots, **floats)
-        self._top_p = torch.ones(num_slots, **floats)
-        self._penalty = torch.ones(num_slots, **floats)
-        self._top_k = torch.full((num_slots,), vocab_size, **ints)  # V when off
-        self._seed = torch.zeros(num_slots, **ints)
-        self._draw = torch.zeros(num_slots, **ints)  # output index of the next draw
-        self._offsets = ops.token_offsets(torch.arange(vocab_size, **ints))
+        floats, ints, device = torch.float32, torch.int64, self.device
+        self._temperature = torch.ones(num_slots, dtype=floats, device=device)
+        self._top_p = torch.ones(num_slots, dtype=floats, device=device)
+        self._penalty = torch.ones(num_slots, dtype=floats, device=device)
+        self._top_k = torch.full((num_slots,), vocab_size, dtype=ints, device=device)  # V: off
+        self._seed = torch.zeros(num_slots, dtype=ints, device=device)
+        self._draw = torch.zeros(num_slots, dtype=ints, device=device)  # next draw's index
+        self._offsets = ops.token_offsets(torch.arange(vocab_size, dtype=ints, device=device))
         self._seen: torch.Tensor | None = None  # [num_slots, V] bool, made on first need
         self._params: list[SamplingParams | None] = [None] * num_slots
 
@@ -193,8 +192,8 @@ class BatchSampler:
         num_top = [params[i].logprobs or 0 for i in asked]
         logprobs = None
         if asked:
-            index = self._to_device(asked) if len(asked) < len(params) else None
-            sub, sub_chosen = (logits, chosen) if index is None else (logits[index], chosen[index])
+            rows = self._to_device(asked) if len(asked) < len(params) else None
+            sub, sub_chosen = (logits, chosen) if rows is None else (logits[rows], chosen[rows])
             logprobs = self._logprobs(sub, sub_chosen, max(num_top))
         self._draw.index_add_(0, slots, torch.ones_like(slots))
         if self._seen is not None:

@@ -6,18 +6,20 @@ import asyncio
 import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
 
 from aioserve.config import EngineConfig
-from aioserve.runners.attention.backend import AttentionBackend, ReferenceBackend, backend_for
+from aioserve.runners.attention import layer_rules
+from aioserve.runners.attention.backend import AttentionBackend
+from aioserve.runners.attention.registry import backend_for
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu import malloc as cpu_malloc
 from aioserve.runners.cpu import native_kernels
-from aioserve.runners.cpu.row_padding import RowPadding, probe_row_padding
 from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
-from aioserve.runners.model import layer_rules
 from aioserve.runners.model import loader as model_loader
 from aioserve.runners.model.lean_llama import LeanLlama, lean_forward
 from aioserve.runners.worker.batch_sampler import BatchSampler
@@ -41,7 +43,7 @@ class TorchRunner:
     The KV cache is, per layer, K ``[num_kv_blocks * block_size, kv_heads, k_dim]`` and
     V ``[..., kv_heads, v_dim]`` (the model's dtype), indexed by the engine's block ids
     and shaped from each layer's own rules, found by one recording forward at load
-    (:func:`~aioserve.runners.model.layer_rules.discover`). Per-request state (tokens, block
+    (:func:`~aioserve.runners.attention.layer_rules.discover`). Per-request state (tokens, block
     tables, sampling parameters, last sampled tokens) persists between steps
     (:class:`~aioserve.runners.worker.input_batch.InputBatch`); each step applies the engine's
     changes. The load and every step run in order in one worker thread (one OpenMP
@@ -57,7 +59,8 @@ class TorchRunner:
         OSError: the model cannot be loaded.
         UnsupportedModelError: the model cannot be served exactly (ALiBi, layers that
             bypass transformers' attention interface, rules the backend lacks).
-        ValueError: the KV-cache budget holds no block; an unknown attention backend.
+        ValueError: the KV-cache budget holds no block; an unknown attention backend,
+            or one that does not serve ``config.forward`` (refused before the model loads).
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -79,12 +82,14 @@ class TorchRunner:
         """Everything :meth:`__init__` documents, on the worker thread."""
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.invariance = BatchInvariance(config.batch_invariant)
+        self.backend: AttentionBackend = backend_for(config.attention_backend, self.device,
+                                                     config.forward, self.invariance)
         if self.device.type == "cpu":  # large temporaries reuse heap memory (cpu_malloc.py)
             cpu_malloc.tune_malloc()
         local = config.model.startswith((".", "/", "~"))
         if local and not os.path.isdir(os.path.expanduser(config.model)):
             raise OSError(f"model directory {config.model!r} does not exist")
-        self.backend: AttentionBackend = backend_for(config.attention_backend, self.device)
         model, self.layer_rules = model_loader.load_model(
             config.model, self.dtype, self.device, self.backend
         )
@@ -92,22 +97,20 @@ class TorchRunner:
         text_config = model.config.get_text_config()
         self.windows = tuple(sorted({r.window for r in self.layer_rules.values() if r.window}))
         self.max_model_len = context_length(config.max_model_len, text_config)
-        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        embeddings: Any = model.get_input_embeddings()  # an nn.Embedding (or a subclass)
+        self.vocab_size = int(embeddings.num_embeddings)
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size
         self.kv_block_bytes = self.kv_bytes_per_block()
         self.num_kv_blocks = self._num_blocks(config)
         graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
             and not config.enforce_eager
-        # the reference backend reads a CPU cache head-major (sparse_decode.py)
-        head_major = self.device.type == "cpu" and isinstance(self.backend, ReferenceBackend)
+        head_major = self.device.type == "cpu" and self.backend.head_major
         if self.device.type == "cpu" and self.dtype == torch.float32:
             native_kernels.available()  # built now (once a machine), not mid-step
-        # small steps padded so a row's products do not depend on the step (row_padding.py)
-        self.row_padding = RowPadding([])
-        if self.device.type == "cpu":
-            self.row_padding = probe_row_padding(
-                m.weight for m in model.modules() if type(m) is torch.nn.Linear)
+        # small steps padded so a row's products do not depend on the step
+        self.row_padding = self.invariance.row_padding(
+            (m.weight for m in model.modules() if type(m) is torch.nn.Linear), self.device)
         # CUDA graphs' and row padding's rows write into one scratch block the engine
         # never sees
         self._scratch_block = self.num_kv_blocks
@@ -127,8 +130,7 @@ class TorchRunner:
             torch.set_num_threads(self.num_threads)
         self.lean: LeanLlama | None = None
         if config.forward == "lean-llama":
-            plain = all(rules.plain for rules in self.layer_rules.values())
-            self.lean = lean_forward(model, plain, self._probe)
+            self.lean = lean_forward(model, self.backend, self.layer_rules, self._probe)
         self._waiter: ThreadPoolExecutor | None = None
         self._pinned: list[torch.Tensor] = []
         if self.device.type == "cuda":
@@ -254,13 +256,14 @@ class TorchRunner:
         if lean is not None:
             return lean.forward(input_ids, positions, keep, meta)[:num_kept]
         with layer_rules.metadata_context(meta):  # for models that drop kwargs (stablelm)
-            return self.model(
+            logits: torch.Tensor = self.model(
                 input_ids=input_ids.unsqueeze(0),
                 position_ids=positions.unsqueeze(0),
                 use_cache=False,
                 logits_to_keep=keep,
                 paged_metadata=meta,
             ).logits[0, :num_kept]
+        return logits
 
     @torch.inference_mode()
     def _probe(self, lean: LeanLlama | None) -> list[torch.Tensor]:

@@ -28,13 +28,13 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 from transformers import AttentionInterface
 
+from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention import paged as attention
-from aioserve.runners.attention.backend import uneven_heads
+from aioserve.runners.attention.backend import LayerAttention, uneven_heads
 from aioserve.runners.attention.flex import metadata as flex_metadata
 from aioserve.runners.attention.flex.metadata import FlexGroup, FlexMetadata
+from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
-from aioserve.runners.model import layer_rules
-from aioserve.runners.model.layer_rules import LayerRules
 
 ATTENTION_NAME = "aioserve_flex"
 
@@ -73,7 +73,7 @@ def _attend_group(
         batch = q.index_select(0, group.query_index).view(group.size, group.q_len, heads, dim)
         batch = batch.transpose(1, 2)
     options = {"BLOCK_N": min(block_size, 64)} if q.device.type == "cuda" else None
-    out = flex_function(q.device.type)(
+    out: torch.Tensor = flex_function(q.device.type)(
         batch, keys, values,
         score_mod=None if rules.softcap is None else softcap_mod(rules.softcap),
         block_mask=group.masks[rules.window],
@@ -86,11 +86,12 @@ def _attend_group(
 
 
 def attend(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: FlexMetadata,
-    rules: LayerRules,
+    rules: LayerRules, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: FlexMetadata,
 ) -> torch.Tensor:
     """One layer over the paged cache (the step's K/V already written): ``q``
-    ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]`` in ``q``'s dtype."""
+    ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]`` in ``q``'s dtype (the layer's
+    ``rules`` first, so a positional partial binds them)."""
     keys = k_cache.permute(1, 0, 2).unsqueeze(0)  # [1, kv_heads, S, k_dim], a view
     values = v_cache.permute(1, 0, 2).unsqueeze(0)
     size = meta.block_size
@@ -106,7 +107,7 @@ def attend(
 
 
 def flex_paged_attention(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
     paged_metadata: PagedAttentionMetadata | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
@@ -123,7 +124,7 @@ def flex_paged_attention(
     k_cache, v_cache = meta.kv_caches[module.layer_idx]
     k_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
     v_cache.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
-    out = attend(query[0].transpose(0, 1), k_cache, v_cache, meta, rules)
+    out = attend(rules, query[0].transpose(0, 1), k_cache, v_cache, meta)
     return out.unsqueeze(0), None
 
 
@@ -131,9 +132,32 @@ class FlexBackend:
     """The FlexAttention backend (see the module docstring) for ``device``."""
 
     attention_name = ATTENTION_NAME
+    head_major = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> FlexBackend:
+        """The backend for ``device``, checked.
+
+        Raises:
+            ValueError: a device other than cuda or cpu; no ``torch.compile`` (dynamo) in
+                this Python/torch; CUDA without Triton.
+        """
+        if device.type not in ("cuda", "cpu"):
+            raise ValueError(f"attention backend 'flex' runs on cuda or cpu, not {device.type}")
+        from torch._dynamo.eval_frame import is_dynamo_supported
+
+        if not is_dynamo_supported():
+            raise ValueError("attention backend 'flex' needs torch.compile (dynamo), "
+                             "which this Python/torch does not support")
+        if device.type == "cuda":
+            from torch.utils._triton import has_triton
+
+            if not has_triton():
+                raise ValueError("attention backend 'flex' on cuda needs Triton (not installed)")
+        return cls(device)
 
     def register(self) -> str:
         AttentionInterface.register(ATTENTION_NAME, flex_paged_attention)
@@ -182,4 +206,8 @@ class FlexBackend:
             raise TypeError("FlexBackend.attend needs FlexMetadata (FlexBackend.build_metadata)")
         if sinks is not None:
             raise ValueError("flex backend: attention sinks are not supported")
-        return attend(q, k_cache, v_cache, meta, rules)
+        return attend(rules, q, k_cache, v_cache, meta)
+
+    def layer_attention(self, rules: LayerRules) -> LayerAttention:
+        """:func:`attend` bound to ``rules`` (its metadata must be :class:`FlexMetadata`)."""
+        return functools.partial(attend, rules)

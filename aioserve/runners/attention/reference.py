@@ -1,0 +1,78 @@
+"""ReferenceBackend: the exact attention backend, on any device.
+
+Plain layers through ``scaled_dot_product_attention`` (plus the CPU decode fast paths:
+the compiled kernel, sparse kernels, batched products), sliding windows through
+per-window masks, soft-cap and sinks in eager math, K and V of their own widths; see
+:mod:`~aioserve.runners.attention.paged`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from aioserve.runners.attention import paged as attention
+from aioserve.runners.attention import paged_metadata
+from aioserve.runners.attention.backend import LayerAttention, uneven_heads
+from aioserve.runners.attention.kv_gather import GatherBuffers
+from aioserve.runners.attention.layer_rules import LayerRules
+from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
+from aioserve.runners.batch_invariance import BatchInvariance
+from aioserve.runners.cpu import native_kernels
+
+__all__ = ["ReferenceBackend"]
+
+
+class ReferenceBackend:
+    """The exact backend: every rule of :class:`LayerRules`, on any device. Its
+    layers gather blocks into buffers it keeps (:class:`GatherBuffers`), so one
+    backend serves one runner, whose steps run one after another. On the CPU it
+    reads a head-major cache (:mod:`~aioserve.runners.attention.sparse_decode`).
+
+    Args:
+        invariance: the batch-invariance policy (its context floor: every group spans
+            at least ``invariance.min_context_width`` keys).
+    """
+
+    attention_name = attention.ATTENTION_NAME
+    head_major = True
+
+    def __init__(self, invariance: BatchInvariance | None = None) -> None:
+        self.buffers = GatherBuffers()
+        self.min_context = (invariance or BatchInvariance()).min_context_width
+
+    def register(self) -> str:
+        return attention.register()
+
+    def unsupported(self, rules: LayerRules) -> str | None:
+        return uneven_heads(rules)
+
+    def build_metadata(
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        start_positions: list[int] | np.ndarray, num_new_tokens: list[int] | np.ndarray,
+        block_tables: list[list[int]] | np.ndarray, block_size: int,
+        device: torch.device, windows: tuple[int, ...],
+    ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
+        # plain float32 layers on the CPU decode through the compiled kernel when it is
+        # loaded (windowed models keep the masked paths)
+        native = (device.type == "cpu" and not windows
+                  and kv_caches[0][0].dtype == torch.float32 and native_kernels.available())
+        return paged_metadata.build_metadata(
+            kv_caches, start_positions, num_new_tokens, block_tables, block_size, device,
+            windows=windows, buffers=self.buffers, native_decode=native,
+            min_context=self.min_context,
+        )
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: PagedAttentionMetadata, rules: LayerRules, sinks: torch.Tensor | None,
+    ) -> torch.Tensor:
+        layer = None if rules.plain else rules
+        return attention.attend_layer(rules.scaling, layer, q, k_cache, v_cache, meta, sinks)
+
+    def layer_attention(self, rules: LayerRules) -> LayerAttention:
+        # positional arguments only: the partial costs what a direct call does
+        return functools.partial(attention.attend_layer, rules.scaling,
+                                 None if rules.plain else rules)

@@ -1,0 +1,130 @@
+"""The attention backends by name: a new backend is one module plus one
+:func:`register_backend` call.
+
+This module imports no backend (nor torch) until one is asked for, so the command
+line can list the names and a forward/backend mismatch is refused before a model
+loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from aioserve.runners.attention.backend import AttentionBackend
+    from aioserve.runners.batch_invariance import BatchInvariance
+
+__all__ = ["BackendEntry", "FORWARDS", "backend_for", "backend_names", "check_forward",
+           "register_backend"]
+
+#: ``factory(device, invariance)``: a backend for the device under the policy.
+Factory = Callable[["torch.device", "BatchInvariance"], "AttentionBackend"]
+
+#: The model forwards (``EngineConfig.forward``): transformers' own and the lean
+#: Llama forward (:mod:`~aioserve.runners.model.lean_llama`).
+FORWARDS = ("transformers", "lean-llama")
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """One registered backend.
+
+    Attributes:
+        factory: ``factory(device, invariance)`` makes the backend for ``device`` under
+            the batch-invariance policy; raises ValueError where it cannot run there
+            (the message names the backend).
+        forwards: the forwards it serves (a subset of :data:`FORWARDS`); the others are
+            refused before the model loads.
+        reason: why it does not serve the other forwards (in the refusal).
+    """
+
+    factory: Factory
+    forwards: tuple[str, ...] = FORWARDS
+    reason: str = ""
+
+
+_BACKENDS: dict[str, BackendEntry] = {}
+
+
+def register_backend(
+    name: str, factory: Factory,
+    forwards: tuple[str, ...] = FORWARDS, reason: str = "",
+) -> None:
+    """Make ``name`` an ``--attention-backend`` (``EngineConfig.attention_backend``).
+
+    Raises:
+        ValueError: ``name`` is taken, or ``forwards`` names an unknown forward.
+    """
+    if name in _BACKENDS:
+        raise ValueError(f"attention backend {name!r} is already registered")
+    unknown = [f for f in forwards if f not in FORWARDS]
+    if unknown:
+        raise ValueError(f"attention backend {name!r}: unknown forwards {unknown}")
+    _BACKENDS[name] = BackendEntry(factory, tuple(forwards), reason)
+
+
+def backend_names() -> tuple[str, ...]:
+    """The registered names, in registration order."""
+    return tuple(_BACKENDS)
+
+
+def _entry(name: str) -> BackendEntry:
+    entry = _BACKENDS.get(name)
+    if entry is None:
+        raise ValueError(f"attention backend: {name!r} is not one of {', '.join(_BACKENDS)}")
+    return entry
+
+
+def check_forward(forward: str, name: str) -> None:
+    """Refuse a forward the backend ``name`` does not serve.
+
+    Raises:
+        ValueError: an unknown backend, or ``forward`` it does not serve (the message
+            names both options).
+    """
+    entry = _entry(name)
+    if forward not in entry.forwards:
+        served = ", ".join(entry.forwards) or "none"
+        raise ValueError(f"--forward {forward} cannot run with --attention-backend {name}: "
+                         f"it serves --forward {served}. {entry.reason}".rstrip())
+
+
+def backend_for(
+    name: str, device: torch.device, forward: str = "transformers",
+    invariance: BatchInvariance | None = None,
+) -> AttentionBackend:
+    """The attention backend called ``name`` for ``device``, the model forward
+    ``forward`` and the batch-invariance policy (None: on).
+
+    Raises:
+        ValueError: an unknown name, a forward the backend does not serve, or a device
+            where it cannot run.
+    """
+    check_forward(forward, name)
+    if invariance is None:
+        from aioserve.runners.batch_invariance import BatchInvariance
+
+        invariance = BatchInvariance()
+    return _entry(name).factory(device, invariance)
+
+
+def _reference(device: torch.device, invariance: BatchInvariance) -> AttentionBackend:
+    from aioserve.runners.attention.reference import ReferenceBackend
+
+    return ReferenceBackend(invariance)
+
+
+def _flex(device: torch.device, invariance: BatchInvariance) -> AttentionBackend:
+    # the policy's context floor is the reference backend's; flex promises no
+    # batch invariance of its own (row padding, in the runner, still applies)
+    from aioserve.runners.attention.flex.backend import FlexBackend
+
+    return FlexBackend.for_device(device)
+
+
+register_backend("reference", _reference)
+register_backend("flex", _flex)
