@@ -188,6 +188,11 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
             f"({kv.num_blocks * kv.block_size} tokens)"
         )
         return
+    if item.prompt_len + item.limit > core.max_model_len:  # as AsyncEngine.add_request
+        result.rejected[item.id] = (
+            f"max_tokens: prompt ({item.prompt_len} tokens) + max_tokens ({item.limit}) "
+            f"exceeds the context length of {core.max_model_len} tokens")
+        return
     # No oracle: the policy is told a length only when the workload tells one.
     params = SamplingParams(max_tokens=item.limit, temperature=0.0, length_hint=item.length_hint,
                             ignore_eos=result.config.overlap and item.output_len >= item.limit)
