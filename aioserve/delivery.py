@@ -44,7 +44,7 @@ class Delivery:
         stop, finished = FinishReason.STOP, RequestStatus.FINISHED
         for request, token, index in results:
             stream = streams.get(request.request_id)
-            if stream is None:
+            if stream is None or stream.request is not request:  # released, id reused
                 continue
             try:
                 detok = stream.detokenizer
@@ -64,7 +64,7 @@ class Delivery:
         finished, self._finished = self._finished, []
         for request in finished:
             stream = self.streams.get(request.request_id)
-            if stream is not None and not stream.closed:
+            if stream is not None and stream.request is request and not stream.closed:
                 try:
                     stream.push_final()
                 except Exception as exc:

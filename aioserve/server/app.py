@@ -18,7 +18,7 @@ from aiohttp import web
 from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
 from aioserve.engine import AsyncEngine
-from aioserve.server import access, openapi, stats_feed, websocket
+from aioserve.server import access, openapi, stats_feed, websocket, ws_outbox
 from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
 from aioserve.server.openai_chat import create_chat_completion
@@ -113,11 +113,11 @@ def create_app(
     app[_STARTED_KEY] = time.time()
     metrics = ServerMetrics(engine)
     app[METRICS_KEY] = metrics
-    app[websocket.SOCKETS_KEY] = weakref.WeakSet()
+    app[ws_outbox.SOCKETS_KEY] = weakref.WeakSet()
     feed = stats_feed.StatsFeed(engine, config.served_model_name or engine.config.model,
                                 interval=config.stats_interval)
     app[stats_feed.STATS_FEED_KEY] = feed
-    app[websocket.CONNECTIONS_KEY] = weakref.WeakSet()
+    app[ws_outbox.OUTBOXES_KEY] = weakref.WeakSet()
 
     async def engine_lifetime(app: web.Application) -> AsyncIterator[None]:
         await engine.start()
@@ -129,7 +129,7 @@ def create_app(
         await engine.shutdown()
 
     app.cleanup_ctx.append(engine_lifetime)
-    app.on_shutdown.append(websocket.close_all)
+    app.on_shutdown.append(ws_outbox.close_all)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)
