@@ -141,10 +141,14 @@ async def test_an_id_is_refused_while_its_request_runs():
 
 
 IDS = st.sampled_from(["a", "b", "c"])
+#: generate, cancel, reuse (while the id runs, wait for a message of it, then a cancel
+#: and at once a generate with the same id: the issue's sequence), receive up to n
+#: messages (while some generate is open).
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("generate"), IDS, st.integers(1, 24), st.integers(0, 2)),
+        st.tuples(st.just("generate"), IDS, st.integers(1, 40), st.integers(0, 2)),
         st.tuples(st.just("cancel"), IDS),
+        st.tuples(st.just("reuse"), IDS, st.integers(1, 40), st.integers(0, 2)),
         st.tuples(st.just("receive"), st.integers(1, 4)),
     ),
     min_size=1, max_size=24,
@@ -195,8 +199,13 @@ async def drive(url: str, ops: list[tuple], drain: bool) -> None:
             return sum(generates.values()) - sum(ends.values())
 
         for op in ops:
-            if op[0] == "generate":
+            if op[0] in ("generate", "reuse"):
                 _, client_id, max_tokens, prompt = op
+                if op[0] == "reuse":
+                    while ends[client_id] < generates[client_id]:
+                        if (await receive())["id"] == client_id:
+                            break
+                    await ws.send_json({"type": "cancel", "id": client_id})
                 generates[client_id] += 1
                 await ws.send_json(generate(client_id, max_tokens, PROMPTS[prompt]))
             elif op[0] == "cancel":
@@ -216,7 +225,7 @@ async def drive(url: str, ops: list[tuple], drain: bool) -> None:
                 message = await receive()
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
+@settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=OPS, drain=st.booleans())
 def test_any_generate_cancel_reuse_close_sequence_ends_each_generate_once(ws_server, ops, drain):
