@@ -107,7 +107,8 @@ class TorchRunner:
         self.row_padding = RowPadding([])
         if self.device.type == "cpu":
             self.row_padding = probe_row_padding(
-                m.weight for m in model.modules() if type(m) is torch.nn.Linear)
+                (m.weight for m in model.modules() if type(m) is torch.nn.Linear),
+                widths={r.k_dim for r in self.layer_rules.values()})  # rotary tables
         # CUDA graphs' and row padding's rows write into one scratch block the engine
         # never sees
         self._scratch_block = self.num_kv_blocks
