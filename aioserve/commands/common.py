@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 from aioserve.config import EngineConfig
 from aioserve.memory_size import parse_memory
@@ -94,3 +95,13 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
     )
+
+
+def quiet_loading(verbose: bool) -> None:
+    """Show transformers' "Loading weights" progress bar and aiohttp's access-log line
+    per request only when ``verbose`` (``--log-level debug``): at the default level a
+    start prints the summary and a request prints nothing."""
+    from transformers.utils import logging as hf_logging
+
+    (hf_logging.enable_progress_bar if verbose else hf_logging.disable_progress_bar)()
+    logging.getLogger("aiohttp.access").setLevel(logging.NOTSET if verbose else logging.WARNING)

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from aioserve.commands.common import add_engine_options, engine_config
+from aioserve.commands.common import add_engine_options, engine_config, quiet_loading
 from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_summary
@@ -31,7 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--served-model-name", default=None,
-                        help="the model name clients send (default: the --model path)")
+                        help="the model name clients send (default: the --model "
+                             "directory's name, or the hub id as given)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-body-bytes", type=int, default=1024**2,
@@ -210,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     settings = server_config(args)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_loading(args.log_level == "debug")
     if args.ray:
         return run_ray(args, settings)
     app = create_app(engine_config(args), settings)

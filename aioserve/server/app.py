@@ -23,7 +23,16 @@ from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
 from aioserve.server.openai_chat import create_chat_completion
 from aioserve.server.openai_completions import create_completion
-from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig, served_model_name
+from aioserve.server.state import (
+    CONFIG_KEY,
+    ENGINE_KEY,
+    MODEL_NAMES_KEY,
+    ServerConfig,
+    accepts_model_name,
+    model_names,
+    model_path,
+    served_model_name,
+)
 
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
@@ -47,7 +56,7 @@ def _model_card(app: web.Application) -> dict[str, object]:
         "object": "model",
         "created": int(app.get(_STARTED_KEY, time.time())),
         "owned_by": "aioserve",
-        "root": engine.config.model,
+        "root": model_path(engine.config.model),
         "max_model_len": core.max_model_len if core is not None else None,
     }
 
@@ -65,7 +74,7 @@ async def retrieve_model(request: web.Request) -> web.Response:
         ApiError: 404 ``model_not_found`` for any other name.
     """
     name = request.match_info["model"]
-    if name != served_model_name(request.app):
+    if not accepts_model_name(request.app, name):
         raise ApiError(404, f"model {name!r} does not exist; this server serves "
                        f"{served_model_name(request.app)!r}", param="model",
                        code="model_not_found")
@@ -114,7 +123,8 @@ def create_app(
     metrics = ServerMetrics(engine)
     app[METRICS_KEY] = metrics
     app[ws_outbox.SOCKETS_KEY] = weakref.WeakSet()
-    feed = stats_feed.StatsFeed(engine, config.served_model_name or engine.config.model,
+    app[MODEL_NAMES_KEY] = model_names(config, engine)
+    feed = stats_feed.StatsFeed(engine, app[MODEL_NAMES_KEY][0],
                                 interval=config.stats_interval)
     app[stats_feed.STATS_FEED_KEY] = feed
     app[ws_outbox.OUTBOXES_KEY] = weakref.WeakSet()
