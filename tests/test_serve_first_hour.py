@@ -1,7 +1,8 @@
 """Issue 26, item 7: what a new user sees of ``aioserve serve``. At the default log level
 no weight-loading bar and no access-log line per request (``--log-level debug`` shows
-both); a relative ``--model`` path is served under the directory's own name, in
-``/v1/models``, every response and the dashboard, the path itself still accepted."""
+both); a relative ``--model`` path is served under the directory's absolute path, in
+``/v1/models``, every response and the dashboard, the path as given and the
+directory's own name still accepted."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ async def serve_and_call(model_dir: str, *options: str) -> tuple[dict, list[str]
             async with http.get(url + "/v1/models") as r:
                 seen["models"] = await r.json()
             body = {"prompt": "Once upon a time", "max_tokens": 3}
-            for name in (None, relative, str(Path(model_dir).resolve()), "other"):
+            for name in (None, relative, Path(model_dir).name, "other"):
                 payload = body if name is None else {**body, "model": name}
                 async with http.post(url + "/v1/completions", json=payload) as r:
                     seen.setdefault("statuses", []).append(r.status)
@@ -54,14 +55,15 @@ async def serve_and_call(model_dir: str, *options: str) -> tuple[dict, list[str]
     return seen, stderr.decode(errors="replace").splitlines()
 
 
-async def test_default_level_is_quiet_and_a_relative_model_is_served_by_its_name(model_dir):
+async def test_default_level_is_quiet_and_a_relative_model_is_served_by_its_path(model_dir):
     seen, lines = await serve_and_call(model_dir)
-    name = Path(model_dir).name  # stories260K-hf
+    name = str(Path(model_dir).resolve())
+    assert not os.path.isabs(seen["relative"]) and name != seen["relative"]
     assert [m["id"] for m in seen["models"]["data"]] == [name]
-    assert seen["models"]["data"][0]["root"] == str(Path(model_dir).resolve())
+    assert seen["models"]["data"][0]["root"] == name
     assert seen["completion"]["model"] == name
-    assert seen["statuses"] == [200, 200, 200, 404]  # the path as given still names it
-    assert f"aioserve · {name}" in seen["page"] and seen["relative"] not in seen["page"]
+    assert seen["statuses"] == [200, 200, 200, 404]  # the path as given, the folder's name
+    assert f"aioserve · {name}" in seen["page"]
     assert seen["frame"]["model"] == name
     assert not [line for line in lines if "Loading weights" in line], lines
     assert not [line for line in lines if "aiohttp.access" in line], lines

@@ -103,5 +103,8 @@ def quiet_loading(verbose: bool) -> None:
     start prints the summary and a request prints nothing."""
     from transformers.utils import logging as hf_logging
 
-    (hf_logging.enable_progress_bar if verbose else hf_logging.disable_progress_bar)()
+    if verbose:
+        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+    else:
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     logging.getLogger("aiohttp.access").setLevel(logging.NOTSET if verbose else logging.WARNING)

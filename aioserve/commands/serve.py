@@ -32,7 +32,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: the --model "
-                             "directory's name, or the hub id as given)")
+                             "directory's absolute path, or the hub id as given)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-body-bytes", type=int, default=1024**2,

@@ -29,8 +29,8 @@ from aioserve.server.state import (
     MODEL_NAMES_KEY,
     ServerConfig,
     accepts_model_name,
+    default_model_name,
     model_names,
-    model_path,
     served_model_name,
 )
 
@@ -56,7 +56,7 @@ def _model_card(app: web.Application) -> dict[str, object]:
         "object": "model",
         "created": int(app.get(_STARTED_KEY, time.time())),
         "owned_by": "aioserve",
-        "root": model_path(engine.config.model),
+        "root": default_model_name(engine.config.model),
         "max_model_len": core.max_model_len if core is not None else None,
     }
 

@@ -16,7 +16,7 @@ class ServerConfig:
 
     Attributes:
         served_model_name: the model name clients send and ``/v1/models`` lists;
-            None: the model directory's own name (see :func:`default_model_name`).
+            None: the model's absolute path (see :func:`default_model_name`).
         chat_template: a Jinja chat template (the text, not a path) that overrides the
             tokenizer's own; with neither, chat requests get a 400.
         max_body_bytes: largest request body or websocket message in bytes (larger: 413,
@@ -67,16 +67,10 @@ CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("server_config", ServerConfig)
 
 
 def default_model_name(model: str) -> str:
-    """The name a model is served under when none is given: a local directory's own
-    name (``../shared/models/stories260K-hf`` -> ``stories260K-hf``: the same from any
-    working directory, and the server's file layout stays out of every response), a
-    hub id as it is (``HuggingFaceTB/SmolLM2-135M``)."""
-    path = Path(model).expanduser()
-    return path.resolve().name if path.is_dir() else model
-
-
-def model_path(model: str) -> str:
-    """``model`` as an absolute path when it is a local directory, else as given."""
+    """The name a model is served under when none is given: a local directory's
+    absolute path (``../shared/models/stories260K-hf`` -> ``/work/shared/models/
+    stories260K-hf``: one name from any working directory, and still the path, as vLLM
+    serves it), a hub id as it is (``HuggingFaceTB/SmolLM2-135M``)."""
     path = Path(model).expanduser()
     return str(path.resolve()) if path.is_dir() else model
 
@@ -90,8 +84,8 @@ def served_model_name(app: web.Application) -> str:
 
 def accepts_model_name(app: web.Application, name: str) -> bool:
     """Whether a request's ``model`` names this server's model: the served name, or,
-    with no ``--served-model-name``, also the ``--model`` path as given or absolute
-    (what clients sent when the path was the name)."""
+    with no ``--served-model-name``, also the ``--model`` path as given and a local
+    directory's own name (``stories260K-hf``)."""
     names = app.get(MODEL_NAMES_KEY) or model_names(app[CONFIG_KEY], app[ENGINE_KEY])
     return name in names
 
@@ -101,7 +95,8 @@ def model_names(config: ServerConfig, engine: AsyncEngine) -> tuple[str, ...]:
     if config.served_model_name:
         return (config.served_model_name,)
     model = engine.config.model
-    return tuple(dict.fromkeys((default_model_name(model), model, model_path(model))))
+    return tuple(dict.fromkeys((default_model_name(model), model,
+                                Path(default_model_name(model)).name)))
 
 
 #: :func:`model_names`, worked out once when the app is made.

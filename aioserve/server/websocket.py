@@ -235,8 +235,8 @@ class Connection:
             try:
                 async for _, out in choices:
                     if out.token_ids or out.text:
-                        token = {"type": "token", "id": client_id, "text": out.text,
-                                 "token_ids": out.token_ids}
+                        token: dict[str, Any] = {"type": "token", "id": client_id,
+                                                 "text": out.text, "token_ids": out.token_ids}
                         if out.logprobs is not None:
                             token["logprobs"] = logprobs.delta(out.logprobs)
                         await self.send(token)
