@@ -44,7 +44,7 @@ class Delivery:
         stop, finished = FinishReason.STOP, RequestStatus.FINISHED
         for request, token, index in results:
             stream = streams.get(request.request_id)
-            if stream is None:
+            if stream is None or stream.request is not request:  # released, id reused
                 continue
             try:
                 detok = stream.detokenizer
@@ -64,6 +64,8 @@ class Delivery:
         finished, self._finished = self._finished, []
         for request in finished:
             stream = self.streams.get(request.request_id)
+            if stream is not None and stream.request is not request:
+                stream = None  # another request took the id since
             if stream is not None and not stream.closed and request.shed_reason is not None:
                 stream.push_error(RequestShedError(
                     f"request shed by the scheduler: {request.shed_reason}"))

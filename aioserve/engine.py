@@ -21,7 +21,7 @@ from aioserve.kv_cache import BlockManager
 from aioserve.listeners import ListenerHub
 from aioserve.outputs import RequestOutput
 from aioserve.prompts import encode_prompt
-from aioserve.request import Request
+from aioserve.request import FinishReason, Request
 from aioserve.request_meta import RequestMeta
 from aioserve.runners.base import ModelRunner
 from aioserve.sampling_params import SamplingParams
@@ -211,7 +211,8 @@ class AsyncEngine(EngineReadouts):
 
         Raises:
             ValueError: bad prompt, prompt + max_tokens beyond the context length, a
-                prompt bigger than the KV cache, or a duplicate request_id.
+                prompt bigger than the KV cache, or a request_id in use (a request
+                that has not ended; an ended one's id may be reused).
             EngineNotRunningError: the engine is not running, or is draining.
         """
         core = self._require_core()
@@ -225,7 +226,8 @@ class AsyncEngine(EngineReadouts):
                 f"exceeds the context length of {core.max_model_len} tokens"
             )
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self._delivery.streams:
+        held = self._delivery.streams.get(request_id)
+        if held is not None and not held.closed:  # a closed one ended: its id is free
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = core.clock()
         request = Request(request_id, ids, params, now)
@@ -249,11 +251,20 @@ class AsyncEngine(EngineReadouts):
     def release(self, stream: RequestStream) -> None:
         """Stop delivering a stream made by :meth:`add_request` whose consumer reads
         ``stream.queue`` itself: abort its request if it has not finished, and forget
-        the stream. Idempotent; :meth:`generate` does this when its loop ends."""
-        self._delivery.streams.pop(stream.request.request_id, None)
+        the stream. Idempotent; :meth:`generate` does this when its loop ends.
+
+        It acts on this stream's own request only, never on the id: a request that
+        reused the id meanwhile (allowed once this one ended) is left alone."""
+        request = stream.request
+        streams = self._delivery.streams
+        if streams.get(request.request_id) is stream:
+            del streams[request.request_id]
         if not stream.closed:
             stream.closed = True
-            self.abort(stream.request.request_id)
+            core = self.core
+            if core is not None and not request.is_finished:
+                core.finish(request, FinishReason.ABORT)
+                self._delivery.flush_finished(core)
 
     async def generate(
         self,
@@ -290,7 +301,9 @@ class AsyncEngine(EngineReadouts):
 
     def abort(self, request_id: str) -> None:
         """Abort a request now: it leaves its queue and frees its KV blocks. Its stream
-        ends with ``finish_reason="abort"``. Unknown ids are ignored."""
+        ends with ``finish_reason="abort"``. Unknown ids are ignored. The id is free
+        again at once: a new request may take it while the old stream's consumer
+        still reads the old request's end."""
         if self.core is not None and self.core.abort(request_id) is not None:
             self._delivery.flush_finished(self.core)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
+import sys
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -10,9 +13,14 @@ from aiohttp.test_utils import TestServer
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.bench.metrics import percentile, summarize
 from aioserve.bench.plots import plot_serving
-from aioserve.bench.serving import RequestRecord, arrival_gaps, run_serving
+from aioserve.bench.serving import (
+    AuthenticationError,
+    RequestRecord,
+    arrival_gaps,
+    run_serving,
+)
 from aioserve.bench.workloads import prefix_repetition_requests, random_requests
-from aioserve.server import create_app
+from aioserve.server import ServerConfig, create_app
 
 
 @pytest.mark.parametrize("endpoint", ["auto", "completions", "ws"])
@@ -113,3 +121,44 @@ async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint)
     assert first.deadline is not None and 25 < first.deadline - first.arrival_time <= 30
     other = next(v for v in policy.views if v.num_prompt_tokens == 8)
     assert (other.tenant, other.priority, other.deadline) == (None, 0, None)
+
+
+async def bench_cli(url: str, **env: str) -> tuple[int, str]:
+    """``aioserve bench serve`` (2 small requests) against ``url``; (status, stderr)."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("OPENAI_API_KEY", "AIOSERVE_API_KEY")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aioserve.cli", "bench", "serve", "--base-url", url,
+        "--num-prompts", "2", "--input-len", "4:8", "--output-len", "2:3", "--no-progress",
+        env={**clean, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, stderr = await asyncio.wait_for(process.communicate(), 300)
+    return process.returncode, stderr.decode()
+
+
+async def test_serve_benchmark_sends_the_api_key_and_calls_a_401_an_auth_error(model_dir):
+    """Issue 26, item 4: against a keyed server, ``--api-key`` (default
+    ``$OPENAI_API_KEY``, then ``$AIOSERVE_API_KEY``) is sent; without it, or with a
+    wrong one, the 401 is reported as an authentication failure, not "cannot reach"."""
+    engine = AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=8))
+    server = TestServer(create_app(engine, ServerConfig(api_key="sekret")), host="127.0.0.1",
+                        port=0)
+    await server.start_server()
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        requests = random_requests(2, (4, 8), (2, 3), vocab_size=512, seed=1)
+        for endpoint in ("auto", "completions", "ws"):
+            with pytest.raises(AuthenticationError, match="401.*needs an API key"):
+                await run_serving(url, requests, endpoint=endpoint)
+            with pytest.raises(AuthenticationError, match="401.*key was refused"):
+                await run_serving(url, requests, endpoint=endpoint, api_key="wrong")
+            records, _, used = await run_serving(url, requests, endpoint=endpoint,
+                                                 api_key="sekret")
+            assert all(r.ok for r in records), [r.error for r in records]
+        status, stderr = await bench_cli(url)
+        assert status == 1 and "authentication failed" in stderr, stderr
+        assert "cannot reach" not in stderr
+        for variable in ("OPENAI_API_KEY", "AIOSERVE_API_KEY"):
+            status, stderr = await bench_cli(url, **{variable: "sekret"})
+            assert status == 0, stderr
+    finally:
+        await server.close()

@@ -91,6 +91,8 @@ def test_bad_or_busy_port_is_one_error_line(model_dir):
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"aioserve: error: --host/--port: cannot listen on 127.0.0.1:{port}")
+    # said before the model loads (no weights bar) and before the start-up summary
+    assert result.stderr.strip().splitlines() == [last], result.stderr
 
 
 def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
@@ -103,3 +105,23 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
     assert "aioserve: error: --plot needs matplotlib: pip install 'aioserve[plots]'" in (
         capsys.readouterr().err)
     assert not (tmp_path / "plot.png").exists()
+
+
+EMPTY_KEY = ("aioserve: error: --api-key (or $AIOSERVE_API_KEY) is empty: an unset variable? "
+             "The server would be open to anyone; give a key, or leave both out to serve "
+             "without one")
+
+
+def test_an_empty_api_key_is_refused_not_served_open(model_dir, monkeypatch, capsys):
+    """``--api-key "$KEY"`` with KEY unset is ``--api-key ""``: refused (status 2), as
+    is an empty or blank ``AIOSERVE_API_KEY``, before anything loads."""
+    result = run_cli("serve", "--model", model_dir, "--port", "0", "--api-key", "")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [EMPTY_KEY]
+    for value in ("", "  "):
+        monkeypatch.setenv("AIOSERVE_API_KEY", value)
+        assert main(["serve", "--model", model_dir, "--port", "0"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [EMPTY_KEY]
+    monkeypatch.setenv("AIOSERVE_API_KEY", "")
+    assert main(["serve", "--model", model_dir, "--api-key", " ", "--ray"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [EMPTY_KEY]

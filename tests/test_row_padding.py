@@ -1,16 +1,37 @@
 """A request's decode logits are the same bits alone and in a batch of any size
 (row_padding.py: MKL's products and ATen's elementwise loops computed a call's last
-rows with other kernels; paged_metadata.MIN_CONTEXT_WIDTH: so did short score products)."""
+rows with other kernels; paged_metadata.MIN_CONTEXT_WIDTH: so did short score products).
+
+What the padding measures (MKL's row groups, ATen's vector width, the threads' split)
+differs between machines, so the checks also run in subprocesses under every ATen
+CPU capability this CPU has below its own (``ATEN_CPU_CAPABILITY=default``, ``avx2``
+on an AVX-512 machine) and under MKL's reproducibility mode ``MKL_CBWR=AVX2`` (another
+small-row kernel); under ``MKL_CBWR=COMPATIBLE`` no count is exact and the runner
+says so. Issue 26, item 6."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from aioserve.config import EngineConfig
-from aioserve.runners.cpu.row_padding import RowPadding, probe_row_padding
+from aioserve.runners.cpu.row_padding import (
+    GRAIN_SIZE,
+    RowPadding,
+    elementwise_chunk,
+    probe_row_padding,
+)
 from aioserve.runners.worker.torch_runner import TorchRunner
+
+TESTS = Path(__file__).resolve().parent
 
 NUM_SEQUENCES = 13
 BLOCKS_PER_SEQUENCE = 8
@@ -26,10 +47,58 @@ def test_padding_table_only_grows_counts_and_leaves_big_counts():
     assert RowPadding([0, 4, 4]).needed
 
 
-@pytest.mark.parametrize("forward", ["transformers", "lean-llama"])
-def test_decode_logits_alone_equal_logits_in_every_batch_size(model_dir, forward):
-    """Contexts of 5-99 tokens, so a sequence alone attends one to seven blocks and in
-    a batch as many as its longest batch-mate."""
+def differing_values(count: int) -> torch.Tensor:
+    """``count`` floats (tiled) whose SiLU differs between ATen's vector and scalar
+    paths, so any element a scalar tail computes shows (empty: the paths agree)."""
+    values = 8 * torch.rand(512, generator=torch.Generator().manual_seed(1)) - 4
+    vector = F.silu(values)
+    scalar = torch.cat([F.silu(values[i:i + 1]) for i in range(len(values))])
+    differing = values[vector != scalar]
+    if len(differing) == 0:
+        return differing
+    return differing.repeat(-(-count // len(differing)))[:count]
+
+
+def test_elementwise_chunk_is_where_the_scalar_tail_starts():
+    chunk = elementwise_chunk()
+    values = differing_values(4096)
+    if chunk == 1:
+        assert len(values) == 0  # vector and scalar paths agree: no tail effect
+        return
+    assert chunk in (8, 16, 32, 64)  # two vectors of floats: AVX2 16, AVX-512 32
+    full = F.silu(values)
+    exact = [n for n in range(1, 300) if torch.equal(F.silu(values[:n]), full[:n])]
+    assert exact == list(range(chunk, 300, chunk))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_padded_steps_split_elementwise_ops_on_chunk_boundaries(threads):
+    """Every thread's range of an elementwise op over a padded step ends on a chunk
+    boundary, so no row of it takes the scalar tail: SiLU over ``[rows, width]`` equals
+    the same elements of one long single-thread call, for steps past the grain size."""
+    table = probe_row_padding([torch.randn(172, 64), torch.randn(64, 172)], max_rows=32,
+                              widths=[8])
+    values = differing_values(700 * 172)
+    if len(values) == 0:
+        pytest.skip("ATen's vector and scalar SiLU agree here: nothing to align")
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        reference = F.silu(values)
+        torch.set_num_threads(threads)
+        for rows in range(150, 700, 37):
+            padded = table.padded(rows)
+            assert padded >= rows and padded % table.multiple == 0
+            for width in (172, 64, 8):
+                numel = padded * width
+                assert torch.equal(F.silu(values[:numel]), reference[:numel]), (
+                    rows, padded, width, numel > GRAIN_SIZE)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def decode_differences(model_dir: str, forward: str) -> dict[int, list[int]]:
+    """Batch sizes -> the rows whose decode logits differ from the same row alone."""
     runner = TorchRunner(EngineConfig(model=model_dir, forward=forward, num_kv_blocks=128,
                                       device="cpu"))
     rng = np.random.default_rng(3)
@@ -57,17 +126,24 @@ def test_decode_logits_alone_equal_logits_in_every_batch_size(model_dir, forward
                     for size in (2, 3, 5, 6, 7, 9, 11, 13)}
 
     try:
+        assert runner.row_padding.exact
         same = runner._executor.submit(run).result()
     finally:
         runner.close()
-    differing = {size: [i for i, ok in enumerate(rows) if not ok]
-                 for size, rows in same.items() if not all(rows)}
+    return {size: [i for i, ok in enumerate(rows) if not ok]
+            for size, rows in same.items() if not all(rows)}
+
+
+@pytest.mark.parametrize("forward", ["transformers", "lean-llama"])
+def test_decode_logits_alone_equal_logits_in_every_batch_size(model_dir, forward):
+    """Contexts of 5-99 tokens, so a sequence alone attends one to seven blocks and in
+    a batch as many as its longest batch-mate."""
+    differing = decode_differences(model_dir, forward)
     assert not differing, differing
 
 
-def test_prompt_logits_alone_equal_logits_beside_other_prompts(model_dir):
-    """Prefill steps of 1-8 prompts (5-59 tokens each): each prompt's last logits are the
-    same bits alone and packed with the others."""
+def prefill_differences(model_dir: str) -> dict[int, list[int]]:
+    """Prompt counts -> the prompts whose last logits differ from the same prompt alone."""
     runner = TorchRunner(EngineConfig(model=model_dir, num_kv_blocks=128, device="cpu"))
     rng = np.random.default_rng(5)
     lengths = rng.integers(5, 60, 8).astype(np.int64)
@@ -87,7 +163,69 @@ def test_prompt_logits_alone_equal_logits_beside_other_prompts(model_dir):
                            if not torch.equal(row, alone[i])] for size in (2, 3, 5, 8)}
 
     try:
-        differing = runner._executor.submit(run).result()
+        assert runner.row_padding.exact
+        return runner._executor.submit(run).result()
     finally:
         runner.close()
+
+
+def test_prompt_logits_alone_equal_logits_beside_other_prompts(model_dir):
+    """Prefill steps of 1-8 prompts (5-59 tokens each; 8 prompts are 267 tokens, whose
+    SiLU over 172 columns the threads split): each prompt's last logits are the same
+    bits alone and packed with the others."""
+    differing = prefill_differences(model_dir)
     assert not any(differing.values()), differing
+
+
+def capabilities_below_this_cpus() -> list[str]:
+    """ATen CPU capabilities this CPU runs, other than the one it picks itself."""
+    order = ["default", "avx2", "avx512"]
+    own = torch.backends.cpu.get_cpu_capability().lower()
+    return order[:order.index(own)] if own in order else ["default"]
+
+
+CHECK = """
+import json, sys, torch
+import test_row_padding as t
+model = sys.argv[1]
+print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(),
+                  "decode": {f: t.decode_differences(model, f)
+                             for f in ("transformers", "lean-llama")},
+                  "prefill": t.prefill_differences(model)}))
+"""
+
+
+def run_check(model_dir: str, code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code, model_dir], capture_output=True,
+                          text=True, timeout=900, cwd=TESTS,
+                          env={**os.environ, "PYTHONPATH": path, **env})
+
+
+@pytest.mark.parametrize("setting", [*(f"ATEN_CPU_CAPABILITY={c}"
+                                       for c in capabilities_below_this_cpus()),
+                                     "MKL_CBWR=AVX2"])
+def test_logits_stay_exact_under_other_isas_and_kernels(model_dir, setting):
+    """The same checks with ATen's loops of another vector width (or scalar), or MKL on
+    its reproducible AVX2 path (whose small-row kernels differ from its default's)."""
+    name, value = setting.split("=")
+    result = run_check(model_dir, CHECK, **{name: value})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    if name == "ATEN_CPU_CAPABILITY":
+        assert report["capability"].lower() == value
+    assert report["decode"] == {"transformers": {}, "lean-llama": {}}, report
+    assert not any(report["prefill"].values()), report
+
+
+def test_a_machine_where_no_count_is_exact_is_said_not_hidden(model_dir):
+    """With ``MKL_CBWR=COMPATIBLE`` no row count gives MKL's rows their bits in a large
+    call: the runner's padding reports it (``exact`` False) and logs a warning."""
+    code = ("import sys, torch\n"
+            "from aioserve.runners.cpu.row_padding import probe_row_padding\n"
+            "weights = [torch.randn(172, 64), torch.randn(64, 172)]\n"
+            "print(probe_row_padding(weights).exact, probe_row_padding(weights[:1]).exact)\n")
+    result = run_check(model_dir, code, MKL_CBWR="COMPATIBLE")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["False", "False"]
+    assert "row padding: some step sizes give rows other bits than alone" in result.stderr

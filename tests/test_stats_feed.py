@@ -85,28 +85,38 @@ async def test_step_interval_is_measured_on_the_engine_clock():
 
 
 async def test_ws_stats_frames_match_the_engine_at_a_quiescent_moment(tokenizer):
-    runner = GatedRunner([300, 301], num_kv_blocks=64)
+    """Frames are published after a step's update; the engine is held at a step whose
+    schedule changed nothing (slots full, a KV cache too big to preempt, no request
+    near its end), one step after all six requests are in. (Holding it at the first
+    gate instead failed on a loaded machine: all six could arrive before any step ended,
+    so no frame had them.)"""
+    runner = GatedRunner([300, 301], num_kv_blocks=512)
     engine = AsyncEngine(EngineConfig(model="scripted", max_num_seqs=4), runner=runner,
                          tokenizer=tokenizer)
     async with serve(engine, ServerConfig(stats_interval=0.0)) as server, \
             aiohttp.ClientSession() as http:
         url = base_url(server)
         async with http.ws_connect(url + "/ws/stats") as ws:
-            first = await ws.receive_json(timeout=10)
+            first = await ws.receive_json(timeout=60)
             assert first["type"] == "frame" and first["slots"] == [None] * 4
             assert first["scheduler"] == "fcfs" and first["model"] == "scripted"
-            load = [asyncio.create_task(http.post(url + "/v1/completions", json=LOAD))
+            body = {**LOAD, "max_tokens": 500}  # none ends while the test holds the engine
+            load = [asyncio.create_task(http.post(url + "/v1/completions", json=body))
                     for _ in range(6)]
             # all six in (4 running, 2 waiting): the next schedule admits nobody, so the
             # last frame before the gate shows what the engine holds at the gate
             await wait_until(lambda: (engine.stats()["num_running"],
-                                      engine.stats()["num_waiting"]) == (4, 2), timeout=10)
+                                      engine.stats()["num_waiting"]) == (4, 2), timeout=60)
             runner.gate.clear()
-            await wait_until(lambda: runner.at_gate, timeout=10)
+            await wait_until(lambda: runner.at_gate, timeout=60)
+            steps = runner.steps  # one more step, scheduled with all six in: then hold
+            runner.gate.set()
+            runner.gate.clear()  # the step waiting is let through, the next one waits
+            await wait_until(lambda: runner.steps > steps and runner.at_gate, timeout=60)
             now = engine.snapshot()
             frame = first
             while frame["step"] != now.step or frame["num_waiting"] != now.num_waiting:
-                frame = await ws.receive_json(timeout=10)
+                frame = await ws.receive_json(timeout=60)
             shown = [s and s[0] for s in frame["slots"]]
             assert shown == [s and s.request_id for s in now.slots]
             assert set(filter(None, shown)) == {r.request_id for r in engine.core.running}
@@ -116,7 +126,7 @@ async def test_ws_stats_frames_match_the_engine_at_a_quiescent_moment(tokenizer)
                 task.cancel()
             runner.gate.set()
             await asyncio.gather(*load, return_exceptions=True)
-            await wait_until(lambda: idle(engine), timeout=10)
+            await wait_until(lambda: idle(engine), timeout=60)
 
 
 async def test_a_viewer_that_never_reads_loses_frames_not_engine_time(tokenizer):

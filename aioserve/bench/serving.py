@@ -23,6 +23,17 @@ import aiohttp
 from aioserve.bench.workloads import BenchRequest
 
 
+class AuthenticationError(Exception):
+    """The server answered 401: the API key is missing or wrong."""
+
+
+def _refused(base_url: str, api_key: str | None, detail: str) -> AuthenticationError:
+    advice = ("the API key was refused" if api_key
+              else "the server needs an API key (--api-key, $OPENAI_API_KEY or "
+                   "$AIOSERVE_API_KEY)")
+    return AuthenticationError(f"{base_url}: 401 Unauthorized: {advice}: {detail}")
+
+
 @dataclass
 class RequestRecord:
     """One request's timings (seconds, ``time.perf_counter``).
@@ -179,16 +190,40 @@ class WebsocketClient:
         await asyncio.gather(self._reader, return_exceptions=True)
 
 
-async def detect_endpoint(session: aiohttp.ClientSession, base_url: str) -> tuple[str, str | None]:
-    """``("completions", model name)`` when ``GET /v1/models`` answers, else ``("ws", None)``."""
+async def detect_endpoint(
+    session: aiohttp.ClientSession, base_url: str, api_key: str | None = None,
+) -> tuple[str, str | None]:
+    """``("completions", model name)`` when ``GET /v1/models`` answers, else ``("ws", None)``.
+
+    Raises:
+        AuthenticationError: the server answered 401 (no key, or a wrong one).
+    """
     try:
         async with session.get(f"{base_url}/v1/models") as response:
+            if response.status == 401:
+                raise _refused(base_url, api_key, (await response.text())[:200])
             if response.status == 200:
                 data = (await response.json()).get("data") or [{}]
                 return "completions", data[0].get("id")
     except aiohttp.ClientError:
         pass
     return "ws", None
+
+
+async def connect_ws(session: aiohttp.ClientSession, base_url: str,
+                     api_key: str | None) -> WebsocketClient:
+    """Open ``/ws``.
+
+    Raises:
+        AuthenticationError: the handshake was answered 401.
+        aiohttp.ClientError: the server cannot be reached.
+    """
+    try:
+        return WebsocketClient(await session.ws_connect(f"{base_url}/ws"))
+    except aiohttp.WSServerHandshakeError as exc:
+        if exc.status == 401:
+            raise _refused(base_url, api_key, "GET /ws") from None
+        raise
 
 
 def arrival_gaps(num: int, request_rate: float, seed: int) -> list[float]:
@@ -219,14 +254,19 @@ async def run_serving(
     model: str | None = None,
     seed: int = 0,
     progress: bool = False,
+    api_key: str | None = None,
 ) -> tuple[list[RequestRecord], float, str]:
     """Send ``requests`` with Poisson arrivals and wait for all of them.
 
     Returns:
         The records (request order), the wall duration in seconds, and the endpoint used.
 
+    ``api_key`` is sent as ``Authorization: Bearer KEY`` on every request and the
+    websocket.
+
     Raises:
         ValueError: unknown endpoint. aiohttp.ClientError: the server is unreachable (ws).
+        AuthenticationError: the server refused the key (or wants one).
     """
     from tqdm import tqdm
 
@@ -239,13 +279,15 @@ async def run_serving(
                for r in requests]
     bar = tqdm(total=len(requests), desc="serve", unit="req", disable=not progress)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        if endpoint == "auto":
-            endpoint, found = await detect_endpoint(session, base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+        if endpoint != "ws":  # also checks the key before the first request
+            found_endpoint, found = await detect_endpoint(session, base_url, api_key)
+            endpoint = found_endpoint if endpoint == "auto" else endpoint
             model = model or found
         ws = None
         if endpoint == "ws":
-            ws = WebsocketClient(await session.ws_connect(f"{base_url}/ws"))
+            ws = await connect_ws(session, base_url, api_key)
 
         async def one(index: int) -> None:
             if ws is not None:

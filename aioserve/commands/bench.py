@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,9 @@ def _add_serve(sub: Any) -> None:
                    help="POST /v1/completions (SSE) or GET /ws; auto probes /v1/models")
     p.add_argument("--served-model-name", default=None,
                    help="model name to send (default: the first of /v1/models)")
+    p.add_argument("--api-key", default=None,
+                   help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY, "
+                        "else $AIOSERVE_API_KEY, else none)")
     p.add_argument("--vocab-size", type=int, default=512, help="prompt ids are < this")
     p.add_argument("--request-rate", type=float, default=math.inf,
                    help="requests/s, Poisson (inf: all at once)")
@@ -194,16 +198,25 @@ def _throughput(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from aioserve.bench.metrics import summarize
-    from aioserve.bench.serving import run_serving
+    from aioserve.bench.serving import AuthenticationError, run_serving
     requests = _requests(args)
     import aiohttp
 
+    api_key = args.api_key
+    if api_key is None:
+        api_key = os.environ.get("OPENAI_API_KEY") or os.environ.get("AIOSERVE_API_KEY")
+    elif not api_key.strip():
+        raise ValueError("--api-key is empty (an unset variable?): give the key, or leave "
+                         "the option out")
     try:
         records, duration, endpoint = asyncio.run(run_serving(
             args.base_url, requests, request_rate=args.request_rate, endpoint=args.endpoint,
             model=args.served_model_name, seed=args.seed,
-            progress=not args.no_progress and not args.json,
+            progress=not args.no_progress and not args.json, api_key=api_key or None,
         ))
+    except AuthenticationError as exc:
+        print(f"aioserve bench serve: authentication failed: {exc}", file=sys.stderr)
+        return 1
     except aiohttp.ClientError as exc:
         print(f"aioserve bench serve: cannot reach {args.base_url}: {exc}", file=sys.stderr)
         return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from aioserve.config import EngineConfig
@@ -143,3 +144,16 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enforce_eager=args.enforce_eager,
         batch_invariant=args.batch_invariant,
     )
+
+
+def quiet_loading(verbose: bool) -> None:
+    """Show transformers' "Loading weights" progress bar and aiohttp's access-log line
+    per request only when ``verbose`` (``--log-level debug``): at the default level a
+    start prints the summary and a request prints nothing."""
+    from transformers.utils import logging as hf_logging
+
+    if verbose:
+        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+    else:
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    logging.getLogger("aiohttp.access").setLevel(logging.NOTSET if verbose else logging.WARNING)

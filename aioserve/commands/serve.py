@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from aioserve.commands.common import add_engine_options, engine_config
+from aioserve.commands.common import add_engine_options, engine_config, quiet_loading
 from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_summary
@@ -33,7 +34,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--served-model-name", default=None,
-                        help="the model name clients send (default: the --model path)")
+                        help="the model name clients send (default: the --model "
+                             "directory's absolute path, or the hub id as given)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-body-bytes", type=int, default=1024**2,
@@ -47,7 +49,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
                              "(new ones get 503 meanwhile; the rest then end with an error)")
     parser.add_argument("--api-key", default=os.environ.get("AIOSERVE_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on /v1/* and the "
-                        "websockets (default: $AIOSERVE_API_KEY; /health, /metrics open)")
+                        "websockets (default: $AIOSERVE_API_KEY, else no key; /health, "
+                        "/metrics open); an empty key is an error")
     parser.add_argument("--allowed-origins", default="", metavar="ORIGINS",
                         help="comma-separated origins browsers may call from (CORS), "
                         "or '*' for any (default: none)")
@@ -63,9 +66,15 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig from parsed options.
 
     Raises:
-        ValueError: an option is out of range, or the chat template file is unreadable.
+        ValueError: an option is out of range, the chat template file is unreadable, or
+            the API key (``--api-key``, default ``$AIOSERVE_API_KEY``) is empty or blank.
     """
     template = None
+    api_key = args.api_key  # the option, else $AIOSERVE_API_KEY (its default)
+    if api_key is not None and not api_key.strip():
+        raise ValueError("--api-key (or $AIOSERVE_API_KEY) is empty: an unset variable? The "
+                         "server would be open to anyone; give a key, or leave both out to "
+                         "serve without one")
     if args.chat_template is not None:
         try:
             template = Path(args.chat_template).read_text(encoding="utf-8")
@@ -77,7 +86,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_body_bytes=args.max_body_bytes,
         ws_max_pending=args.ws_max_pending,
         ws_stall_timeout=args.ws_stall_timeout,
-        api_key=args.api_key or None,
+        api_key=api_key,
         allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
     )
 
@@ -101,6 +110,35 @@ async def drain(app: web.Application, shutdown_timeout: float) -> None:
     await engine.shutdown()
 
 
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to every address of ``host`` at ``port``, not yet listening (so
+    nothing connects before the server is ready), the way aiohttp's ``TCPSite`` would
+    bind them; ``port`` 0 picks one free port for all.
+
+    Raises:
+        ValueError: the address cannot be resolved or bound (a busy port, a foreign
+            address, no permission); the message names ``--host/--port``.
+    """
+    sockets: list[socket.socket] = []
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((address[0], port, *address[2:]))
+            port = sock.getsockname()[1]
+    except OSError as exc:  # also socket.gaierror
+        for sock in sockets:
+            sock.close()
+        raise ValueError(f"--host/--port: cannot listen on {host}:{port}: "
+                         f"{exc.strerror or exc}") from None
+    return sockets
+
+
 async def serve(
     app: web.Application, host: str, port: int, shutdown_timeout: float,
     on_ready: Callable[[str], None] | None = None,
@@ -108,7 +146,12 @@ async def serve(
     """Serve ``app`` until SIGINT or SIGTERM, then :func:`drain` the engine (in-flight
     requests get ``shutdown_timeout`` seconds), stop listening, close websockets and
     exit, in at most ``shutdown_timeout`` + about 2 seconds. Prints ``listening on
-    http://HOST:PORT`` once ready (and passes that URL to ``on_ready``)."""
+    http://HOST:PORT`` once ready (and passes that URL to ``on_ready``).
+
+    Raises:
+        ValueError: ``host:port`` cannot be bound; raised before the model loads.
+    """
+    sockets = bind(host, port)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=CLOSE_GRACE)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -118,12 +161,8 @@ async def serve(
         await runner.setup()
         if stop.is_set():
             return
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:  # in use, not permitted, no such address
-            raise ValueError(f"--host/--port: cannot listen on {host}:{port}: "
-                             f"{exc.strerror or exc}") from None
+        for sock in sockets:
+            await web.SockSite(runner, sock).start()
         for address in runner.addresses:
             url = f"http://{address[0]}:{address[1]}"
             print(f"listening on {url}", flush=True)
@@ -137,6 +176,8 @@ async def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
+        for sock in sockets:  # those no site took over
+            sock.close()
     logger.info("stopped")
 
 
@@ -170,11 +211,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.stats_log_interval < 0:
         raise ValueError(f"--stats-log-interval must be >= 0, got {args.stats_log_interval}")
+    settings = server_config(args)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_loading(args.log_level == "debug")
     if args.ray:
-        return run_ray(args, server_config(args))
-    app = create_app(engine_config(args), server_config(args))
+        return run_ray(args, settings)
+    app = create_app(engine_config(args), settings)
     add_operator_log(app, args.stats_log_interval)
     asyncio.run(serve(app, args.host, args.port, args.shutdown_timeout))
     return 0

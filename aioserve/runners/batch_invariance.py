@@ -65,9 +65,11 @@ class BatchInvariance:
         """Fewest key columns (tokens) an attention group spans: 32 on, 1 off."""
         return MIN_CONTEXT_WIDTH if self.enabled else 1
 
-    def row_padding(self, weights: Iterable[torch.Tensor], device: torch.device) -> RowPadding:
+    def row_padding(self, weights: Iterable[torch.Tensor], device: torch.device,
+                    widths: Iterable[int] = ()) -> RowPadding:
         """How a step's rows are padded: probed from the model's plain linear ``weights``
-        on the CPU when on; no padding when off or off the CPU."""
+        and the elementwise ``widths`` (the rotary tables' head width) on the CPU when
+        on; no padding when off or off the CPU."""
         if not self.enabled or device.type != "cpu":
             return RowPadding([])
-        return probe_row_padding(weights)
+        return probe_row_padding(weights, widths=widths)

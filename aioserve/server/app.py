@@ -18,12 +18,21 @@ from aiohttp import web
 from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
 from aioserve.engine import AsyncEngine
-from aioserve.server import access, openapi, stats_feed, websocket
+from aioserve.server import access, openapi, stats_feed, websocket, ws_outbox
 from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
 from aioserve.server.openai_chat import create_chat_completion
 from aioserve.server.openai_completions import create_completion
-from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig, served_model_name
+from aioserve.server.state import (
+    CONFIG_KEY,
+    ENGINE_KEY,
+    MODEL_NAMES_KEY,
+    ServerConfig,
+    accepts_model_name,
+    default_model_name,
+    model_names,
+    served_model_name,
+)
 
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
@@ -47,7 +56,7 @@ def _model_card(app: web.Application) -> dict[str, object]:
         "object": "model",
         "created": int(app.get(_STARTED_KEY, time.time())),
         "owned_by": "aioserve",
-        "root": engine.config.model,
+        "root": default_model_name(engine.config.model),
         "max_model_len": core.max_model_len if core is not None else None,
     }
 
@@ -65,7 +74,7 @@ async def retrieve_model(request: web.Request) -> web.Response:
         ApiError: 404 ``model_not_found`` for any other name.
     """
     name = request.match_info["model"]
-    if name != served_model_name(request.app):
+    if not accepts_model_name(request.app, name):
         raise ApiError(404, f"model {name!r} does not exist; this server serves "
                        f"{served_model_name(request.app)!r}", param="model",
                        code="model_not_found")
@@ -113,11 +122,12 @@ def create_app(
     app[_STARTED_KEY] = time.time()
     metrics = ServerMetrics(engine)
     app[METRICS_KEY] = metrics
-    app[websocket.SOCKETS_KEY] = weakref.WeakSet()
-    feed = stats_feed.StatsFeed(engine, config.served_model_name or engine.config.model,
+    app[ws_outbox.SOCKETS_KEY] = weakref.WeakSet()
+    app[MODEL_NAMES_KEY] = model_names(config, engine)
+    feed = stats_feed.StatsFeed(engine, app[MODEL_NAMES_KEY][0],
                                 interval=config.stats_interval)
     app[stats_feed.STATS_FEED_KEY] = feed
-    app[websocket.CONNECTIONS_KEY] = weakref.WeakSet()
+    app[ws_outbox.OUTBOXES_KEY] = weakref.WeakSet()
 
     async def engine_lifetime(app: web.Application) -> AsyncIterator[None]:
         await engine.start()
@@ -129,7 +139,7 @@ def create_app(
         await engine.shutdown()
 
     app.cleanup_ctx.append(engine_lifetime)
-    app.on_shutdown.append(websocket.close_all)
+    app.on_shutdown.append(ws_outbox.close_all)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)

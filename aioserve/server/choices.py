@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 from aioserve.engine import AsyncEngine
 from aioserve.outputs import RequestOutput
@@ -76,6 +77,13 @@ class Choices:
     def cached_tokens(self) -> int:
         """Prompt tokens served from the prefix cache, counted as :attr:`prompt_tokens`."""
         return sum(s.request.num_cached_tokens for s in self.streams[:: self.n])
+
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
+        """The call's OpenAI ``usage`` object, given its generated tokens in all."""
+        prompt = self.prompt_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                "total_tokens": prompt + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Outputs of every choice as they come, until all have finished.

@@ -108,11 +108,7 @@ async def answer(
 
 
 def _usage(choices: Choices, completion_tokens: dict[int, int]) -> dict[str, Any]:
-    prompt = choices.prompt_tokens
-    completion = sum(completion_tokens.values())
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": choices.cached_tokens}}
+    return choices.usage(sum(completion_tokens.values()))
 
 
 async def _collect(choices: Choices, fmt: ResponseFormat, head: dict[str, Any]) -> web.Response:

@@ -19,7 +19,7 @@ from aioserve.server.params import (
     integral,
     sampling_params_from_json,
 )
-from aioserve.server.state import ENGINE_KEY, served_model_name
+from aioserve.server.state import ENGINE_KEY, accepts_model_name, served_model_name
 
 
 def parse_prompts(value: Any) -> list[str | list[int]]:
@@ -109,7 +109,7 @@ def check_model(app: web.Application, body: dict[str, Any]) -> None:
     if not isinstance(model, str):
         raise bad_request("model must be a string", "model")
     name = served_model_name(app)
-    if model != name:
+    if not accepts_model_name(app, model):
         raise ApiError(
             404, f"model {model!r} does not exist; this server serves {name!r}",
             param="model", code="model_not_found",

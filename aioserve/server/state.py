@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
@@ -15,7 +16,7 @@ class ServerConfig:
 
     Attributes:
         served_model_name: the model name clients send and ``/v1/models`` lists;
-            None uses the engine's model path.
+            None: the model's absolute path (see :func:`default_model_name`).
         chat_template: a Jinja chat template (the text, not a path) that overrides the
             tokenizer's own; with neither, chat requests get a 400.
         max_body_bytes: largest request body or websocket message in bytes (larger: 413,
@@ -65,6 +66,38 @@ ENGINE_KEY: web.AppKey[AsyncEngine] = web.AppKey("engine", AsyncEngine)
 CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("server_config", ServerConfig)
 
 
+def default_model_name(model: str) -> str:
+    """The name a model is served under when none is given: a local directory's
+    absolute path (``../shared/models/stories260K-hf`` -> ``/work/shared/models/
+    stories260K-hf``: one name from any working directory, and still the path, as vLLM
+    serves it), a hub id as it is (``HuggingFaceTB/SmolLM2-135M``)."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.is_dir() else model
+
+
 def served_model_name(app: web.Application) -> str:
-    """The name the server answers to."""
-    return app[CONFIG_KEY].served_model_name or app[ENGINE_KEY].config.model
+    """The name the server answers to (``--served-model-name``, else
+    :func:`default_model_name` of the model)."""
+    names = app.get(MODEL_NAMES_KEY)
+    return names[0] if names is not None else model_names(app[CONFIG_KEY], app[ENGINE_KEY])[0]
+
+
+def accepts_model_name(app: web.Application, name: str) -> bool:
+    """Whether a request's ``model`` names this server's model: the served name, or,
+    with no ``--served-model-name``, also the ``--model`` path as given and a local
+    directory's own name (``stories260K-hf``)."""
+    names = app.get(MODEL_NAMES_KEY) or model_names(app[CONFIG_KEY], app[ENGINE_KEY])
+    return name in names
+
+
+def model_names(config: ServerConfig, engine: AsyncEngine) -> tuple[str, ...]:
+    """The served name first, then the other names :func:`accepts_model_name` takes."""
+    if config.served_model_name:
+        return (config.served_model_name,)
+    model = engine.config.model
+    return tuple(dict.fromkeys((default_model_name(model), model,
+                                Path(default_model_name(model)).name)))
+
+
+#: :func:`model_names`, worked out once when the app is made.
+MODEL_NAMES_KEY: web.AppKey[tuple[str, ...]] = web.AppKey("model_names", tuple)

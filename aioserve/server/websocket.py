@@ -6,25 +6,30 @@ Client messages: ``{"type": "generate", "id": "r1", "prompt": "..." | [ids], "ma
 "finish_reason", "usage"}`` (``finish_reason: "abort"`` after a cancel), or
 ``{"type": "error", "id", "message", "param", "code"}``.
 
-A bad message gets an error message and the socket stays open (a text frame that is
-not UTF-8 closes it with 1007, a message over ``max_body_bytes`` with 1009, as aiohttp
-does). Outgoing messages wait in a bounded queue per socket: when a client stops
-reading, its generations pause; after ``ws_stall_timeout`` seconds its requests are
-aborted and the socket closes with 1008. Other sockets are never slowed. A closed
-socket aborts all of its requests.
+A bad message gets an error message and the socket stays open (aiohttp closes it with
+1007 for a text frame that is not UTF-8, 1009 for one over ``max_body_bytes``). A client
+that stops reading pauses its own generations (:mod:`~aioserve.server.ws_outbox`); after
+``ws_stall_timeout`` seconds they are aborted and the socket closes with 1008.
+
+Every generate message ends exactly once, with ``done`` or ``error``, whatever the
+order of generate, cancel and close messages; its id is free again once that end is
+queued, and its engine requests are named by socket, sequence number and id, so
+nothing late of an ended generate touches one that reuses the id. One anyio task group
+per socket owns its writer and pumps: a socket that closes, stalls or loses a task
+cancels them all, and a pump's exit aborts its engine requests.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import json
-import socket
-import weakref
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from aiohttp import WSMsgType, web
+from anyio.abc import TaskGroup
 
 from aioserve.errors import EngineError, EngineNotRunningError
 from aioserve.server.body import check_text, is_text
@@ -40,27 +45,24 @@ from aioserve.server.params import (
     sampling_params_from_json,
 )
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig
+from aioserve.server.ws_outbox import (
+    OUTBOXES_KEY,
+    SOCKETS_KEY,
+    Outbox,
+    bound_send_buffer,
+    close_socket,
+)
 
-SOCKETS_KEY: web.AppKey[weakref.WeakSet[web.WebSocketResponse]] = web.AppKey("websockets")
-CONNECTIONS_KEY: web.AppKey[weakref.WeakSet[Connection]] = web.AppKey("ws_connections")
+logger = logging.getLogger(__name__)
+
 _connection_ids = itertools.count()
 #: Most generations one socket may run at once.
 MAX_REQUESTS_PER_SOCKET = 256
 
 
-#: Seconds a socket's queued messages (e.g. the error that ends a stream) get to go
-#: out before the server closes it on shutdown.
-FLUSH_TIMEOUT = 1.0
-
-
-async def close_all(app: web.Application) -> None:
-    """On shutdown: send what each socket has queued (at most ``FLUSH_TIMEOUT``), then
-    close every open websocket (1001, going away)."""
-    connections = list(app.get(CONNECTIONS_KEY, ()))
-    await asyncio.gather(*(c.flush(FLUSH_TIMEOUT) for c in connections))
-    for ws in list(app.get(SOCKETS_KEY, ())):
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(ws.close(code=1001, message=b"server shutdown"), 2.0)
+def _error(client_id: str | None, message: str, param: str | None,
+           code: str) -> dict[str, Any]:
+    return {"type": "error", "id": client_id, "message": message, "param": param, "code": code}
 
 
 def _client_id(message: dict[str, Any]) -> str | None:
@@ -97,73 +99,59 @@ def ws_options(message: dict[str, Any]) -> int | None:
     return get_field(message, "logprobs", (int,))
 
 
-class Stalled(Exception):
-    """The client did not read for ``ws_stall_timeout`` seconds."""
+@dataclass(eq=False)
+class Generation:
+    """One generate message: its engine requests and the cancel scope of its pump."""
+
+    client_id: str
+    choices: Choices
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
 
 class Connection:
-    """One websocket: its running generations and its bounded outgoing queue."""
+    """One websocket: its running generations and its bounded outgoing queue.
 
-    def __init__(self, app: web.Application, ws: web.WebSocketResponse) -> None:
+    Args:
+        app: the server app.
+        ws: the prepared websocket.
+        group: the socket's task group; its writer and pumps run in it.
+
+    Attributes:
+        running: client id -> its generation, until its end is queued.
+    """
+
+    def __init__(self, app: web.Application, ws: web.WebSocketResponse,
+                 group: TaskGroup) -> None:
         self.app = app
         self.engine = app[ENGINE_KEY]
         self.config: ServerConfig = app[CONFIG_KEY]
-        self.ws = ws
+        self.group = group
         self.prefix = f"ws{next(_connection_ids)}-"
-        self.running: dict[str, tuple[asyncio.Task[None], Choices]] = {}
-        self.outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=self.config.ws_max_pending)
-        self.stalled = False
+        self._sequence = itertools.count()
+        self.running: dict[str, Generation] = {}
+        self.outbox = Outbox(ws, self.config.ws_max_pending, self.config.ws_stall_timeout)
         self.token_text = TokenText(self.engine.tokenizer)
-        self.writer = asyncio.create_task(self._write())
+        group.start_soon(self._write)
 
     async def _write(self) -> None:
-        with contextlib.suppress(ConnectionError):
-            while not self.ws.closed:
-                await self.ws.send_str(await self.outbox.get())
-                self.outbox.task_done()
+        await self.outbox.run()
+        self.group.cancel_scope.cancel()  # the socket is gone: nothing more to deliver
 
-    async def flush(self, timeout: float) -> None:
-        """Wait until every queued message is sent (at most ``timeout`` seconds)."""
-        if self.writer.done():
-            return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.outbox.join(), timeout)
+    def engine_id(self, client_id: str) -> str:
+        """The engine request id prefix of a new generate (unique on the server)."""
+        return f"{self.prefix}{next(self._sequence)}-{client_id}"
 
     async def send(self, message: dict[str, Any]) -> None:
-        """Queue a message; waits while the queue is full.
-
-        Raises:
-            Stalled: the queue stayed full for ``ws_stall_timeout`` seconds (the socket
-                is then being closed with 1008 and every request aborted).
-        """
-        if self.stalled or self.ws.closed:
-            return
-        data = json.dumps(message)
-        try:
-            self.outbox.put_nowait(data)
-            return
-        except asyncio.QueueFull:
-            pass
-        try:
-            await asyncio.wait_for(self.outbox.put(data), self.config.ws_stall_timeout)
-        except asyncio.TimeoutError:
-            if not self.stalled:
-                self.stalled = True
-                asyncio.create_task(self._close_stalled())
-            raise Stalled from None
-
-    async def _close_stalled(self) -> None:
-        for client_id in list(self.running):
-            self.cancel(client_id, notify=False)
-        self.writer.cancel()
-        with contextlib.suppress(Exception):  # a client that does not read gets 1 s
-            await asyncio.wait_for(self.ws.close(code=1008, message=b"send buffer full"), 1.0)
+        """Queue a message; waits while the queue is full. A client that stays stalled
+        for ``ws_stall_timeout`` seconds ends the socket: every generation is cancelled
+        (its requests aborted) and the handler closes it with 1008."""
+        if not await self.outbox.put(message) and self.outbox.stalled:
+            self.group.cancel_scope.cancel()
 
     async def error(self, client_id: str | None, message: str, param: str | None = None,
                     code: str = "invalid_request") -> None:
         """Send an error message about ``client_id`` (None: about the message itself)."""
-        await self.send({"type": "error", "id": client_id, "message": message,
-                         "param": param, "code": code})
+        await self.send(_error(client_id, message, param, code))
 
     async def on_text(self, data: str) -> None:
         """Handle one client message; any fault is answered with an error message."""
@@ -187,10 +175,7 @@ class Connection:
         elif kind == "generate":
             await self.start(client_id, message)
         elif kind == "cancel":
-            if client_id not in self.running:
-                await self.error(client_id, f"no request with id {client_id!r} is running on "
-                                 "this socket", "id", "unknown_id")
-            self.cancel(client_id, notify=True)
+            await self.cancel(client_id)
         else:
             await self.error(client_id, "type must be 'generate' or 'cancel'", "type")
 
@@ -208,7 +193,7 @@ class Connection:
             check_model(self.app, message)
             params = sampling_params_from_json(message, logprobs=ws_options(message))
             choices = Choices(self.engine, [ws_prompt(message)], [params], 1,
-                              self.prefix + client_id)
+                              self.engine_id(client_id))
         except ApiError as exc:
             await self.error(client_id, exc.message, exc.param, exc.code or "invalid_request")
             return
@@ -221,75 +206,65 @@ class Connection:
         except ValueError as exc:
             await self.error(client_id, str(exc), field_of_message(str(exc), "prompt"))
             return
-        task = asyncio.create_task(self.pump(client_id, choices))
-        self.running[client_id] = (task, choices)
+        generation = Generation(client_id, choices)
+        self.running[client_id] = generation
+        self.group.start_soon(self.pump, generation)
 
-    def cancel(self, client_id: str, *, notify: bool) -> None:
-        """Abort ``client_id``'s generation now (unknown ids are ignored)."""
-        entry = self.running.pop(client_id, None)
-        if entry is None:
+    async def cancel(self, client_id: str) -> None:
+        """Abort ``client_id``'s generation now and end it with ``done`` (``abort``,
+        the usage so far); an id not running gets an ``unknown_id`` error."""
+        generation = self.running.pop(client_id, None)
+        if generation is None:
+            await self.error(client_id, f"no request with id {client_id!r} is running on "
+                             "this socket", "id", "unknown_id")
             return
-        task, choices = entry
+        generation.scope.cancel()  # its pump sends nothing more
+        choices = generation.choices
         choices.close()
-        task.cancel()
-        if notify:
-            prompt = choices.prompt_tokens
-            completion = choices.streams[0].request.num_output_tokens
-            usage = {"prompt_tokens": prompt, "completion_tokens": completion,
-                     "total_tokens": prompt + completion,
-                     "prompt_tokens_details": {"cached_tokens": choices.cached_tokens}}
-            done = {"type": "done", "id": client_id, "finish_reason": "abort", "usage": usage}
-            with contextlib.suppress(asyncio.QueueFull):
-                self.outbox.put_nowait(json.dumps(done))
+        usage = choices.usage(choices.streams[0].request.num_output_tokens)
+        await self.send({"type": "done", "id": client_id, "finish_reason": "abort",
+                         "usage": usage})
 
-    async def pump(self, client_id: str, choices: Choices) -> None:
-        """Forward one generation's outputs to the socket."""
+    async def pump(self, generation: Generation) -> None:
+        """Forward one generation's outputs to the socket and end it with ``done`` or
+        ``error`` (unless a cancel ended it first, or the socket closed)."""
+        client_id, choices = generation.client_id, generation.choices
         logprobs = CompletionLogprobs(self.token_text)
-        try:
-            async for _, out in choices:
-                if out.token_ids or out.text:
-                    token = {"type": "token", "id": client_id, "text": out.text,
-                             "token_ids": out.token_ids}
-                    if out.logprobs is not None:
-                        token["logprobs"] = logprobs.delta(out.logprobs)
-                    await self.send(token)
-                if out.finished:
-                    await self.send({"type": "done", "id": client_id,
-                                     "finish_reason": out.finish_reason, "usage": out.usage})
-        except EngineError as exc:
-            code = "engine_not_running" if isinstance(exc, EngineNotRunningError) else (
-                "engine_error")
-            with contextlib.suppress(Stalled):
-                await self.error(client_id, str(exc), None, code)
-        except Stalled:
-            pass
-        finally:
-            choices.close()
-            if self.running.get(client_id, (None,))[0] is asyncio.current_task():
-                del self.running[client_id]
+        end = _error(client_id, "the generation ended without a result", None, "internal_error")
+        with generation.scope:
+            try:
+                async for _, out in choices:
+                    if out.token_ids or out.text:
+                        token: dict[str, Any] = {"type": "token", "id": client_id,
+                                                 "text": out.text, "token_ids": out.token_ids}
+                        if out.logprobs is not None:
+                            token["logprobs"] = logprobs.delta(out.logprobs)
+                        await self.send(token)
+                    if out.finished:
+                        end = {"type": "done", "id": client_id,
+                               "finish_reason": out.finish_reason, "usage": out.usage}
+            except EngineError as exc:
+                code = "engine_not_running" if isinstance(exc, EngineNotRunningError) else (
+                    "engine_error")
+                end = _error(client_id, str(exc), None, code)
+            except Exception as exc:  # a fault forwarding this generation ends it alone
+                logger.exception("websocket generation %s failed", client_id)
+                end = _error(client_id, f"internal error: {type(exc).__name__}: {exc}", None,
+                             "internal_error")
+            finally:
+                choices.close()
+            if self.running.get(client_id) is generation:  # not ended by a cancel
+                await self.send(end)
+        if self.running.get(client_id) is generation:
+            del self.running[client_id]  # its end is queued (or the socket is gone)
 
-    async def close(self) -> None:
-        """Abort every generation of this socket and stop its writer."""
-        entries = list(self.running.values())
+    def close(self) -> None:
+        """Abort every generation of this socket and cancel its tasks (the socket is
+        closed or failed; nothing more is sent)."""
+        for generation in self.running.values():
+            generation.choices.close()
         self.running.clear()
-        for task, choices in entries:
-            choices.close()
-            task.cancel()
-        self.writer.cancel()
-        await asyncio.gather(self.writer, *(t for t, _ in entries), return_exceptions=True)
-
-
-def bound_send_buffer(request: web.Request, size: int) -> None:
-    """Bound what one socket buffers for a slow client: the transport's high-water mark
-    and the kernel's send buffer (which would otherwise grow to megabytes)."""
-    transport = request.transport
-    if transport is None:
-        return
-    transport.set_write_buffer_limits(high=size)
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        self.group.cancel_scope.cancel()
 
 
 async def handle(request: web.Request) -> web.WebSocketResponse:
@@ -299,16 +274,25 @@ async def handle(request: web.Request) -> web.WebSocketResponse:
     await ws.prepare(request)
     bound_send_buffer(request, config.ws_send_buffer_bytes)
     request.app[SOCKETS_KEY].add(ws)
-    connection = Connection(request.app, ws)
-    request.app[CONNECTIONS_KEY].add(connection)
+    stalled = False
     try:
-        async for msg in ws:
-            if msg.type == WSMsgType.TEXT:
-                await connection.on_text(msg.data)
-            elif msg.type == WSMsgType.BINARY:
-                await connection.error(None, "send JSON in text frames", code="invalid_frame")
-    except Stalled:
-        pass
-    finally:
-        await connection.close()
+        async with anyio.create_task_group() as group:
+            connection = Connection(request.app, ws, group)
+            request.app[OUTBOXES_KEY].add(connection.outbox)
+            try:
+                async for msg in ws:
+                    if msg.type == WSMsgType.TEXT:
+                        await connection.on_text(msg.data)
+                    elif msg.type == WSMsgType.BINARY:
+                        await connection.error(None, "send JSON in text frames",
+                                               code="invalid_frame")
+            finally:
+                connection.close()
+                stalled = connection.outbox.stalled
+    except Exception:  # a task of this socket failed (a bug): its requests are aborted
+        logger.exception("websocket connection failed")
+        await close_socket(ws, 1011, b"internal error")
+    if stalled:
+        await close_socket(ws, 1008, b"send buffer full")
     return ws
+

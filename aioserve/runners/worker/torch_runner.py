@@ -108,9 +108,10 @@ class TorchRunner:
         head_major = self.device.type == "cpu" and self.backend.head_major
         if self.device.type == "cpu" and self.dtype == torch.float32:
             native_kernels.available()  # built now (once a machine), not mid-step
-        # small steps padded so a row's products do not depend on the step
+        # small steps padded so a row's products do not depend on the step (row_padding.py)
         self.row_padding = self.invariance.row_padding(
-            (m.weight for m in model.modules() if type(m) is torch.nn.Linear), self.device)
+            (m.weight for m in model.modules() if type(m) is torch.nn.Linear), self.device,
+            widths={r.k_dim for r in self.layer_rules.values()})  # rotary tables
         # CUDA graphs' and row padding's rows write into one scratch block the engine
         # never sees
         self._scratch_block = self.num_kv_blocks
