@@ -26,19 +26,13 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from aioserve.errors import EngineError, EngineNotRunningError
+from aioserve.errors import EngineError
 from aioserve.server.body import check_text, is_text
 from aioserve.server.choices import Choices
 from aioserve.server.errors import ApiError
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
-from aioserve.server.openai_completions import check_model
-from aioserve.server.params import (
-    RequestFieldError,
-    check_unsupported,
-    field_of_message,
-    get_field,
-    sampling_params_from_json,
-)
+from aioserve.server.openai_call import engine_error, served
+from aioserve.server.schema import RequestFieldError, WsGenerate, field_of_message, parse
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig
 
 SOCKETS_KEY: web.AppKey[weakref.WeakSet[web.WebSocketResponse]] = web.AppKey("websockets")
@@ -68,35 +62,6 @@ def _client_id(message: dict[str, Any]) -> str | None:
     return client_id if isinstance(client_id, str) and is_text(client_id) else None
 
 
-def ws_prompt(message: dict[str, Any]) -> Any:
-    """The one prompt of a generate message: text or token ids.
-
-    Raises:
-        RequestFieldError: a list of prompts (one message is one stream).
-    """
-    prompt = message.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise RequestFieldError("prompt", "prompt must be one string or one list of token ids "
-                                "on the websocket: send one generate message per prompt")
-    return prompt
-
-
-def ws_options(message: dict[str, Any]) -> int | None:
-    """The fields of a ``generate`` message beyond sampling: the OpenAI fields HTTP
-    refuses are refused the same way, ``n`` must be 1 (one id is one stream), and
-    ``logprobs`` (top-k count, as in /v1/completions) is returned.
-
-    Raises:
-        RequestFieldError: a field is refused; ``param`` names it.
-    """
-    check_unsupported(message)
-    n = get_field(message, "n", (int,), 1)
-    if n != 1:
-        raise RequestFieldError("n", "n must be 1 on the websocket: send one generate "
-                                "message (with its own id) per sample")
-    return get_field(message, "logprobs", (int,))
-
-
 class Stalled(Exception):
     """The client did not read for ``ws_stall_timeout`` seconds."""
 
@@ -104,8 +69,10 @@ class Stalled(Exception):
 class Connection:
     """One websocket: its running generations and its bounded outgoing queue."""
 
-    def __init__(self, app: web.Application, ws: web.WebSocketResponse) -> None:
+    def __init__(self, app: web.Application, ws: web.WebSocketResponse,
+                 tenant: str | None = None) -> None:
         self.app = app
+        self.tenant = tenant  # the upgrade request's X-Tenant: every message's tenant
         self.engine = app[ENGINE_KEY]
         self.config: ServerConfig = app[CONFIG_KEY]
         self.ws = ws
@@ -205,18 +172,17 @@ class Connection:
                              "on one socket", "id", "too_many_requests")
             return
         try:
-            check_model(self.app, message)
-            params = sampling_params_from_json(message, logprobs=ws_options(message))
-            choices = Choices(self.engine, [ws_prompt(message)], [params], 1,
-                              self.prefix + client_id)
-        except ApiError as exc:
-            await self.error(client_id, exc.message, exc.param, exc.code or "invalid_request")
-            return
+            generate = parse(WsGenerate, message, served(self.app))
+            params = generate.sampling_params(logprobs=generate.logprobs)
+            meta = generate.request_meta(self.tenant)
+            choices = Choices(self.engine, [generate.prompt], [params], 1,
+                              self.prefix + client_id, meta)
         except RequestFieldError as exc:
-            await self.error(client_id, str(exc), exc.param or None)
+            code = exc.code if exc.code != "invalid_value" else "invalid_request"
+            await self.error(client_id, str(exc), exc.param, code)
             return
-        except EngineNotRunningError as exc:
-            await self.error(client_id, str(exc), None, "engine_not_running")
+        except EngineError as exc:
+            await self.error(client_id, str(exc), None, engine_error(exc).code or "")
             return
         except ValueError as exc:
             await self.error(client_id, str(exc), field_of_message(str(exc), "prompt"))
@@ -257,10 +223,8 @@ class Connection:
                     await self.send({"type": "done", "id": client_id,
                                      "finish_reason": out.finish_reason, "usage": out.usage})
         except EngineError as exc:
-            code = "engine_not_running" if isinstance(exc, EngineNotRunningError) else (
-                "engine_error")
             with contextlib.suppress(Stalled):
-                await self.error(client_id, str(exc), None, code)
+                await self.error(client_id, str(exc), None, engine_error(exc).code or "")
         except Stalled:
             pass
         finally:
@@ -299,7 +263,7 @@ async def handle(request: web.Request) -> web.WebSocketResponse:
     await ws.prepare(request)
     bound_send_buffer(request, config.ws_send_buffer_bytes)
     request.app[SOCKETS_KEY].add(ws)
-    connection = Connection(request.app, ws)
+    connection = Connection(request.app, ws, request.headers.get("X-Tenant"))
     request.app[CONNECTIONS_KEY].add(connection)
     try:
         async for msg in ws:
