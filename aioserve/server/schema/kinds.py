@@ -16,10 +16,9 @@ from pydantic import AllowInfNan, BeforeValidator, GetJsonSchemaHandler, Strict
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
-#: The largest finite float32: sampling parameters live in float32 tensors, so a value
-#: above it would fail the model step of a whole batch.
-FLOAT32_MAX = 3.4028234663852886e38
+from aioserve.sampling_params import FLOAT32_MAX
 
+__all__ = ["FLOAT32_MAX"]  # the bound of temperature and repetition_penalty
 
 def _integral(value: Any) -> Any:
     """An integral float (``2.0``) as an int; anything else unchanged."""
