@@ -57,7 +57,7 @@ class StreamOptions(BaseModel):
 
 
 #: The rule "stream_options.include_usage needs stream: true", as JSON Schema.
-_USAGE_NEEDS_STREAM = {
+_USAGE_NEEDS_STREAM: dict[str, Any] = {
     "if": {"required": ["stream_options"], "properties": {"stream_options": {
         "type": "object", "required": ["include_usage"],
         "properties": {"include_usage": {"type": "boolean"}}}}},
