@@ -194,7 +194,8 @@ class MetaFields(ApiBody):
         over ``user``; an empty one means none.
 
         Raises:
-            RequestFieldError: the header is too long or not text (param ``X-Tenant``).
+            RequestFieldError: the header is not 1 to 256 visible ASCII characters (param
+                ``X-Tenant``).
         """
         tenant = self.user or None
         if tenant_header:
