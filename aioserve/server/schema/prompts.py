@@ -27,16 +27,18 @@ PromptSchema = (
 OnePromptSchema = Annotated[String, Field(min_length=1)] | TokenIds
 
 
-def _is_id(value: Any) -> bool:
-    return type(value) is int or (type(value) is float and value.is_integer())
-
-
-def _ids(value: list[Any]) -> list[int]:
-    ids = [int(x) for x in value]
-    for token in ids:
-        if token < 0:
-            raise refuse(f"prompt token ids must be non-negative integers, got {token}")
-    return ids
+def _id_list(value: Any) -> list[int] | None:
+    """``value`` as token ids (integral floats taken as integers), or None when it is not
+    a list of integers. One C-speed pass for the common case of plain integers."""
+    if not isinstance(value, list):
+        return None
+    if not all(type(x) is int for x in value):
+        if not all(type(x) is int or (type(x) is float and x.is_integer()) for x in value):
+            return None
+        value = [int(x) for x in value]
+    if value and min(value) < 0:
+        raise refuse(f"prompt token ids must be non-negative integers, got {min(value)}")
+    return value
 
 
 def check_prompt(value: Any) -> list[str] | list[list[int]]:
@@ -45,16 +47,15 @@ def check_prompt(value: Any) -> list[str] | list[list[int]]:
     Raises:
         PydanticCustomError: missing, empty, or of another shape.
     """
+    ids = _id_list(value) if value else None
     if isinstance(value, str):
         prompts: list[Any] = [value]
-    elif isinstance(value, list) and value and all(_is_id(x) for x in value):
-        prompts = [_ids(value)]
+    elif ids is not None:
+        prompts = [ids]
     elif isinstance(value, list) and value and all(isinstance(p, str) for p in value):
         prompts = list(value)
-    elif isinstance(value, list) and value and all(
-        isinstance(p, list) and all(_is_id(x) for x in p) for p in value
-    ):
-        prompts = [_ids(p) for p in value]
+    elif isinstance(value, list) and value and all(_id_list(p) is not None for p in value):
+        prompts = [_id_list(p) for p in value]
     elif value is None:
         raise refuse("prompt is required")
     elif isinstance(value, list) and not value:
