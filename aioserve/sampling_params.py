@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 #: Temperatures at or below this are treated as greedy (vLLM's ``_SAMPLING_EPS``).
 GREEDY_TEMPERATURE = 1e-5
+#: The largest finite float32: the sampler keeps temperatures and penalties in float32
+#: tensors, where a larger value would fail the model step of a whole batch.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _is_int(value: object) -> bool:
@@ -15,6 +17,11 @@ def _is_int(value: object) -> bool:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _float32(value: object) -> bool:
+    """A number a float32 holds without overflow (finite, |value| <= FLOAT32_MAX)."""
+    return _is_number(value) and -FLOAT32_MAX <= value <= FLOAT32_MAX  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,9 @@ class SamplingParams:
     def _validate(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature):
-            raise ValueError(f"temperature must be a finite number, got {self.temperature!r}")
+        if not _float32(self.temperature):
+            raise ValueError(f"temperature must be a finite number <= {FLOAT32_MAX} "
+                             f"(float32), got {self.temperature!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not (0 < self.top_p <= 1):
@@ -84,8 +92,9 @@ class SamplingParams:
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be a list of non-negative integers")
         rp = self.repetition_penalty
-        if not _is_number(rp) or not math.isfinite(rp) or rp <= 0:
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {rp!r}")
+        if not _float32(rp) or rp <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0 and <= "
+                             f"{FLOAT32_MAX} (float32), got {rp!r}")
         if self.logprobs is not None and (
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20
         ):

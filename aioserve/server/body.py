@@ -57,11 +57,22 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
 
 
 def is_text(value: Any) -> bool:
-    """True when every string in a JSON value is valid Unicode text (no lone surrogate)."""
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return False
+    """True when every string in a JSON value (keys included) is valid Unicode text (no
+    lone surrogate). Walks without recursion: a body may nest as deep as the JSON reader
+    allows."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     return True
 
 
@@ -72,8 +83,11 @@ def check_text(body: dict[str, Any]) -> None:
     Raises:
         ApiError: 400 naming the top-level field that holds one.
     """
-    if is_text(body):
+    try:  # the fast path: one C pass
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
         return
+    except (UnicodeEncodeError, RecursionError):
+        pass
     for name, value in body.items():
         if not is_text(name) or not is_text(value):
             field = name if is_text(name) else None

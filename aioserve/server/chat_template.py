@@ -4,55 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aioserve.server.params import RequestFieldError
-
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-
-
-def _content_text(index: int, content: Any) -> str:
-    """A message's content as text: a string, or the text parts of a list."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise RequestFieldError(
-                    "messages", f"messages[{index}].content: only text parts are supported"
-                )
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise RequestFieldError(
-                    "messages", f"messages[{index}].content: a text part needs a string 'text'"
-                )
-            parts.append(text)
-        return "".join(parts)
-    raise RequestFieldError(
-        "messages", f"messages[{index}].content must be a string or a list of text parts"
-    )
-
-
-def normalize_messages(messages: Any) -> list[dict[str, str]]:
-    """Check chat messages and flatten their content to text.
-
-    Raises:
-        RequestFieldError: not a non-empty list of ``{"role", "content"}`` objects.
-    """
-    if not isinstance(messages, list):
-        raise RequestFieldError("messages", "messages must be a list of message objects")
-    if not messages:
-        raise RequestFieldError("messages", "messages is empty: the prompt would be empty")
-    result = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise RequestFieldError("messages", f"messages[{index}] must be an object")
-        role = message.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise RequestFieldError(
-                "messages", f"messages[{index}].role must be one of {sorted(_ROLES)}"
-            )
-        result.append({"role": role, "content": _content_text(index, message.get("content"))})
-    return result
+from aioserve.server.schema import RequestFieldError
 
 
 class ChatTemplate:

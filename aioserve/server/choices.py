@@ -10,6 +10,7 @@ from typing import Any
 
 from aioserve.engine import AsyncEngine
 from aioserve.outputs import RequestOutput
+from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.streams import RequestStream
 
@@ -38,6 +39,8 @@ class Choices:
         params: sampling parameters per prompt.
         n: samples per prompt.
         call_id: prefix of the engine request ids (``{call_id}-{choice}``).
+        meta: what scheduling policies may know of the call's requests (priority,
+            tenant, objectives, metadata), the same for each; None: the defaults.
 
     Raises:
         ValueError: a prompt or parameter the engine rejects, or an id in use; no
@@ -52,6 +55,7 @@ class Choices:
         params: Sequence[SamplingParams],
         n: int,
         call_id: str,
+        meta: RequestMeta | None = None,
     ) -> None:
         self.engine = engine
         self.n = n
@@ -61,7 +65,8 @@ class Choices:
             for index in range(len(prompts) * n):
                 prompt, sample = prompts[index // n], index % n
                 stream = engine.add_request(
-                    prompt, sample_params(params[index // n], sample), f"{call_id}-{index}"
+                    prompt, sample_params(params[index // n], sample), f"{call_id}-{index}",
+                    meta=meta,
                 )
                 self.streams.append(stream)
         except BaseException:

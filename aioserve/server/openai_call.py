@@ -12,15 +12,22 @@ from typing import Any
 
 from aiohttp import web
 
-from aioserve.errors import EngineError, EngineNotRunningError
+from aioserve.errors import EngineError, EngineNotRunningError, RequestShedError
 from aioserve.outputs import RequestOutput
+from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.server.choices import Choices, Prompt
 from aioserve.server.disconnect import DisconnectWatch
 from aioserve.server.errors import ApiError, bad_request, error_body
-from aioserve.server.params import CallOptions, field_of_message
+from aioserve.server.schema import CallOptions, RequestFieldError, Served, field_of_message
 from aioserve.server.sse import SSEStream
-from aioserve.server.state import ENGINE_KEY, served_model_name
+from aioserve.server.state import (
+    CONFIG_KEY,
+    ENGINE_KEY,
+    MODEL_NAMES_KEY,
+    model_names,
+    served_model_name,
+)
 
 
 class ResponseFormat:
@@ -55,21 +62,35 @@ class ResponseFormat:
         raise NotImplementedError
 
 
+def served(app: web.Application) -> Served:
+    """What request validation needs of the server: the served name, the context."""
+    core = app[ENGINE_KEY].core
+    names = app.get(MODEL_NAMES_KEY) or model_names(app[CONFIG_KEY], app[ENGINE_KEY])
+    return Served(names[0], core.max_model_len if core is not None else None, names[1:])
+
+
+def refused(exc: RequestFieldError) -> ApiError:
+    """The HTTP error for a refused field: 404 for an unknown model, else 400."""
+    status = 404 if exc.code == "model_not_found" else 400
+    return ApiError(status, str(exc), param=exc.param, code=exc.code)
+
+
 def start_choices(
     request: web.Request, prompts: Sequence[Prompt], params: Sequence[SamplingParams],
-    options: CallOptions, fmt: ResponseFormat,
+    options: CallOptions, fmt: ResponseFormat, meta: RequestMeta | None = None,
 ) -> Choices:
     """Queue the call's engine requests.
 
     Raises:
         ApiError: 400 naming the field the engine rejected (empty prompt, context length,
-            duplicate request id…); 503 when the engine is not running.
+            duplicate request id…); 503 when the engine is not running or a scheduling
+            policy sheds the call.
     """
     call_id = f"{fmt.id_prefix}-{options.request_id or uuid.uuid4().hex}"
     try:
-        return Choices(request.app[ENGINE_KEY], prompts, params, options.n, call_id)
-    except EngineNotRunningError as exc:
-        raise ApiError(503, str(exc), code="engine_not_running") from None
+        return Choices(request.app[ENGINE_KEY], prompts, params, options.n, call_id, meta)
+    except EngineError as exc:
+        raise engine_error(exc) from None
     except ValueError as exc:
         message = str(exc)
         param = field_of_message(message, "prompt")
@@ -78,9 +99,13 @@ def start_choices(
 
 
 def engine_error(exc: EngineError) -> ApiError:
-    """The HTTP error for a request the engine could not finish."""
+    """The HTTP error for a request the engine could not finish: 503
+    ``engine_not_running``, 503 ``request_shed`` (a scheduling policy refused it; the
+    client may retry later or elsewhere), else 500 ``engine_error``."""
     if isinstance(exc, EngineNotRunningError):
         return ApiError(503, str(exc), code="engine_not_running")
+    if isinstance(exc, RequestShedError):
+        return ApiError(503, str(exc), code="request_shed")
     return ApiError(500, str(exc), code="engine_error")
 
 

@@ -1,141 +1,183 @@
-"""``GET /openapi.json``: an OpenAPI 3.1 description of the HTTP API.
+"""``GET /openapi.json``: an OpenAPI 3.1 description of the HTTP API, generated from the
+models of :mod:`aioserve.server.schema` that also validate the requests.
 
 The document is exact enough for a fuzzer (schemathesis ``--checks all``): every
 optional field may be ``null`` (meaning "not set", as the server reads it), integers
 accept integral floats (JSON Schema's ``integer``), the rules between fields are
-``if``/``then`` clauses, and the served model name and context length are filled in.
+``if``/``then`` clauses, and the served model's name, context length and vocabulary
+size are filled in. Chat is left out when the model has no chat template.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 import aioserve
-from aioserve.server import openapi_responses as responses
-from aioserve.server.state import ENGINE_KEY, served_model_name
+from aioserve.server.chat_template import ChatTemplate
+from aioserve.server.schema import ChatCompletionRequest, CompletionRequest, WsGenerate
+from aioserve.server.schema import responses as out
+from aioserve.server.schema.fields import TENANT_HEADER
+from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, served_model_name
 
-_STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
-                   {"type": "null"}]}
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-
-#: Fields both generation endpoints take.
-_COMMON: dict[str, Any] = {
-    "model": {"type": "string", "description": "must equal the served name (else 404)"},
-    "temperature": {"type": "number", "minimum": 0, "description": "0 is greedy"},
-    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-    "top_k": {"type": "integer", "minimum": -1, "description": "0 or -1 disables"},
-    "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
-    "stop": _STOP,
-    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-    "n": {"type": "integer", "minimum": 1, "maximum": 256},
-    "stream": {"type": "boolean"},
-    "stream_options": {"type": "object",
-                       "properties": {"include_usage": {"type": ["boolean", "null"]}}},
-    "ignore_eos": {"type": "boolean"},
-    "include_stop_str_in_output": {"type": "boolean"},
-    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
-    "request_id": {"type": "string", "minLength": 1, "maxLength": 256,
-                   "description": "must not be in use (else 400); also X-Request-Id"},
-}
-
-_COMPLETION_REQUEST: dict[str, Any] = {
-    "type": "object",
-    "required": ["prompt"],
-    "properties": {
-        **_COMMON,
-        "prompt": {"anyOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
-            _TOKEN_IDS,
-            {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
-        ]},
-        "max_tokens": {"type": "integer", "minimum": 1, "default": 16,
-                       "description": "prompt + max_tokens must fit the context"},
-        "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-    },
-}
-
-_CHAT_REQUEST: dict[str, Any] = {
-    "type": "object",
-    "required": ["messages"],
-    "properties": {
-        **_COMMON,
-        "messages": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role"],
-            "properties": {
-                "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-                "content": {"anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {
-                        "type": "object", "required": ["type", "text"],
-                        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-                    }},
-                    {"type": "null"},
-                ]},
-            },
-        }},
-        "max_tokens": {"type": "integer", "minimum": 1},
-        "max_completion_tokens": {"type": "integer", "minimum": 1,
-                                  "description": "default: the rest of the context"},
-        "logprobs": {"type": "boolean"},
-        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-    },
-}
-
-#: Rules between fields, as JSON Schema ``if``/``then`` (a null field is "not set").
-_USAGE_NEEDS_STREAM = {
-    "if": {"required": ["stream_options"], "properties": {"stream_options": {
-        "type": "object", "required": ["include_usage"],
-        "properties": {"include_usage": {"type": "boolean"}}}}},
-    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
-}
-_TOP_LOGPROBS_NEEDS_LOGPROBS = {
-    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
-    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
-}
+_MODELS: tuple[type[BaseModel], ...] = (
+    CompletionRequest, ChatCompletionRequest, WsGenerate, out.Completion, out.CompletionChunk,
+    out.ChatCompletion, out.ChatCompletionChunk, out.Error, out.Model, out.ModelList,
+    out.Health,
+)
 
 
-def _request(schema: dict[str, Any], rules: list[dict[str, Any]], model: str | None,
-             max_tokens: int | None) -> dict[str, Any]:
-    """A request schema with optional fields nullable, the rules, the served name and
-    the largest ``max_tokens`` filled in."""
-    properties = {}
-    for name, field in schema["properties"].items():
-        field = dict(field)
-        if name == "model" and model is not None:
-            field["enum"] = [model]
+class _Untitled(GenerateJsonSchema):
+    """JSON Schema without the ``title`` pydantic gives every field."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _schemas() -> str:
+    _, top = models_json_schema([(m, "validation") for m in _MODELS],
+                                ref_template="#/components/schemas/{model}",
+                                schema_generator=_Untitled)
+    return json.dumps(top["$defs"])
+
+
+_BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum",
+           "lt": "exclusiveMaximum"}
+
+
+def _fill(node: Any, model: str | None, max_tokens: int | None, vocab: int | None) -> None:
+    """Put the served values in: ``model``'s one name, the largest ``max_tokens`` and
+    token id (``x-token-id`` marks token ids)."""
+    if isinstance(node, list):
+        for item in node:
+            _fill(item, model, max_tokens, vocab)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") in ("integer", "number"):  # pydantic names bounds of a type
+        for raw, key in _BOUNDS.items():             # with a validator by their Python name
+            if raw in node:
+                node[key] = node.pop(raw)
+    if node.pop("x-token-id", False) and vocab is not None:
+        node["maximum"] = vocab - 1
+    for name, field in node.get("properties", {}).items():
+        typed = field.get("anyOf", [field])[0]
+        if name == "model" and model is not None and typed.get("type") == "string":
+            typed["enum"] = [model]
         if name in ("max_tokens", "max_completion_tokens") and max_tokens is not None:
-            field["maximum"] = max_tokens
-        required = name in schema["required"]
-        properties[name] = field if required else {"anyOf": [field, {"type": "null"}]}
-    return {**schema, "properties": properties, "allOf": rules}
+            typed["maximum"] = max_tokens
+    for value in node.values():
+        _fill(value, model, max_tokens, vocab)
 
 
-def openapi_spec(model: str | None = None, max_model_len: int | None = None) -> dict[str, Any]:
-    """The OpenAPI document of the HTTP API (the websockets are in the README).
+def _json(schema: str, description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+
+
+def _event(chunk: str) -> dict[str, Any]:
+    """One Server-Sent Event (OpenAPI 3.1: the schema describes each event): ``data:
+    {chunk}`` events, then ``data: [DONE]``, or ``data: {"error": {...}}`` and no
+    ``[DONE]`` when the engine failed, the request was shed or the server shut down."""
+    ref = {"anyOf": [{"$ref": f"#/components/schemas/{chunk}"},
+                     {"$ref": "#/components/schemas/Error"}]}
+    return {"type": "object", "required": ["data"], "properties": {"data": {"anyOf": [
+        {"const": "[DONE]"},
+        {"type": "string", "contentMediaType": "application/json", "contentSchema": ref},
+    ]}}}
+
+
+_HEADERS = [
+    {"name": "X-Tenant", "in": "header", "required": False,
+     "description": "the tenant scheduling policies see; wins over the body's user; "
+     "empty: none",
+     "schema": {"type": "string", "pattern": f"^{TENANT_HEADER.pattern}$|^$"}},
+]
+
+
+def _generation(summary: str, request: str, response: str, chunk: str) -> dict[str, Any]:
+    ok = _json(response, "a JSON response, or with stream: true Server-Sent Events")
+    ok["content"]["text/event-stream"] = {"schema": _event(chunk)}
+    return {"post": {
+        "summary": summary,
+        "parameters": _HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{request}"}}}},
+        "responses": {
+            "200": ok,
+            "400": _json("Error", "invalid field (error.param names it), bad JSON or encoding"),
+            "404": _json("Error", "unknown model"),
+            "413": _json("Error", "body over --max-body-bytes"),
+            "500": _json("Error", "the model step failed"),
+            "503": _json("Error", "the engine is not running, the server is shutting down, "
+                         "or a scheduling policy shed the request (request_shed)"),
+        },
+    }}
+
+
+def _paths(chat: bool) -> dict[str, Any]:
+    health = {"content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/Health"}}}}
+    paths = {
+        "/v1/completions": _generation("Text completion", "CompletionRequest", "Completion",
+                                       "CompletionChunk"),
+        "/v1/models": {"get": {"summary": "The served model", "responses": {
+            "200": _json("ModelList", "a model list")}}},
+        "/v1/models/{model}": {"get": {
+            "summary": "One model (the served one)",
+            "parameters": [{"name": "model", "in": "path", "required": True,
+                            "schema": {"type": "string"}}],
+            "responses": {"200": _json("Model", "the served model"),
+                          "404": _json("Error", "unknown model")}}},
+        "/health": {"get": {"summary": "Liveness", "responses": {
+            "200": {"description": "the engine runs", **health},
+            "503": {"description": "the engine is not running, or the server is shutting "
+                    "down", **health}}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics (aioserve: prefix)", "responses": {
+            "200": {"description": "text format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+    }
+    if chat:
+        paths["/v1/chat/completions"] = _generation(
+            "Chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk")
+    return paths
+
+
+def openapi_spec(model: str | None = None, max_model_len: int | None = None,
+                 vocab_size: int | None = None, chat: bool = True) -> dict[str, Any]:
+    """The OpenAPI document of the HTTP API (the websocket's ``generate`` message is
+    in ``components`` as ``WsGenerate``; the websockets themselves are in the README).
 
     Args:
         model: the served model name (the only ``model`` accepted), if known.
         max_model_len: the context length in tokens, if known (``max_tokens`` is below it).
+        vocab_size: the vocabulary size, if known (token ids are below it).
+        chat: describe ``/v1/chat/completions`` (False when the model has no chat
+            template, so that every chat request would be refused).
     """
-    limit = max_model_len - 1 if max_model_len is not None else None
-    completion = _request(_COMPLETION_REQUEST, [_USAGE_NEEDS_STREAM], model, limit)
-    chat = _request(_CHAT_REQUEST, [_USAGE_NEEDS_STREAM, _TOP_LOGPROBS_NEEDS_LOGPROBS],
-                    model, limit)
+    schemas = json.loads(_schemas())
+    _fill(schemas, model, max_model_len - 1 if max_model_len is not None else None,
+          vocab_size)
     return {
         "openapi": "3.1.0",
         "info": {"title": "aioserve", "version": aioserve.__version__,
                  "description": "OpenAI-compatible completions and chat, health, metrics."},
-        "paths": responses.paths(),
-        "components": {"schemas": {"CompletionRequest": completion,
-                                   "ChatCompletionRequest": chat, **responses.SCHEMAS}},
+        "paths": _paths(chat),
+        "components": {"schemas": schemas},
     }
 
 
 async def handle(request: web.Request) -> web.Response:
-    """``GET /openapi.json``, with the served model name and context length."""
+    """``GET /openapi.json``, with the served model's name, context length, vocabulary
+    and whether it can chat."""
     engine = request.app[ENGINE_KEY]
     max_len = engine.core.max_model_len if engine.core is not None else None
-    return web.json_response(openapi_spec(served_model_name(request.app), max_len))
+    chat = ChatTemplate(engine.tokenizer, request.app[CONFIG_KEY].chat_template).available
+    return web.json_response(openapi_spec(served_model_name(request.app), max_len,
+                                          getattr(engine.runner, "vocab_size", None), chat))

@@ -31,19 +31,13 @@ import anyio
 from aiohttp import WSMsgType, web
 from anyio.abc import TaskGroup
 
-from aioserve.errors import EngineError, EngineNotRunningError
+from aioserve.errors import EngineError
 from aioserve.server.body import check_text, is_text
 from aioserve.server.choices import Choices
 from aioserve.server.errors import ApiError
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
-from aioserve.server.openai_completions import check_model
-from aioserve.server.params import (
-    RequestFieldError,
-    check_unsupported,
-    field_of_message,
-    get_field,
-    sampling_params_from_json,
-)
+from aioserve.server.openai_call import engine_error, served
+from aioserve.server.schema import RequestFieldError, WsGenerate, field_of_message, parse
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig
 from aioserve.server.ws_outbox import (
     OUTBOXES_KEY,
@@ -70,35 +64,6 @@ def _client_id(message: dict[str, Any]) -> str | None:
     return client_id if isinstance(client_id, str) and is_text(client_id) else None
 
 
-def ws_prompt(message: dict[str, Any]) -> Any:
-    """The one prompt of a generate message: text or token ids.
-
-    Raises:
-        RequestFieldError: a list of prompts (one message is one stream).
-    """
-    prompt = message.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise RequestFieldError("prompt", "prompt must be one string or one list of token ids "
-                                "on the websocket: send one generate message per prompt")
-    return prompt
-
-
-def ws_options(message: dict[str, Any]) -> int | None:
-    """The fields of a ``generate`` message beyond sampling: the OpenAI fields HTTP
-    refuses are refused the same way, ``n`` must be 1 (one id is one stream), and
-    ``logprobs`` (top-k count, as in /v1/completions) is returned.
-
-    Raises:
-        RequestFieldError: a field is refused; ``param`` names it.
-    """
-    check_unsupported(message)
-    n = get_field(message, "n", (int,), 1)
-    if n != 1:
-        raise RequestFieldError("n", "n must be 1 on the websocket: send one generate "
-                                "message (with its own id) per sample")
-    return get_field(message, "logprobs", (int,))
-
-
 @dataclass(eq=False)
 class Generation:
     """One generate message: its engine requests and the cancel scope of its pump."""
@@ -115,14 +80,16 @@ class Connection:
         app: the server app.
         ws: the prepared websocket.
         group: the socket's task group; its writer and pumps run in it.
+        tenant: the upgrade request's ``X-Tenant`` header: every message's tenant.
 
     Attributes:
         running: client id -> its generation, until its end is queued.
     """
 
     def __init__(self, app: web.Application, ws: web.WebSocketResponse,
-                 group: TaskGroup) -> None:
+                 group: TaskGroup, tenant: str | None = None) -> None:
         self.app = app
+        self.tenant = tenant  # the upgrade request's X-Tenant: every message's tenant
         self.engine = app[ENGINE_KEY]
         self.config: ServerConfig = app[CONFIG_KEY]
         self.group = group
@@ -190,18 +157,17 @@ class Connection:
                              "on one socket", "id", "too_many_requests")
             return
         try:
-            check_model(self.app, message)
-            params = sampling_params_from_json(message, logprobs=ws_options(message))
-            choices = Choices(self.engine, [ws_prompt(message)], [params], 1,
-                              self.engine_id(client_id))
-        except ApiError as exc:
-            await self.error(client_id, exc.message, exc.param, exc.code or "invalid_request")
-            return
+            generate = parse(WsGenerate, message, served(self.app))
+            params = generate.sampling_params(logprobs=generate.logprobs)
+            meta = generate.request_meta(self.tenant)
+            choices = Choices(self.engine, [generate.prompt], [params], 1,
+                              self.engine_id(client_id), meta)
         except RequestFieldError as exc:
-            await self.error(client_id, str(exc), exc.param or None)
+            code = exc.code if exc.code != "invalid_value" else "invalid_request"
+            await self.error(client_id, str(exc), exc.param, code)
             return
-        except EngineNotRunningError as exc:
-            await self.error(client_id, str(exc), None, "engine_not_running")
+        except EngineError as exc:
+            await self.error(client_id, str(exc), None, engine_error(exc).code or "")
             return
         except ValueError as exc:
             await self.error(client_id, str(exc), field_of_message(str(exc), "prompt"))
@@ -244,9 +210,7 @@ class Connection:
                         end = {"type": "done", "id": client_id,
                                "finish_reason": out.finish_reason, "usage": out.usage}
             except EngineError as exc:
-                code = "engine_not_running" if isinstance(exc, EngineNotRunningError) else (
-                    "engine_error")
-                end = _error(client_id, str(exc), None, code)
+                end = _error(client_id, str(exc), None, engine_error(exc).code or "engine_error")
             except Exception as exc:  # a fault forwarding this generation ends it alone
                 logger.exception("websocket generation %s failed", client_id)
                 end = _error(client_id, f"internal error: {type(exc).__name__}: {exc}", None,
@@ -277,7 +241,7 @@ async def handle(request: web.Request) -> web.WebSocketResponse:
     stalled = False
     try:
         async with anyio.create_task_group() as group:
-            connection = Connection(request.app, ws, group)
+            connection = Connection(request.app, ws, group, request.headers.get("X-Tenant"))
             request.app[OUTBOXES_KEY].add(connection.outbox)
             try:
                 async for msg in ws:
