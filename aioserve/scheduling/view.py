@@ -9,6 +9,7 @@ from aioserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from aioserve.request import Request
+    from aioserve.request_meta import RequestMeta
 
 
 class RequestView:
@@ -47,6 +48,11 @@ class RequestView:
         return self._request.status.value
 
     # -- who asks, how urgent (RequestMeta) -------------------------------------------
+    @property
+    def meta(self) -> RequestMeta:
+        """All the request's metadata at once (frozen); the properties below read it."""
+        return self._request.meta
+
     @property
     def priority(self) -> int:
         """Lower is served first (vLLM's convention); 0 when not given."""
