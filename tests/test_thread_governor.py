@@ -65,6 +65,8 @@ def test_a_window_over_an_idle_engine_measures_the_others_alone():
     assert governor.decide(window(own=0.01, idle=0.0, wall=2.0, runnable=0.0)) == 1
     # two seconds idle on a quiet machine: back to 2 at the first step
     assert governor.decide(window(own=0.01, idle=1.99, wall=2.0, runnable=0.0)) == 2
+    # and down again at once when the co-tenants came back while it was idle
+    assert governor.decide(window(own=0.01, idle=0.1, wall=1.0, runnable=0.0)) == 1
 
 
 def test_no_move_down_without_the_worker_waiting_or_computing():

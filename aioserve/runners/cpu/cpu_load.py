@@ -6,7 +6,9 @@ kept open and ``pread``):
 * this process's CPU time (``CLOCK_PROCESS_CPUTIME_ID``, every thread, nanoseconds);
 * the idle time of the CPUs this process may run on (``/proc/stat``'s ``idle`` and
   ``iowait`` columns of those CPUs, in clock ticks: 10 ms on most kernels, so a reading
-  is exact to a tick per CPU);
+  is exact to a tick per CPU), plus their ``nice`` column: time of processes that
+  lowered their priority (a background build at nice 10 gets a tenth of a CPU that one
+  of ours wants, so it leaves that CPU to us);
 * one thread's run time and its time spent runnable but waiting for a CPU
   (``/proc/self/task/TID/schedstat``, nanoseconds; the kernel's ``run_delay``): the
   runner's worker, which runs every step and leads its OpenMP team.
@@ -44,7 +46,7 @@ class LoadWindow:
     Attributes:
         wall_s: wall-clock time.
         own_cpu_s: CPU time of all of this process's threads.
-        idle_cpu_s: idle time summed over the usable CPUs.
+        idle_cpu_s: idle (and niced) time summed over the usable CPUs.
         thread_run_s: the measured thread's CPU time.
         thread_wait_s: the measured thread's time runnable on a run queue, not running.
         num_cpus: usable CPUs the idle time was summed over.
@@ -101,8 +103,8 @@ class LoadMeter:
             if not line.startswith(b"cpu"):
                 break
             fields = line.split()
-            if fields[0] in self._names:
-                idle += int(fields[4]) + int(fields[5])
+            if fields[0] in self._names:  # nice, idle, iowait
+                idle += int(fields[2]) + int(fields[4]) + int(fields[5])
         return LoadReading(wall, own, idle * self.tick_s, int(run) * 1e-9, int(wait) * 1e-9)
 
     def window(self, start: LoadReading, end: LoadReading) -> LoadWindow:

@@ -12,7 +12,9 @@ and moves the team's size:
 * **down** to ``floor(free + SLACK)`` when that is below the current count and the
   runner's worker waited on a run queue for at least :attr:`WAIT_FRACTION` of its
   runnable time: others take CPUs and the team suffers for it (a window is long enough
-  that the idle counter's error, up to a clock tick per CPU, stays below ``SLACK``);
+  that the idle counter's error, up to a clock tick per CPU, stays below ``SLACK``); or
+  at once after the engine was idle for :attr:`UP_HOLD_S` or more, the window having
+  measured the others alone;
 * **up** when ``free`` says more CPUs are left over :attr:`UP_HOLD_S` of serving (the
   error again against the move). The engine's idle time counts: a window that spans an
   idle engine measures the others alone, so a team goes back up at the first step after
@@ -113,9 +115,11 @@ class ThreadGovernor:
         runnable = window.thread_run_s + window.thread_wait_s
         waited = window.thread_wait_s / runnable if runnable > 0 else 0.0
         busy = runnable >= self.BUSY_FRACTION * window.wall_s
+        # a long window over an idle engine measured the others alone: no need to suffer
+        idle = not busy and window.wall_s >= self.UP_HOLD_S
         logger.debug("window %.3f s: free %.2f CPUs, runner runnable %.0f%%, waited %.0f%%",
                      window.wall_s, free, 100 * runnable / window.wall_s, 100 * waited)
-        if self._fit(free + self.SLACK) < n and busy and waited >= self.WAIT_FRACTION:
+        if self._fit(free + self.SLACK) < n and (idle or busy and waited >= self.WAIT_FRACTION):
             target = self._fit(free + self.SLACK)
             if self._last_up_s is not None and self._serving_s - self._last_up_s < self.FLAP_S:
                 self.up_hold_s = min(2 * self.up_hold_s, self.MAX_UP_HOLD_S)
