@@ -147,3 +147,22 @@ async def test_kernels_built_meanwhile_switch_in_when_no_request_runs(
         assert native_kernels._active is True and runner.lean.native
         assert cached == 0  # the stock kernels' prefix blocks were dropped at the switch
     assert first == second == solo_greedy(prompt, 20)
+
+
+def test_a_slow_build_keeps_its_lock_fresh(tmp_path, monkeypatch):
+    from aioserve.runners.cpu import build_lock
+
+    monkeypatch.setattr(build_lock, "HEARTBEAT_S", 0.01)
+    touched = []
+
+    def slow_compile(folder: BuildFolder) -> None:
+        old = time.time() - 3600
+        os.utime(folder.lock, (old, old))  # as if the build had run for an hour
+        deadline = time.monotonic() + 60
+        while time.time() - folder.lock.stat().st_mtime > 60 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        touched.append(time.time() - folder.lock.stat().st_mtime < 60)
+        folder.library.write_bytes(b"\x7fELF")
+
+    monkeypatch.setattr(native_build, "_compile", slow_compile)
+    assert build(BuildFolder(root=tmp_path)) and touched == [True]

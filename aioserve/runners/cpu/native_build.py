@@ -17,11 +17,7 @@ extension loader (a C++ compiler and ninja; 15-60 s on a 2-core machine). Two ru
   and serves at once with the stock kernels; the child writes ``READY`` (or ``FAILED``
   with the reason, so a machine without a compiler tries once per compiler) and exits.
 
-One build at a time per folder: the builder holds ``aioserve.lock`` (created
-exclusively, holding its PID and host). A lock whose PID is gone on this host is removed
-at once; a lock from another host (a shared home folder) is treated as torch's own
-``lock`` is: waited for, and removed once older than :data:`STALE_LOCK_S`
-(:func:`wait_for_build_lock`).
+One build at a time per folder (:mod:`~aioserve.runners.cpu.build_lock`).
 """
 
 from __future__ import annotations
@@ -32,11 +28,19 @@ import logging
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+from aioserve.runners.cpu.build_lock import (
+    STALE_LOCK_S,
+    heartbeat,
+    lock_owner_alive,
+    take_lock,
+    wait_for_build_lock,
+)
 
 __all__ = ["BuildFolder", "STALE_LOCK_S", "build", "build_in_background", "environment_key",
            "wait_for_build_lock"]
@@ -49,8 +53,6 @@ SOURCES = [CSRC / name for name in ("decode_attention.cpp", "greedy_tokens.cpp",
                                     "panel_linear.cpp", "rope_and_cache.cpp")]
 HEADERS = [CSRC / "vec8.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-#: A lock from another host older than this (seconds) is a killed build's.
-STALE_LOCK_S = 600.0
 
 
 def _cpu_flags() -> str:
@@ -124,93 +126,13 @@ class BuildFolder:
             return "ready"
         if self.failed.exists():
             return "failed"
-        return "building" if _lock_owner_alive(self.lock) else "absent"
+        return "building" if lock_owner_alive(self.lock) else "absent"
 
     def failure(self) -> str:
         """Why the build failed (the first line of ``FAILED``)."""
         with contextlib.suppress(OSError):
             return self.failed.read_text(encoding="utf-8").splitlines()[0]
         return "unknown"
-
-
-def _lock_owner(lock: Path) -> tuple[int, str] | None:
-    """(PID, host) written in ``lock``; None where it is missing, unreadable or not yet
-    written."""
-    try:
-        text = lock.read_text(encoding="ascii").split()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if len(text) != 2 or not text[0].isdigit():
-        return None
-    return int(text[0]), text[1]
-
-
-def _lock_owner_alive(lock: Path) -> bool:
-    """Whether ``lock`` exists and its owner may still build: alive on this host, on
-    another host, or not yet written (False: no lock, or its PID is gone here)."""
-    owner = _lock_owner(lock)
-    if owner is None:
-        return lock.exists()
-    if owner[1] != socket.gethostname():
-        return True
-    try:
-        os.kill(owner[0], 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _age(path: Path) -> float:
-    """Seconds since ``path`` was modified (0 when it is gone)."""
-    try:
-        return time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0
-
-
-def wait_for_build_lock(lock: Path, stale_s: float = STALE_LOCK_S) -> None:
-    """Wait while another process builds (its ``lock`` file younger than ``stale_s``
-    seconds), and remove a lock left by a build that was killed: torch's loader would
-    wait for it for ever."""
-    while True:
-        try:
-            age = time.time() - lock.stat().st_mtime
-        except FileNotFoundError:
-            return
-        if age > stale_s:
-            with contextlib.suppress(FileNotFoundError):
-                lock.unlink()
-            logger.warning("removed a stale build lock %s (%.0f s old)", lock, age)
-            return
-        time.sleep(0.5)
-
-
-def _take_lock(folder: BuildFolder) -> bool:
-    """Hold ``folder.lock`` (True), or find the build done by another process meanwhile
-    (False). A dead local owner's lock is removed; another host's is waited for."""
-    while True:
-        try:
-            fd = os.open(folder.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            if folder.state() in ("ready", "failed"):
-                return False
-            owner = _lock_owner(folder.lock)
-            if owner is None and _age(folder.lock) < 5:  # its owner is writing it
-                time.sleep(0.1)
-            elif owner is None or owner[1] != socket.gethostname():
-                wait_for_build_lock(folder.lock)  # unreadable or another host's: by its age
-            elif not _lock_owner_alive(folder.lock):
-                with contextlib.suppress(FileNotFoundError):
-                    folder.lock.unlink()
-                logger.warning("removed the build lock of a killed build %s", folder.lock)
-            else:
-                time.sleep(0.5)
-            continue
-        with os.fdopen(fd, "w", encoding="ascii") as file:
-            file.write(f"{os.getpid()} {socket.gethostname()}\n")
-        return True
 
 
 def _ninja_on_path() -> None:
@@ -253,8 +175,10 @@ def build(folder: BuildFolder | None = None) -> bool:
     failure is written to ``FAILED`` and logged."""
     folder = folder if folder is not None else BuildFolder()
     folder.path.mkdir(parents=True, exist_ok=True)
-    if not _take_lock(folder):
+    if not take_lock(folder.lock, lambda: folder.state() in ("ready", "failed")):
         return folder.state() == "ready"
+    done = threading.Event()
+    threading.Thread(target=heartbeat, args=(folder.lock, done), daemon=True).start()
     try:
         if folder.state() == "ready":
             return True
@@ -271,6 +195,7 @@ def build(folder: BuildFolder | None = None) -> bool:
         logger.warning("native CPU kernels unavailable (%s); using stock kernels", reason)
         return False
     finally:
+        done.set()
         with contextlib.suppress(FileNotFoundError):
             folder.lock.unlink()
 

@@ -89,10 +89,15 @@ def _first_use() -> bool:
         logger.warning("native CPU kernels unavailable (their build failed: %s; see %s); "
                        "using stock kernels", folder.failure(), folder.log)
         return False
-    _pending = folder
     if state == "absent":
         global _builder
-        _builder = native_build.build_in_background(folder)
+        try:
+            _builder = native_build.build_in_background(folder)
+        except OSError as error:  # a read-only cache folder, no fork: stock kernels serve
+            logger.warning("native CPU kernels unavailable (cannot start their build: %s); "
+                           "using stock kernels", error)
+            return False
+    _pending = folder
     return False
 
 
