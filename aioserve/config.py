@@ -44,10 +44,13 @@ class EngineConfig:
         batch_invariant: a request's greedy tokens in any batch equal its tokens alone
             (on by default; off saves the padding it takes on the CPU, see
             :mod:`aioserve.runners.batch_invariance`).
-        forward: the model's forward: ``"transformers"`` (the model's own, any
-            decoder) or ``"lean-llama"`` (opt-in, Llama checkpoints: the same
-            arithmetic in fewer Python calls, checked bit for bit against
-            transformers' at load; pays on small models on the CPU).
+        forward: the model's forward: ``"auto"`` (default: ``"lean-llama"`` where it
+            applies, on the CPU with the reference attention backend, and its logits
+            equal transformers' bit for bit on a probe at load; else
+            ``"transformers"``), ``"transformers"`` (the model's own, any decoder) or
+            ``"lean-llama"`` (Llama checkpoints: the same arithmetic in fewer Python
+            calls, checked bit for bit against transformers' at load, an error where
+            it cannot run).
 
     Raises:
         ValueError: a field is out of range; the message names the field.
@@ -69,7 +72,7 @@ class EngineConfig:
     seed: int = 0
     enable_prefix_caching: bool = True
     attention_backend: str = "reference"
-    forward: str = "transformers"
+    forward: str = "auto"
     enforce_eager: bool = False
     batch_invariant: bool = True
 
@@ -103,10 +106,9 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}"
             )
-        if self.forward not in ("transformers", "lean-llama"):
-            raise ValueError(
-                f"EngineConfig.forward must be transformers or lean-llama, got {self.forward!r}"
-            )
+        if self.forward not in ("auto", "transformers", "lean-llama"):
+            raise ValueError(f"EngineConfig.forward must be auto, transformers or lean-llama, "
+                             f"got {self.forward!r}")
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             raise ValueError(
                 f"EngineConfig.device must be auto, cpu or cuda[:N], got {self.device!r}"

@@ -66,9 +66,11 @@ class StepLoop:
                 if not core.has_work:
                     if self.listeners.has_step_listeners:  # the idle picture, unthrottled
                         self.listeners.publish_step(core, 0, force=True)
+                    self.runner_idle()
                     self.idle.set()
                     self.wakeup.clear()
                     await self.wakeup.wait()
+                    self.runner_idle()  # what just arrived has not started
                     continue
                 self.start_step(in_flight)
                 if not in_flight:
@@ -96,6 +98,14 @@ class StepLoop:
                 self.listeners.publish_step(core, len(results))
             if not overlap:
                 self.start_step(in_flight)
+
+    def runner_idle(self) -> None:
+        """Tell a runner that has ``on_idle`` that no request has started; when it
+        answers that its arithmetic changed (the TorchRunner switching to compiled CPU
+        kernels), empty the prefix cache, whose blocks the old arithmetic computed."""
+        on_idle = getattr(self.runner, "on_idle", None)
+        if on_idle is not None and on_idle():
+            self.core.blocks.reset_cache()
 
     def start_step(self, in_flight: deque[StepInFlight]) -> None:
         """Schedule the next batch and start the runner on it (nothing when there is

@@ -18,12 +18,12 @@ MODEL_DIR = os.environ.get(
 
 @pytest.fixture(scope="session", autouse=True)
 def native_kernels_built() -> None:
-    """Build the compiled CPU kernels once, first, in this process: tests that start a
-    server in a subprocess then load the cached build instead of building under their
-    own time limits (a build takes 15-25 s on a 2-core machine)."""
+    """Build the compiled CPU kernels once, first, in this process (or wait for another
+    process's build): every engine of the suite then loads them at once, as servers do
+    once their environment's build is done (a build takes 15-60 s on a 2-core machine)."""
     from aioserve.runners.cpu import native_kernels
 
-    native_kernels.available()
+    native_kernels.build_now()
 
 
 @pytest.fixture(scope="session")

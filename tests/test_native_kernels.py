@@ -149,9 +149,10 @@ def test_rope_and_cache_equals_torch_bit_for_bit(native, tokens):
         native_kernels.rope_and_cache(qk, v, cos, signed_sin, slots + 64, *caches[0], heads)
 
 
-def test_a_failed_build_falls_back_to_stock_kernels(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(native_kernels, "SOURCES", [tmp_path / "missing.cpp"])
-    assert native_kernels._build() is False
+def test_a_failed_build_falls_back_to_stock_kernels(tmp_path, caplog):
+    from aioserve.runners.cpu.native_build import BuildFolder, build
+
+    assert build(BuildFolder(sources=[tmp_path / "missing.cpp"], root=tmp_path)) is False
     assert "stock kernels" in caplog.text
 
 

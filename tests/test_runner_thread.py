@@ -59,12 +59,14 @@ async def test_load_check_and_steps_share_one_thread_that_is_not_the_callers(
     assert threading.get_ident() not in threads
 
 
-def test_thread_count_defaults_to_every_core_and_honours_the_variable(monkeypatch):
+def test_thread_count_defaults_to_every_usable_core_and_honours_the_variable(monkeypatch):
+    from aioserve.runners.cpu.cpu_budget import usable_cpus
     from aioserve.runners.worker.setup import cpu_threads
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("AIOSERVE_NUM_THREADS", raising=False)
-    assert cpu_threads(cpu) == (os.cpu_count() or 1)
+    # every core this process may use (affinity, cgroup quota: tests/test_cpu_budget.py)
+    assert cpu_threads(cpu) == usable_cpus() <= (os.cpu_count() or 1)
     assert cpu_threads(torch.device("meta")) is None  # off the CPU: torch's own setting
     monkeypatch.setenv("AIOSERVE_NUM_THREADS", "3")
     assert cpu_threads(cpu) == 3

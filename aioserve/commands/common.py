@@ -79,10 +79,11 @@ def scheduler_params(text: str | None) -> dict[str, Any] | None:
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
     """Add ``--forward`` and ``--attention-backend`` (how the runner runs the model)."""
     parser.add_argument(
-        "--forward", default="transformers", choices=list(attention_registry.FORWARDS),
-        help="the model's forward: its own (any decoder), or the opt-in lean forward of "
-             "Llama checkpoints (fewer Python calls; pays on small models on the CPU; "
-             "checked bit for bit against transformers' at load)",
+        "--forward", default="auto", choices=["auto", *attention_registry.FORWARDS],
+        help="the model's forward: auto (the lean forward where it applies and its logits "
+             "equal transformers' bit for bit at load, else transformers'), the model's "
+             "own (any decoder), or the lean forward of Llama checkpoints (fewer Python "
+             "calls; on the CPU; checked bit for bit against transformers' at load)",
     )
     parser.add_argument(
         "--attention-backend", default="reference",

@@ -18,8 +18,9 @@ from aiohttp import web
 from aioserve.commands.common import add_engine_options, engine_config, quiet_loading
 from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
-from aioserve.server.operator_log import StatsLogger, startup_summary
+from aioserve.server.operator_log import StatsLogger, startup_line, startup_summary
 from aioserve.server.state import ENGINE_KEY
+from aioserve.startup_clock import PhaseClock, process_age_s
 
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
@@ -181,13 +182,17 @@ async def serve(
     logger.info("stopped")
 
 
-def add_operator_log(app: web.Application, stats_interval: float) -> None:
+def add_operator_log(app: web.Application, stats_interval: float,
+                     clock: PhaseClock | None = None) -> None:
     """Log the start-up summary once the engine runs, and a stats line at most every
-    ``stats_interval`` seconds while it works (0: none)."""
+    ``stats_interval`` seconds while it works (0: none); ``clock`` gets the engine's
+    start as its part ``"engine start"``."""
     engine = app[ENGINE_KEY]
     stats = StatsLogger(engine, stats_interval) if stats_interval > 0 else None
 
     async def on_startup(app: web.Application) -> None:
+        if clock is not None:
+            clock.mark("engine start")
         logger.info("engine ready:\n%s", startup_summary(engine))
         if stats is not None:
             stats.attach()
@@ -217,7 +222,16 @@ def run(args: argparse.Namespace) -> int:
     quiet_loading(args.log_level == "debug")
     if args.ray:
         return run_ray(args, settings)
+    process_s, clock = process_age_s(), PhaseClock()
+    import aioserve.runners.worker.torch_runner  # noqa: F401  torch, transformers: timed
+
+    clock.mark("imports (torch, transformers)")
     app = create_app(engine_config(args), settings)
-    add_operator_log(app, args.stats_log_interval)
-    asyncio.run(serve(app, args.host, args.port, args.shutdown_timeout))
+    add_operator_log(app, args.stats_log_interval, clock)
+
+    def ready(url: str) -> None:
+        clock.mark("HTTP server")
+        logger.info(startup_line(process_s, clock, app[ENGINE_KEY].runner))
+
+    asyncio.run(serve(app, args.host, args.port, args.shutdown_timeout, ready))
     return 0

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from aioserve.engine import AsyncEngine
 from aioserve.request import Request, RequestMetrics
+from aioserve.runners.cpu.thread_governor import threads_in_use
 from aioserve.server.tenant_metrics import TenantMetrics
 from aioserve.step_snapshot import StepSnapshot
 
@@ -82,6 +83,11 @@ class _EngineCollector(Collector):
         )
         for name, doc, value in gauges:
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+        threads = threads_in_use(engine.runner)
+        if threads is not None:
+            yield GaugeMetricFamily(
+                PREFIX + "cpu_threads", "Intra-op CPU threads the model's forward runs on "
+                "now (the thread governor's choice, or the fixed count).", value=threads)
         counters = (
             ("prompt_tokens", "Prompt tokens of accepted requests.",
              m.finished_prompt_tokens + sum(r.num_prompt_tokens for r in live)),

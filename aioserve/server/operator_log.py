@@ -10,6 +10,8 @@ from aioserve.engine import AsyncEngine
 from aioserve.errors import EngineNotRunningError
 from aioserve.memory_size import format_bytes
 from aioserve.request import Request
+from aioserve.runners.cpu.thread_governor import ThreadGovernor, threads_in_use
+from aioserve.startup_clock import PhaseClock, describe
 from aioserve.step_snapshot import StepSnapshot, scheduler_name
 
 logger = logging.getLogger("aioserve.serve")
@@ -34,8 +36,7 @@ def startup_summary(engine: AsyncEngine) -> str:
               else format_bytes(config.kv_cache_memory_bytes))
     if config.num_kv_blocks is not None:
         budget = "--num-kv-blocks"
-    parts = getattr(runner, "step_parts", 1)
-    threads = getattr(runner, "num_threads", None)
+    forward = getattr(runner, "forward_note", None) or config.forward
     rows = (
         ("model", config.model),
         ("device", str(getattr(runner, "device", "n/a"))),
@@ -46,11 +47,38 @@ def startup_summary(engine: AsyncEngine) -> str:
         ("KV cache", f"{blocks} blocks x {block_size} tokens = {blocks * block_size} tokens"
                      f"{memory} (budget: {budget})"),
         ("scheduler", scheduler_name(core.scheduler)),
-        ("threads", f"{parts} step part(s) x "
-                    f"{threads if threads is not None else 'torch default'} thread(s)"),
+        ("forward", forward),
+        ("threads", thread_line(runner)),
     )
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def thread_line(runner: object) -> str:
+    """The summary's threads line: the count in use and how it is chosen."""
+    threads = threads_in_use(runner)
+    governor = getattr(runner, "governor", None)
+    if isinstance(governor, ThreadGovernor):
+        counts = ", ".join(map(str, governor.counts))
+        return (f"{threads} intra-op thread(s), of {governor.counts[-1]} usable CPU(s); "
+                f"fewer while other processes take the CPUs (may use {counts})")
+    if threads is None:
+        return "torch's default"
+    return f"{threads} intra-op thread(s), fixed"
+
+
+def startup_line(process_s: float | None, clock: PhaseClock, runner: object) -> str:
+    """The operator log's start-up line: seconds from the process's start to ready, and
+    their parts (``clock``: the command's own parts, ending with ``"engine start"``; the
+    runner's ``load_times`` split the engine's start)."""
+    parts = dict(clock.parts)
+    load_times = getattr(runner, "load_times", None) or {}
+    if "engine start" in parts and load_times:
+        parts["tokenizer, engine"] = max(0.0, parts.pop("engine start") - sum(load_times.values()))
+        parts.update(load_times)
+    if process_s is not None:
+        parts = {"python, CLI imports": process_s, **parts}
+    return f"ready in {sum(parts.values()):.2f} s: {describe(parts)}"
 
 
 class StatsLogger:

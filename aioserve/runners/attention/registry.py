@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from aioserve.runners.attention.backend import AttentionBackend
     from aioserve.runners.batch_invariance import BatchInvariance
 
-__all__ = ["BackendEntry", "FORWARDS", "backend_for", "backend_names", "check_forward",
-           "register_backend"]
+__all__ = ["BackendEntry", "FORWARDS", "backend_for", "backend_names", "backend_serves",
+           "check_forward", "register_backend"]
 
 #: ``factory(device, invariance)``: a backend for the device under the policy.
 Factory = Callable[["torch.device", "BatchInvariance"], "AttentionBackend"]
@@ -79,15 +79,25 @@ def _entry(name: str) -> BackendEntry:
     return entry
 
 
+def backend_serves(name: str, forward: str) -> bool:
+    """Whether the backend ``name`` serves ``forward`` (one of :data:`FORWARDS`).
+
+    Raises:
+        ValueError: an unknown backend.
+    """
+    return forward in _entry(name).forwards
+
+
 def check_forward(forward: str, name: str) -> None:
-    """Refuse a forward the backend ``name`` does not serve.
+    """Refuse a forward the backend ``name`` does not serve (``"auto"`` picks one it
+    serves, so any backend takes it).
 
     Raises:
         ValueError: an unknown backend, or ``forward`` it does not serve (the message
             names both options).
     """
     entry = _entry(name)
-    if forward not in entry.forwards:
+    if forward != "auto" and forward not in entry.forwards:
         served = ", ".join(entry.forwards) or "none"
         raise ValueError(f"--forward {forward} cannot run with --attention-backend {name}: "
                          f"it serves --forward {served}. {entry.reason}".rstrip())

@@ -23,137 +23,152 @@ all (blocks in order, cache warm): SmolLM2-135M's heads (9 query, 3 KV, dim 64)
 (8 / 4, dim 8) 0.76 (block gather and batched products) -> 0.24 ms. Greedy choice over
 ``[32, 49152]`` logits: 1.9 ms (``argmax``) -> 0.43 ms.
 
-The kernels are built on first use with torch's C++ extension loader (a C++ compiler
-and ninja: ``pip install 'aioserve[kernels]'`` or a system ninja; 15-25 s once on the
-2-core box, then cached under ``~/.cache/torch_extensions``). Where
-the build fails, or with ``AIOSERVE_NATIVE_KERNELS=0``, :func:`available` is False and
-the stock-kernel paths serve.
+The kernels are built once per environment, never on the serving path
+(:mod:`~aioserve.runners.cpu.native_build`: a build folder per interpreter, torch,
+compiler and sources; a background build where none is finished). A process that finds a
+finished build loads it in milliseconds; one that does not serves with the stock kernels
+and switches to the compiled ones once their build is ready, at a moment no request
+runs (:class:`KernelSwitch`): the compiled decode attention sums in another order than
+the stock paths, so a request must run on one or the other from its first token to its
+last. ``AIOSERVE_NATIVE_KERNELS=0`` keeps the stock kernels.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import sys
+import subprocess
 import threading
-import time
-from pathlib import Path
+import weakref
 
 import torch
 
-__all__ = ["available", "decode_attention", "greedy_tokens", "rope_and_cache"]
+from aioserve.runners.cpu import native_build
+from aioserve.runners.cpu.native_build import STALE_LOCK_S, BuildFolder, wait_for_build_lock
+
+__all__ = ["KernelSwitch", "STALE_LOCK_S", "activate", "available", "build_now",
+           "decode_attention", "greedy_tokens", "rope_and_cache", "wait_for_build_lock"]
 
 logger = logging.getLogger(__name__)
 
-CSRC = Path(__file__).with_name("csrc")
-#: The kernels' sources (one extension; ``vec8.h`` is their shared vector arithmetic).
-SOURCES = [CSRC / name for name in ("decode_attention.cpp", "greedy_tokens.cpp",
-                                    "panel_linear.cpp", "rope_and_cache.cpp")]
 _lock = threading.Lock()
-_loaded: bool | None = None
+_active: bool | None = None  # None: not looked at yet
+_pending: BuildFolder | None = None  # a build this process waits for
+_builder: subprocess.Popen[bytes] | None = None
 
 
-def _machine_tag() -> str:
-    """What the build depends on besides the source: torch, and the CPU (the kernels
-    are compiled for the machine's own instruction set)."""
-    flags = platform.machine()
+def _wanted() -> bool:
+    return os.environ.get("AIOSERVE_NATIVE_KERNELS", "1") != "0"
+
+
+def _load(folder: BuildFolder) -> bool:
+    """Load a finished build into this process (False, logged, where that fails)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            flags += next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags += platform.processor()
-    return f"{torch.__version__}|{flags}"
-
-
-#: A build lock older than this (seconds) is a killed build's: a build takes 15-25 s.
-STALE_LOCK_S = 120.0
-
-
-def _build_directory(name: str) -> Path:
-    """The build folder of ``name`` (created): under ``TORCH_EXTENSIONS_DIR``, else
-    under torch's default root in a per-Python folder, as torch's loader lays them out."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root is None:
-        from torch.utils.cpp_extension import get_default_build_root
-
-        python = f"py{sys.version_info.major}{sys.version_info.minor}{sys.abiflags}"
-        root = os.path.join(get_default_build_root(), f"{python}_cpu")
-    directory = Path(root) / name
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
-
-def wait_for_build_lock(lock: Path) -> None:
-    """Wait while another process builds (its ``lock`` file younger than
-    :data:`STALE_LOCK_S`), and remove a lock left by a build that was killed: torch's
-    loader would wait for it for ever."""
-    while True:
-        try:
-            age = time.time() - lock.stat().st_mtime
-        except FileNotFoundError:
-            return
-        if age > STALE_LOCK_S:
-            with contextlib.suppress(FileNotFoundError):
-                lock.unlink()
-            logger.warning("removed a stale build lock %s (%.0f s old)", lock, age)
-            return
-        time.sleep(0.5)
-
-
-def _ninja_on_path() -> None:
-    """Put the ``ninja`` package's binary (the ``kernels`` extra) on ``PATH`` when no ``ninja`` is
-    there: torch's loader runs it by name, and pip may install console scripts outside
-    ``PATH``."""
-    if shutil.which("ninja") is None:
-        with contextlib.suppress(ImportError, AttributeError):
-            import ninja
-
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
-def _build() -> bool:
-    """Compile and load the kernels; False (logged) where that fails."""
-    if os.environ.get("AIOSERVE_NATIVE_KERNELS", "1") == "0":
-        return False
-    try:
-        from torch.utils.cpp_extension import load
-
-        _ninja_on_path()
-
-        sources = b"".join(path.read_bytes() for path in [*SOURCES, CSRC / "vec8.h"])
-        digest = hashlib.sha256(sources + _machine_tag().encode()).hexdigest()[:16]
-        logger.info("loading the native CPU kernels aioserve_cpu_%s (built on first use, "
-                    "15-25 s, then cached)", digest)
-        name = f"aioserve_cpu_{digest}"
-        build_directory = _build_directory(name)
-        wait_for_build_lock(build_directory / "lock")
-        load(
-            name=name, sources=[str(path) for path in SOURCES],
-            build_directory=str(build_directory),
-            extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-            is_python_module=False, verbose=False,
-        )
+        torch.ops.load_library(str(folder.library))
         return hasattr(torch.ops.aioserve_cpu, "decode_attention")
-    except Exception as error:  # no compiler, no ninja, a failed build: stock kernels serve
-        logger.warning("native CPU kernels unavailable (%s); using stock kernels",
-                       str(error).splitlines()[0] if str(error) else type(error).__name__)
+    except Exception as error:  # a library built for another torch or CPU
+        logger.warning("native CPU kernels unavailable (%s: %s); using stock kernels",
+                       folder.library, str(error).splitlines()[0] if str(error) else error)
         return False
+
+
+def _first_use() -> bool:
+    """Load this environment's finished build, or start one in the background."""
+    global _pending
+    if not _wanted():
+        return False
+    try:
+        folder = BuildFolder()
+        state = folder.state()
+    except Exception as error:  # an unreadable cache folder: stock kernels serve
+        logger.warning("native CPU kernels unavailable (%s); using stock kernels", error)
+        return False
+    if state == "ready":
+        return _load(folder)
+    if state == "failed":
+        logger.warning("native CPU kernels unavailable (their build failed: %s; see %s); "
+                       "using stock kernels", folder.failure(), folder.log)
+        return False
+    if state == "absent":
+        global _builder
+        try:
+            _builder = native_build.build_in_background(folder)
+        except OSError as error:  # a read-only cache folder, no fork: stock kernels serve
+            logger.warning("native CPU kernels unavailable (cannot start their build: %s); "
+                           "using stock kernels", error)
+            return False
+    _pending = folder
+    return False
 
 
 def available() -> bool:
-    """Whether the compiled kernels are loaded. The first call builds or loads them
-    (15-25 s on a 2-core machine the first time, under a lock shared by processes);
-    it never raises: a failed build logs a warning and gives False for the process."""
-    global _loaded
-    if _loaded is None:
+    """Whether the compiled kernels are in use in this process. Never compiles: the first
+    call loads this environment's finished build (milliseconds) or starts one in the
+    background and answers False until :func:`activate` switches the kernels in."""
+    global _active
+    if _active is None:
         with _lock:
-            if _loaded is None:
-                _loaded = _build()
-    return _loaded
+            if _active is None:
+                _active = _first_use()
+    return _active
+
+
+def activate() -> bool:
+    """Switch the compiled kernels in if the build this process waits for is finished
+    (True once: the caller makes sure no request is running)."""
+    global _active, _pending, _builder
+    if _pending is None or _active:
+        return False
+    if _builder is not None and _builder.poll() is not None:
+        _builder = None  # reaped
+    state = _pending.state()
+    if state in ("building", "absent"):
+        return False
+    with _lock:
+        folder, _pending = _pending, None
+        _active = state == "ready" and _load(folder)
+        if state == "failed":
+            logger.warning("native CPU kernels unavailable (their build failed: %s); using "
+                           "stock kernels", folder.failure())
+    if _active:
+        logger.info("switched to the native CPU kernels (%s)", folder.path)
+    return bool(_active)
+
+
+def build_now() -> bool:
+    """Build (or wait for another process's build) and load the kernels, blocking
+    (tests; an image's build step: ``python -m aioserve.runners.cpu.native_build``)."""
+    global _active, _pending
+    if available() or not _wanted():
+        return bool(_active)
+    folder = BuildFolder()
+    with _lock:
+        _active = native_build.build(folder) and _load(folder)
+        _pending = None
+    return _active
+
+
+class KernelSwitch:
+    """One runner's part in :func:`activate`: the kernels switch in only while every
+    live runner of the process is idle (between :meth:`idle` and :meth:`busy`)."""
+
+    _runners: weakref.WeakSet[KernelSwitch] = weakref.WeakSet()
+
+    def __init__(self) -> None:
+        self.is_idle = False
+        KernelSwitch._runners.add(self)
+
+    def busy(self) -> None:
+        """A step is about to run."""
+        self.is_idle = False
+
+    def idle(self) -> bool:
+        """No request of this runner is running: switch if every runner is idle and the
+        build is ready (True: switched)."""
+        self.is_idle = True
+        if _pending is None or not all(r.is_idle for r in KernelSwitch._runners):
+            return False
+        return activate()
 
 
 def decode_attention(

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 
+import numpy as np
 import torch
 from transformers import GenerationConfig
 
+from aioserve.config import EngineConfig
+from aioserve.runners.attention.backend import AttentionBackend
+from aioserve.runners.attention.layer_rules import LayerRules
+from aioserve.runners.cpu.cpu_budget import affinity_cpus, usable_cpus
+from aioserve.runners.cpu.cpu_load import LoadMeter
+from aioserve.runners.cpu.row_padding import RowPadding
+from aioserve.runners.cpu.thread_governor import ThreadGovernor
+from aioserve.runners.model import lean_llama
 from aioserve.runners.model import loader as model_loader
+
+logger = logging.getLogger("aioserve.threads")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,6 +81,29 @@ def free_memory_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def num_kv_blocks(
+    config: EngineConfig, device: torch.device, block_bytes: int, max_model_len: int,
+) -> int:
+    """KV-cache blocks: ``config.num_kv_blocks``, else what the memory budget holds
+    (``kv_cache_memory_fraction`` of the free memory, or ``kv_cache_memory_bytes``), at
+    most what ``max_num_seqs`` full contexts need.
+
+    Raises:
+        ValueError: the budget is too small for one block.
+    """
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    budget = config.kv_cache_memory_bytes
+    if config.kv_cache_memory_fraction is not None:
+        budget = int(free_memory_bytes(device) * config.kv_cache_memory_fraction)
+    by_memory = budget // block_bytes
+    by_need = -(-config.max_num_seqs * max_model_len // config.block_size)
+    blocks = min(by_memory, by_need)
+    if blocks <= 0:
+        raise ValueError("EngineConfig.kv_cache_memory_bytes is too small for one KV block")
+    return blocks
+
+
 def env_count(name: str) -> int | None:
     """A positive integer from the environment variable ``name`` (None when unset).
 
@@ -83,14 +119,15 @@ def env_count(name: str) -> int | None:
 
 
 def cpu_threads(device: torch.device) -> int | None:
-    """Intra-op threads of the forward: ``AIOSERVE_NUM_THREADS``, else on the CPU every
-    core (``os.cpu_count()``). Off the CPU: ``AIOSERVE_NUM_THREADS`` or None (torch's own
-    setting).
+    """Intra-op threads of the forward: ``AIOSERVE_NUM_THREADS``, else on the CPU the
+    CPUs this process may use (:func:`~aioserve.runners.cpu.cpu_budget.usable_cpus`: its
+    affinity and cgroup CPU quota, not ``os.cpu_count()``). Off the CPU:
+    ``AIOSERVE_NUM_THREADS`` or None (torch's own setting).
 
-    Every core pays for small models too once one thread does all the compute (see
-    :class:`~aioserve.runners.worker.torch_runner.TorchRunner`): on the 2-core box the test
-    model (292,800 parameters) went from about 2,300 output tokens/s on one thread to
-    about 2,900 on two (64-request workload, three alternations).
+    Every usable core pays for small models too once one thread does all the compute
+    (see :class:`~aioserve.runners.worker.torch_runner.TorchRunner`): on the 2-core box
+    the test model (292,800 parameters) went from about 2,300 output tokens/s on one
+    thread to about 2,900 on two (64-request workload, three alternations).
 
     Raises:
         ValueError: ``AIOSERVE_NUM_THREADS`` is not a positive integer.
@@ -98,4 +135,109 @@ def cpu_threads(device: torch.device) -> int | None:
     budget = env_count("AIOSERVE_NUM_THREADS")
     if device.type != "cpu" or budget is not None:
         return budget
-    return os.cpu_count() or 1
+    return usable_cpus()
+
+
+def _candidates(threads: int) -> list[int]:
+    """Counts below ``threads`` the governor may use: 1, 2, 4, ... (one probe each)."""
+    return [1 << i for i in range(threads.bit_length()) if 1 << i < threads]
+
+
+def thread_governor(
+    device: torch.device, threads: int | None, probe: Callable[[], list[torch.Tensor]],
+    padding: RowPadding | None = None, probe_padding: Callable[[], RowPadding] | None = None,
+) -> ThreadGovernor | None:
+    """A :class:`~aioserve.runners.cpu.thread_governor.ThreadGovernor` for the CPU
+    forward, or None where the count stays fixed: off the CPU, ``AIOSERVE_NUM_THREADS``
+    set, one usable CPU, no ``/proc`` to measure, or no smaller count where ``probe``
+    (the logits of the runner's probe steps) gives ``threads``' bits and
+    ``probe_padding`` the row ``padding`` found at ``threads`` (run here once per
+    candidate count, so call this on the worker thread, at load, with ``threads`` set).
+    The candidates are 1, 2, 4, ... below ``threads``: about log2(CPUs) probes.
+    """
+    if device.type != "cpu" or threads is None or threads < 2 \
+            or os.environ.get("AIOSERVE_NUM_THREADS"):
+        return None
+    try:
+        meter = LoadMeter(affinity_cpus())
+    except OSError as error:
+        logger.info("CPU threads fixed at %d: cannot measure the load (%s)", threads, error)
+        return None
+    try:
+        want = probe()
+    except ValueError as error:  # too few KV blocks to probe
+        logger.info("CPU threads fixed at %d: %s", threads, error)
+        meter.close()
+        return None
+    counts = [threads]
+    try:
+        for count in _candidates(threads):
+            torch.set_num_threads(count)
+            same = all(torch.equal(a, b) for a, b in zip(want, probe(), strict=True))
+            if same and (padding is None or probe_padding is None
+                         or probe_padding().targets == padding.targets):
+                counts.append(count)
+    finally:
+        torch.set_num_threads(threads)
+    if len(counts) == 1:
+        logger.info("CPU threads fixed at %d: fewer threads change the logits' bits", threads)
+        meter.close()
+        return None
+    return ThreadGovernor(counts, meter, torch.set_num_threads)
+
+
+def choose_forward(
+    name: str, model: torch.nn.Module, backend: AttentionBackend,
+    rules: dict[int, LayerRules], auto_lean: bool,
+    probe: Callable[[lean_llama.LeanLlama | None], list[torch.Tensor]],
+) -> tuple[lean_llama.LeanLlama | None, str]:
+    """The forward ``name`` asks for, and a line saying which runs and why.
+
+    ``"auto"`` (the default) takes the lean forward where ``auto_lean`` (the runner's
+    word: the CPU with an attention backend that serves it, where the lean forward pays),
+    all attention layers are plain (``rules``), the model is a Llama it reproduces
+    (:func:`~aioserve.runners.model.lean_llama.supports`) and its logits equal
+    transformers' bit for bit on ``probe``; else transformers' own forward.
+
+    Raises:
+        ValueError: ``"lean-llama"`` asked for where it cannot run or its logits differ.
+    """
+    if name == "transformers":
+        return None, "transformers"
+    if name == "lean-llama":
+        return lean_llama.lean_forward(model, backend, rules, probe), "lean-llama"
+    plain = all(layer.plain for layer in rules.values())
+    if not (auto_lean and plain and lean_llama.supports(model)):
+        return None, "transformers (auto: the lean forward does not apply here)"
+    try:
+        lean = lean_llama.lean_forward(model, backend, rules, probe)
+    except ValueError as error:  # its logits differ, or too few KV blocks to probe
+        reason = str(error).removeprefix("forward: ").split(";")[0]
+        return None, f"transformers (auto: {reason})"
+    return lean, "lean-llama (auto: its logits equal transformers' bit for bit)"
+
+
+def probe_steps(
+    run_model: Callable[..., torch.Tensor], num_kv_blocks: int, block_size: int,
+    vocab_size: int, device: torch.device,
+) -> list[torch.Tensor]:
+    """Logits of two probe steps (two prompts of 7 and 4 tokens, then one decode step
+    each) on KV blocks 0-3, before any request holds them (the load checks).
+
+    Args:
+        run_model: ``(input_ids, starts, counts, block_table, keep) -> logits``
+            (:meth:`TorchRunner._run_model` with its forward chosen).
+
+    Raises:
+        ValueError: fewer than 4 KV blocks.
+    """
+    if num_kv_blocks < 4:
+        raise ValueError("forward: lean-llama's load check needs at least 4 KV blocks")
+    table = np.array([[0, 1], [2, 3]], dtype=np.int64)
+    first = np.array([min(7, 2 * block_size - 1), min(4, 2 * block_size - 1)])
+    logits = []
+    for starts, counts in ((np.zeros(2, np.int64), first), (first, np.ones(2, np.int64))):
+        ids = torch.arange(int(counts.sum()), device=device) * 7 % vocab_size
+        keep = torch.from_numpy(np.cumsum(counts) - 1).to(device)
+        logits.append(run_model(ids, starts, counts, table, keep))
+    return logits

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,25 +15,31 @@ import torch
 from aioserve.config import EngineConfig
 from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention.backend import AttentionBackend
-from aioserve.runners.attention.registry import backend_for
+from aioserve.runners.attention.registry import backend_for, backend_serves
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu import malloc as cpu_malloc
 from aioserve.runners.cpu import native_kernels
+from aioserve.runners.cpu.row_padding import RowPadding
 from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
 from aioserve.runners.model import loader as model_loader
-from aioserve.runners.model.lean_llama import LeanLlama, lean_forward
+from aioserve.runners.model.lean_llama import LeanLlama
 from aioserve.runners.worker.batch_sampler import BatchSampler
 from aioserve.runners.worker.input_batch import InputBatch, StepInputs
 from aioserve.runners.worker.pending_output import PendingOutput
 from aioserve.runners.worker.setup import (
+    choose_forward,
     context_length,
     cpu_threads,
     eos_token_ids,
     free_memory_bytes,
+    num_kv_blocks,
+    probe_steps,
     resolve_device,
     resolve_dtype,
+    thread_governor,
 )
+from aioserve.startup_clock import PhaseClock
 
 __all__ = ["TorchRunner", "free_memory_bytes"]
 
@@ -64,13 +71,8 @@ class TorchRunner:
     """
 
     def __init__(self, config: EngineConfig) -> None:
-        # One thread does all the compute: load, load checks and every step. OpenMP
-        # gives each thread that opens a parallel region its own team of workers, and
-        # libgomp stops its workers spinning between regions once a process holds more
-        # of them than there are cores (GOMP_SPINCOUNT's throttled count); they then
-        # sleep and wake through the kernel thousands of times a step. Measured on the
-        # 2-core box, SmolLM2-135M's shape, a 4-row decode step: 70 ms on the thread that
-        # loaded the model, 100-165 ms on a second thread (and on the first after it).
+        # One thread does all the compute: load, load checks and every step (one OpenMP
+        # team; docs/ARCHITECTURE.md, "Model forward", has the measurements).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aioserve-runner")
         try:
             self._executor.submit(self._load, config).result()
@@ -80,6 +82,7 @@ class TorchRunner:
 
     def _load(self, config: EngineConfig) -> None:
         """Everything :meth:`__init__` documents, on the worker thread."""
+        clock = PhaseClock()  # its parts: self.load_times
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.invariance = BatchInvariance(config.batch_invariant)
@@ -94,6 +97,7 @@ class TorchRunner:
             config.model, self.dtype, self.device, self.backend
         )
         self.model = model
+        clock.mark("model load")
         text_config = model.config.get_text_config()
         self.windows = tuple(sorted({r.window for r in self.layer_rules.values() if r.window}))
         self.max_model_len = context_length(config.max_model_len, text_config)
@@ -102,16 +106,24 @@ class TorchRunner:
         self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
         self.block_size = config.block_size
         self.kv_block_bytes = self.kv_bytes_per_block()
-        self.num_kv_blocks = self._num_blocks(config)
+        self.num_kv_blocks = num_kv_blocks(config, self.device, self.kv_block_bytes,
+                                           self.max_model_len)
         graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
             and not config.enforce_eager
         head_major = self.device.type == "cpu" and self.backend.head_major
         if self.device.type == "cpu" and self.dtype == torch.float32:
-            native_kernels.available()  # built now (once a machine), not mid-step
+            native_kernels.available()  # loaded, or built in the background (switch: on_idle)
+        self._kernels = native_kernels.KernelSwitch()
+        clock.mark("native kernels")
         # small steps padded so a row's products do not depend on the step (row_padding.py)
-        self.row_padding = self.invariance.row_padding(
-            (m.weight for m in model.modules() if type(m) is torch.nn.Linear), self.device,
-            widths={r.k_dim for r in self.layer_rules.values()})  # rotary tables
+        linears = [m.weight for m in model.modules() if type(m) is torch.nn.Linear]
+        widths = {r.k_dim for r in self.layer_rules.values()}  # rotary tables
+
+        def probe_padding() -> RowPadding:
+            return self.invariance.row_padding(linears, self.device, widths=widths)
+
+        self.row_padding = probe_padding()
+        clock.mark("row padding probe")
         # CUDA graphs' and row padding's rows write into one scratch block the engine
         # never sees
         self._scratch_block = self.num_kv_blocks
@@ -129,9 +141,16 @@ class TorchRunner:
         self._saved_threads = torch.get_num_threads()
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
-        self.lean: LeanLlama | None = None
-        if config.forward == "lean-llama":
-            self.lean = lean_forward(model, self.backend, self.layer_rules, self._probe)
+        clock.mark("KV cache, batch state")
+        self.lean, self.forward_note = choose_forward(
+            config.forward, model, self.backend, self.layer_rules,
+            head_major and backend_serves(config.attention_backend, "lean-llama"),
+            self._probe)
+        clock.mark("forward choice (probe)")
+        self.governor = thread_governor(self.device, self.num_threads,
+                                        lambda: self._probe(self.lean), self.row_padding,
+                                        probe_padding)
+        clock.mark("thread counts (probe)")
         self._waiter: ThreadPoolExecutor | None = None
         self._pinned: list[torch.Tensor] = []
         if self.device.type == "cuda":
@@ -146,28 +165,27 @@ class TorchRunner:
                                        self.num_kv_blocks, self.device)
             self.graphs.capture(model_decode_forward(
                 model, self.backend, self.kv_caches, self.block_size, self.windows))
+        clock.mark("CUDA graphs")
+        self.load_times = clock.parts
+
+    def on_idle(self) -> bool:
+        """Called by the engine when no request has started: switch to the compiled CPU
+        kernels if their background build has finished (True: switched; the engine then
+        empties its prefix cache, whose blocks the stock kernels computed)."""
+        switched = self._kernels.idle()
+        if switched and self.lean is not None:
+            self.lean.native = self.device.type == "cpu" and self.dtype == torch.float32
+        return switched
 
     def kv_bytes_per_block(self) -> int:
         """Bytes one block takes over all layers (K and V, each layer's own widths)."""
         return model_loader.kv_bytes_per_token(self.layer_rules, self.dtype) * self.block_size
 
-    def _num_blocks(self, config: EngineConfig) -> int:
-        if config.num_kv_blocks is not None:
-            return config.num_kv_blocks
-        budget = config.kv_cache_memory_bytes
-        if config.kv_cache_memory_fraction is not None:
-            budget = int(free_memory_bytes(self.device) * config.kv_cache_memory_fraction)
-        by_memory = budget // self.kv_block_bytes
-        by_need = -(-config.max_num_seqs * self.max_model_len // self.block_size)
-        blocks = min(by_memory, by_need)
-        if blocks <= 0:
-            raise ValueError("EngineConfig.kv_cache_memory_bytes is too small for one KV block")
-        return blocks
-
     def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
         """Start the step in the worker thread (after the steps submitted before it)
         and return at once; the future resolves to the step's output."""
         loop = asyncio.get_running_loop()
+        self._kernels.busy()
         if self._waiter is None:
             return loop.run_in_executor(self._executor, self.execute, batch)
         launched = loop.run_in_executor(self._executor, self.launch, batch)
@@ -195,6 +213,8 @@ class TorchRunner:
             KeyError: a scheduled request the runner holds no state for.
             RuntimeError: no free slot; a failed forward.
         """
+        if self.governor is not None:  # the team's size, on this (the worker) thread
+            self.governor.tick()
         released, added = self.batch.apply(batch)
         for slot in released:
             self.sampler.remove(slot)
@@ -268,23 +288,10 @@ class TorchRunner:
 
     @torch.inference_mode()
     def _probe(self, lean: LeanLlama | None) -> list[torch.Tensor]:
-        """Logits of two probe steps (two prompts, then one decode step each) on KV
-        blocks 0-3, before any request holds them: transformers' forward (None) or
-        the lean one.
-
-        Raises:
-            ValueError: fewer than 4 KV blocks.
-        """
-        if self.num_kv_blocks < 4:
-            raise ValueError("forward: lean-llama's load check needs at least 4 KV blocks")
-        table = np.array([[0, 1], [2, 3]], dtype=np.int64)
-        first = np.array([min(7, 2 * self.block_size - 1), min(4, 2 * self.block_size - 1)])
-        logits = []
-        for starts, counts in ((np.zeros(2, np.int64), first), (first, np.ones(2, np.int64))):
-            ids = torch.arange(int(counts.sum()), device=self.device) * 7 % self.vocab_size
-            keep = torch.from_numpy(np.cumsum(counts) - 1).to(self.device)
-            logits.append(self._run_model(ids, starts, counts, table, keep, lean))
-        return logits
+        """The logits of :func:`~aioserve.runners.worker.setup.probe_steps` through
+        transformers' forward (None) or the lean one."""
+        return probe_steps(functools.partial(self._run_model, lean=lean), self.num_kv_blocks,
+                           self.block_size, self.vocab_size, self.device)
 
     def close(self) -> None:
         """Stop the worker threads (idempotent), first putting back on the worker the
@@ -293,5 +300,7 @@ class TorchRunner:
             with contextlib.suppress(RuntimeError):  # closed before: no new work accepted
                 self._executor.submit(torch.set_num_threads, self._saved_threads).result()
         self._executor.shutdown(wait=True)
+        if self.governor is not None:
+            self.governor.close()
         if self._waiter is not None:
             self._waiter.shutdown(wait=True)

@@ -1,0 +1,120 @@
+"""The kernel build folder's lock: one build at a time per folder, and never a lock
+that outlives its builder.
+
+The builder holds ``aioserve.lock`` (created exclusively, holding its PID and host) and
+touches it every :data:`HEARTBEAT_S` seconds while it builds, however slow the build (a
+niced build on a busy machine takes minutes). A lock whose PID is gone on this host is
+removed at once; any lock not touched for :data:`STALE_LOCK_S` seconds (its builder
+killed on another host sharing the folder, or its PID reused) is removed
+(:func:`wait_for_build_lock`); otherwise a process waits for the build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["HEARTBEAT_S", "STALE_LOCK_S", "heartbeat", "lock_owner_alive", "take_lock",
+           "wait_for_build_lock"]
+
+logger = logging.getLogger("aioserve.runners.cpu.native_kernels")
+
+#: Seconds between a builder's touches of its lock.
+HEARTBEAT_S = 10.0
+#: A lock not touched for this many seconds is a killed build's.
+STALE_LOCK_S = 120.0
+
+
+def _lock_owner(lock: Path) -> tuple[int, str] | None:
+    """(PID, host) written in ``lock``; None where it is missing, unreadable or not yet
+    written."""
+    try:
+        text = lock.read_text(encoding="ascii").split()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if len(text) != 2 or not text[0].isdigit():
+        return None
+    return int(text[0]), text[1]
+
+
+def lock_owner_alive(lock: Path) -> bool:
+    """Whether ``lock`` exists and its owner may still build: alive on this host, on
+    another host, or not yet written (False: no lock, or its PID is gone here)."""
+    owner = _lock_owner(lock)
+    if owner is None:
+        return lock.exists()
+    if owner[1] != socket.gethostname():
+        return True
+    try:
+        os.kill(owner[0], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _age(path: Path) -> float:
+    """Seconds since ``path`` was modified (0 when it is gone)."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def wait_for_build_lock(lock: Path, stale_s: float = STALE_LOCK_S) -> None:
+    """Wait while another process builds (its ``lock`` file younger than ``stale_s``
+    seconds), and remove a lock left by a build that was killed: torch's loader would
+    wait for it for ever."""
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > stale_s:
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            logger.warning("removed a stale build lock %s (%.0f s old)", lock, age)
+            return
+        time.sleep(0.5)
+
+
+def take_lock(lock: Path, finished: Callable[[], bool]) -> bool:
+    """Hold ``lock`` (True), or find the build ``finished`` by another process meanwhile
+    (False). A dead local owner's lock is removed; another host's is waited for."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if finished():
+                return False
+            owner = _lock_owner(lock)
+            if owner is None and _age(lock) < 5:  # its owner is writing it
+                time.sleep(0.1)
+            elif owner is None or owner[1] != socket.gethostname():
+                wait_for_build_lock(lock)  # unreadable or another host's: by its age
+            elif not lock_owner_alive(lock):
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()
+                logger.warning("removed the build lock of a killed build %s", lock)
+            elif _age(lock) > STALE_LOCK_S:  # alive, but no heartbeat: a reused PID
+                wait_for_build_lock(lock)
+            else:
+                time.sleep(0.5)
+            continue
+        with os.fdopen(fd, "w", encoding="ascii") as file:
+            file.write(f"{os.getpid()} {socket.gethostname()}\n")
+        return True
+
+
+def heartbeat(lock: Path, done: threading.Event) -> None:
+    """Touch ``lock`` every :data:`HEARTBEAT_S` seconds until ``done``."""
+    while not done.wait(HEARTBEAT_S):
+        with contextlib.suppress(OSError):
+            os.utime(lock)

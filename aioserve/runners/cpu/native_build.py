@@ -1,0 +1,227 @@
+"""Building the compiled CPU kernels: one build folder per environment, never on the
+serving path.
+
+The kernels (:mod:`~aioserve.runners.cpu.native_kernels`) are compiled with torch's C++
+extension loader (a C++ compiler and ninja; 15-60 s on a 2-core machine). Two rules:
+
+* **A folder per environment.** torch's loader writes the include paths of the running
+  interpreter and torch, and the sources' paths, into the folder's ``build.ninja`` and
+  rebuilds whenever they change: two virtualenvs (or two checkouts) sharing one folder
+  rebuilt it in turn on every start (issue 26: 8 rebuilds in 14 minutes). The folder's
+  name is a hash of everything the build depends on: the sources, torch's version and
+  location, the interpreter's prefix and version, the compiler (``$CXX`` or ``c++``:
+  its path, size and time) and the CPU's instruction-set flags (``-march=native``);
+  the sources are copied into it, so its ``build.ninja`` never changes.
+* **In the background.** A process that finds no finished build starts one in a child
+  process (``python -m aioserve.runners.cpu.native_build``, its own session, nice 10)
+  and serves at once with the stock kernels; the child writes ``READY`` (or ``FAILED``
+  with the reason, so a machine without a compiler tries once per compiler) and exits.
+
+One build at a time per folder (:mod:`~aioserve.runners.cpu.build_lock`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from aioserve.runners.cpu.build_lock import (
+    STALE_LOCK_S,
+    heartbeat,
+    lock_owner_alive,
+    take_lock,
+    wait_for_build_lock,
+)
+
+__all__ = ["BuildFolder", "STALE_LOCK_S", "build", "build_in_background", "environment_key",
+           "wait_for_build_lock"]
+
+logger = logging.getLogger("aioserve.runners.cpu.native_kernels")
+
+CSRC = Path(__file__).with_name("csrc")
+#: The kernels' sources (one extension; ``vec8.h`` is their shared vector arithmetic).
+SOURCES = [CSRC / name for name in ("decode_attention.cpp", "greedy_tokens.cpp",
+                                    "panel_linear.cpp", "rope_and_cache.cpp")]
+HEADERS = [CSRC / "vec8.h"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+
+
+def _cpu_flags() -> str:
+    """The CPU's instruction-set flags (the kernels are compiled for them)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            return next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+def _compiler() -> str:
+    """The C++ compiler torch's loader runs (``$CXX``, else ``c++``): path, size, time."""
+    name = os.environ.get("CXX", "c++")
+    path = shutil.which(name)
+    if path is None:
+        return f"{name}: not found"
+    stat = os.stat(path)
+    return f"{os.path.realpath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def environment_key(sources: list[Path] | None = None) -> str:
+    """16 hex digits naming what a build depends on (see the module's docstring)."""
+    import torch
+
+    digest = hashlib.sha256()
+    for path in [*(sources if sources is not None else SOURCES), *HEADERS]:
+        digest.update(path.name.encode() + b"\0")
+        with contextlib.suppress(OSError):
+            digest.update(path.read_bytes())
+    for part in (torch.__version__, os.path.realpath(os.path.dirname(torch.__file__)),
+                 os.path.realpath(sys.prefix), sys.version, platform.machine(), _cpu_flags(),
+                 _compiler(), " ".join(CFLAGS)):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _root() -> Path:
+    """``$TORCH_EXTENSIONS_DIR``, else torch's default root (``~/.cache/torch_extensions``,
+    ``$XDG_CACHE_HOME`` respected), without importing torch's loader."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is not None:
+        return Path(root)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(cache) / "torch_extensions" / f"{python}_cpu"
+
+
+class BuildFolder:
+    """The build folder of this environment, and the files that say its state.
+
+    Args:
+        sources: the C++ sources (default :data:`SOURCES`).
+        root: where build folders go (default :func:`_root`).
+    """
+
+    def __init__(self, sources: list[Path] | None = None, root: Path | None = None) -> None:
+        self.sources = list(sources if sources is not None else SOURCES)
+        self.name = f"aioserve_cpu_{environment_key(self.sources)}"
+        self.path = (root if root is not None else _root()) / self.name
+        self.library = self.path / f"{self.name}.so"
+        self.ready = self.path / "READY"
+        self.failed = self.path / "FAILED"
+        self.lock = self.path / "aioserve.lock"
+        self.log = self.path / "build.log"
+
+    def state(self) -> str:
+        """``"ready"``, ``"failed"``, ``"building"`` (a live builder holds the lock) or
+        ``"absent"``."""
+        if self.ready.exists() and self.library.exists():
+            return "ready"
+        if self.failed.exists():
+            return "failed"
+        return "building" if lock_owner_alive(self.lock) else "absent"
+
+    def failure(self) -> str:
+        """Why the build failed (the first line of ``FAILED``)."""
+        with contextlib.suppress(OSError):
+            return self.failed.read_text(encoding="utf-8").splitlines()[0]
+        return "unknown"
+
+
+def _ninja_on_path() -> None:
+    """Put the ``ninja`` package's binary (the ``kernels`` extra) on ``PATH`` when no ``ninja`` is
+    there: torch's loader runs it by name, and pip may install console scripts outside
+    ``PATH``."""
+    if shutil.which("ninja") is None:
+        with contextlib.suppress(ImportError, AttributeError):
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _compile(folder: BuildFolder) -> None:
+    """Copy the sources into the folder and compile them there (torch's loader, which
+    also loads the library into this process)."""
+    from torch.utils.cpp_extension import load
+
+    _ninja_on_path()
+    src = folder.path / "src"
+    src.mkdir(exist_ok=True)
+    copies = []
+    for path in [*folder.sources, *HEADERS]:
+        copy = src / path.name
+        data = path.read_bytes()
+        if not copy.exists() or copy.read_bytes() != data:
+            copy.write_bytes(data)
+        if path in folder.sources:
+            copies.append(str(copy))
+    with contextlib.suppress(FileNotFoundError):  # a killed build's: this process owns the folder
+        (folder.path / "lock").unlink()
+    load(name=folder.name, sources=copies, build_directory=str(folder.path),
+         extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False,
+         verbose=False)
+
+
+def build(folder: BuildFolder | None = None) -> bool:
+    """Build the kernels into ``folder`` (default: this environment's) unless done, in
+    this process, waiting for another builder; True when ``READY``. Never raises: a
+    failure is written to ``FAILED`` and logged."""
+    folder = folder if folder is not None else BuildFolder()
+    folder.path.mkdir(parents=True, exist_ok=True)
+    if not take_lock(folder.lock, lambda: folder.state() in ("ready", "failed")):
+        return folder.state() == "ready"
+    done = threading.Event()
+    threading.Thread(target=heartbeat, args=(folder.lock, done), daemon=True).start()
+    try:
+        if folder.state() == "ready":
+            return True
+        started = time.perf_counter()
+        _compile(folder)
+        folder.ready.write_text(folder.library.name + "\n", encoding="utf-8")
+        logger.info("built the native CPU kernels %s in %.1f s", folder.path,
+                    time.perf_counter() - started)
+        return True
+    except Exception as error:  # no compiler, no ninja, a failed build: stock kernels serve
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        with contextlib.suppress(OSError):
+            folder.failed.write_text(f"{reason}\n{error}\n", encoding="utf-8")
+        logger.warning("native CPU kernels unavailable (%s); using stock kernels", reason)
+        return False
+    finally:
+        done.set()
+        with contextlib.suppress(FileNotFoundError):
+            folder.lock.unlink()
+
+
+def build_in_background(folder: BuildFolder) -> subprocess.Popen[bytes] | None:
+    """Start a child process that builds ``folder`` (its own session, so it outlives a
+    short command such as ``aioserve generate``; nice 10, so serving keeps the CPUs);
+    None where one is building already or the build failed before."""
+    if folder.state() != "absent":
+        return None
+    folder.path.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH", "")])}
+    with open(folder.log, "ab") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "aioserve.runners.cpu.native_build", str(folder.path.parent)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env=env, cwd=folder.path)
+    logger.info("building the native CPU kernels in the background (%s; stock kernels "
+                "serve meanwhile)", folder.path)
+    return child
+
+
+if __name__ == "__main__":  # the background builder
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    sys.exit(0 if build(BuildFolder(root=Path(sys.argv[1]) if len(sys.argv) > 1 else None))
+             else 1)

@@ -1,0 +1,168 @@
+"""Issue 26, item 3: the compiled CPU kernels are never compiled on the serving path,
+each environment has its own build folder, one build runs at a time per folder, and a
+process that started without them switches them in only when no request runs."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from aioserve import AsyncEngine, EngineConfig, SamplingParams
+from aioserve.runners.cpu import native_build, native_kernels
+from aioserve.runners.cpu.native_build import BuildFolder, build, environment_key
+
+
+def test_the_folder_depends_on_sources_interpreter_and_compiler(monkeypatch, tmp_path):
+    key = environment_key()
+    assert environment_key() == key
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "another-venv"))
+    assert environment_key() != key
+    monkeypatch.undo()
+    monkeypatch.setenv("CXX", "/bin/true")  # another compiler
+    assert environment_key() != key
+    monkeypatch.delenv("CXX")
+    source = tmp_path / "decode_attention.cpp"
+    source.write_text("// changed")
+    assert environment_key([source]) != environment_key()
+    assert BuildFolder(root=tmp_path).path.parent == tmp_path
+
+
+@pytest.fixture
+def fake_compile(monkeypatch):
+    """Compiling is torch's loader (15-60 s); these tests check what is around it."""
+    calls = []
+
+    def compile_(folder: BuildFolder) -> None:
+        calls.append(folder.lock.read_text().split())
+        folder.library.write_bytes(b"\x7fELF")
+
+    monkeypatch.setattr(native_build, "_compile", compile_)
+    return calls
+
+
+def test_a_build_writes_ready_once_and_releases_its_lock(tmp_path, fake_compile):
+    folder = BuildFolder(root=tmp_path)
+    assert folder.state() == "absent"
+    assert build(folder) and build(folder)
+    assert len(fake_compile) == 1 and fake_compile[0] == [str(os.getpid()), socket.gethostname()]
+    assert folder.state() == "ready" and not folder.lock.exists()
+
+
+def test_a_killed_builders_lock_is_taken_over(tmp_path, fake_compile):
+    folder = BuildFolder(root=tmp_path)
+    folder.path.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    folder.lock.write_text(f"{dead} {socket.gethostname()}\n")
+    (folder.path / "lock").touch()  # torch's own, left by the killed build
+    assert folder.state() == "absent"
+    assert build(folder) and len(fake_compile) == 1
+
+
+def test_another_hosts_lock_is_waited_for_until_stale(tmp_path, fake_compile, caplog):
+    folder = BuildFolder(root=tmp_path)
+    folder.path.mkdir(parents=True)
+    folder.lock.write_text("1 some-other-host\n")
+    old = time.time() - native_build.STALE_LOCK_S - 60
+    os.utime(folder.lock, (old, old))
+    assert folder.state() == "building"
+    assert build(folder) and "stale build lock" in caplog.text
+
+
+def test_a_failed_build_is_recorded_and_not_retried(tmp_path, monkeypatch, caplog):
+    missing = tmp_path / "missing.cpp"
+    folder = BuildFolder(sources=[missing], root=tmp_path)
+    assert build(folder) is False
+    assert folder.state() == "failed" and "stock kernels" in caplog.text
+    monkeypatch.setattr(native_kernels, "BuildFolder", lambda: folder)
+    monkeypatch.setattr(native_build, "build_in_background", pytest.fail)
+    assert native_kernels._first_use() is False
+    assert "build failed" in caplog.text
+
+
+def test_a_fresh_environment_serves_at_once_and_builds_in_the_background(tmp_path):
+    code = ("from aioserve.runners.cpu import native_kernels as n; "
+            "print(n.available(), n._builder.pid if n._builder else 0)")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True, timeout=120).stdout.split()
+    builder = int(out[1])
+    try:
+        assert out[0] == "False" and builder > 0  # answered before any compile: a child builds
+        folder = BuildFolder(root=tmp_path)
+        assert folder.state() in ("building", "absent")  # absent: the lock not yet written
+    finally:
+        if builder:
+            os.killpg(builder, signal.SIGKILL)  # the builder and its compiler
+    for _ in range(100):  # reaped by init: its lock names a dead process
+        if folder.state() == "absent":
+            break
+        time.sleep(0.1)
+    assert folder.state() == "absent"
+
+
+async def test_kernels_built_meanwhile_switch_in_when_no_request_runs(
+        model_dir, monkeypatch, solo_greedy):
+    if not native_kernels.available():
+        pytest.skip("the native CPU kernels did not build here")
+    gc.collect()  # runners of earlier tests, which would count as busy
+    state = ["building"]
+    folder = BuildFolder()
+    monkeypatch.setattr(folder, "state", lambda: state[0])
+    monkeypatch.setattr(native_kernels, "_active", False)
+    monkeypatch.setattr(native_kernels, "_pending", folder)
+    prompt = [1, *range(40, 60)]  # 21 tokens: one full block for the prefix cache
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    config = EngineConfig(model=model_dir, device="cpu", num_kv_blocks=64, max_num_seqs=4)
+    async with AsyncEngine(config) as engine:
+        runner, core = engine.runner, engine.core
+        assert runner.lean is not None and not runner.lean.native
+        on_idle, switches = runner.on_idle, []
+
+        def watched() -> bool:
+            switched = on_idle()
+            if switched:  # what the engine had started at that moment
+                switches.append(len(core.running) + len(core.waiting) + core.num_preemptions)
+            return switched
+
+        runner.on_idle = watched
+        first = []
+        async for out in engine.generate(prompt, params):
+            first += out.token_ids
+            if len(first) == 1:
+                state[0] = "ready"  # the build finishes mid-stream
+                assert core.running  # (still computing: the switch must wait)
+        second = []
+        async for out in engine.generate(prompt, params):
+            second += out.token_ids
+            cached = out.num_cached_tokens
+        assert switches == [0]  # once, with nothing started
+        assert native_kernels._active is True and runner.lean.native
+        assert cached == 0  # the stock kernels' prefix blocks were dropped at the switch
+    assert first == second == solo_greedy(prompt, 20)
+
+
+def test_a_slow_build_keeps_its_lock_fresh(tmp_path, monkeypatch):
+    from aioserve.runners.cpu import build_lock
+
+    monkeypatch.setattr(build_lock, "HEARTBEAT_S", 0.01)
+    touched = []
+
+    def slow_compile(folder: BuildFolder) -> None:
+        old = time.time() - 3600
+        os.utime(folder.lock, (old, old))  # as if the build had run for an hour
+        deadline = time.monotonic() + 60
+        while time.time() - folder.lock.stat().st_mtime > 60 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        touched.append(time.time() - folder.lock.stat().st_mtime < 60)
+        folder.library.write_bytes(b"\x7fELF")
+
+    monkeypatch.setattr(native_build, "_compile", slow_compile)
+    assert build(BuildFolder(root=tmp_path)) and touched == [True]
