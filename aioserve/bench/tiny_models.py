@@ -97,16 +97,18 @@ def build(model_type: str, seed: int = 0) -> PreTrainedModel:
     config = tiny_config(model_type)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _reinit(model, seed)
-    return model.eval()
+    model.eval()
+    return model
 
 
 def greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
     """``generate()`` alone, greedy, no stop token: the continuation's ids."""
     with torch.inference_mode():
-        out = model.generate(
+        out = model.generate(  # type: ignore[operator]  # GenerationMixin.generate
             torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
         )
-    return out[0, len(prompt):].tolist()
+    ids: list[int] = out[0, len(prompt):].tolist()
+    return ids

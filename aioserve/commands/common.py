@@ -154,7 +154,7 @@ def quiet_loading(verbose: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     if verbose:
-        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+        hf_logging.enable_progress_bar()
     else:
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        hf_logging.disable_progress_bar()
     logging.getLogger("aiohttp.access").setLevel(logging.NOTSET if verbose else logging.WARNING)

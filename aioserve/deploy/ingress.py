@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
@@ -56,7 +57,7 @@ class OpenAIIngress:
     """
 
     def __init__(
-        self, replica: DeploymentHandle, prefix_chars: int = 256, retries: int = 4
+        self, replica: DeploymentHandle[Any], prefix_chars: int = 256, retries: int = 4
     ) -> None:
         self.replica = replica.options(stream=True)
         self.prefix_chars = prefix_chars
@@ -78,9 +79,10 @@ class OpenAIIngress:
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(RETRY_DELAY * 2 ** (attempt - 1))  # backoff, not sync
-            stream: DeploymentResponseGenerator = self.replica.forward.remote(
+            stream = self.replica.forward.remote(
                 forwarded, prefix_key=key if attempt == 0 else ""  # retries: by load
             )
+            assert isinstance(stream, DeploymentResponseGenerator)  # options(stream=True)
             try:
                 head = await stream.__anext__()
             except Exception as exc:  # the replica died or was unreachable
@@ -95,7 +97,9 @@ class OpenAIIngress:
         return JSONResponse(replica_failed(failure), status_code=503)
 
 
-async def _body(stream: DeploymentResponseGenerator, head: ResponseHead) -> AsyncIterator[bytes]:
+async def _body(
+    stream: DeploymentResponseGenerator[Any], head: ResponseHead
+) -> AsyncIterator[bytes]:
     """The replica's body chunks; an SSE error event if the replica fails mid-stream;
     cancels the replica's generator (aborting its engine requests) when the client
     leaves."""

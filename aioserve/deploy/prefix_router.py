@@ -30,7 +30,9 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
             two choices instead (default 8).
     """
 
-    def initialize_state(self, imbalanced_threshold: int = 8) -> None:
+    def initialize_state(  # type: ignore[override]  # Serve passes request_router_kwargs
+        self, imbalanced_threshold: int = 8,
+    ) -> None:
         """Store the router's settings (Serve calls this once)."""
         self.imbalanced_threshold = imbalanced_threshold
 

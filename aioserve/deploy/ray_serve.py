@@ -96,7 +96,8 @@ class RayServeOptions:
             settings["num_replicas"] = self.num_replicas
         if self.router == "prefix":
             settings["request_router_config"] = RequestRouterConfig(
-                request_router_class=PrefixAffinityRouter,
+                # Ray takes the class itself or its import path; its hint says dict
+                request_router_class=PrefixAffinityRouter,  # type: ignore[arg-type]
                 request_router_kwargs={"imbalanced_threshold": self.imbalanced_threshold},
             )
         return settings
@@ -106,8 +107,11 @@ def build_app(
     engine_config: EngineConfig, server_config: ServerConfig, options: RayServeOptions
 ) -> serve.Application:
     """The Serve application: the ingress bound to the engine replicas."""
-    replica = serve.deployment(EngineReplica, **options.replica_settings())
-    ingress = serve.deployment(
+    # serve.deployment(cls, **options) returns the Deployment; Ray's overloads type the
+    # keyword-only form as a decorator
+    replica: serve.Deployment = serve.deployment(  # type: ignore[assignment]
+        EngineReplica, **options.replica_settings())
+    ingress: serve.Deployment = serve.deployment(  # type: ignore[assignment]
         OpenAIIngress, name=INGRESS_DEPLOYMENT, num_replicas=options.ingress_replicas,
         ray_actor_options=options.ingress_actor_options,
         max_ongoing_requests=options.max_ongoing_requests * options.num_replicas,
@@ -119,7 +123,7 @@ def build_app(
 def start(
     engine_config: EngineConfig, server_config: ServerConfig, options: RayServeOptions,
     *, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
-    num_cpus: float | None = None,
+    num_cpus: int | None = None,
 ) -> str:
     """Connect to Ray (``address``, e.g. ``"auto"`` or ``"ray://head:10001"``; None
     starts a local instance with ``num_cpus``), start Serve's HTTP proxy on
@@ -142,6 +146,6 @@ def start(
     return f"http://{host}:{port}"
 
 
-def replica_handle() -> serve.handle.DeploymentHandle:
+def replica_handle() -> serve.handle.DeploymentHandle[Any]:
     """A handle of the running app's engine replicas (for :meth:`EngineReplica.stats`)."""
     return serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=APP_NAME)

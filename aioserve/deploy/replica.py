@@ -43,7 +43,7 @@ class EngineReplica:
         metrics_period: seconds between exports of engine stats to Ray's metrics.
     """
 
-    async def __init__(
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async __init__
         self, engine_config: EngineConfig, server_config: ServerConfig,
         stream_interval: float = 0.02, metrics_period: float = 1.0,
     ) -> None:

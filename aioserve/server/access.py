@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import aiohttp_cors
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
 
 from aioserve.server.errors import error_body
 
@@ -33,8 +34,7 @@ def _presented_key(request: web.Request) -> str | None:
     return None
 
 
-def api_key_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[
-        web.StreamResponse]]:
+def api_key_middleware(api_key: str) -> Middleware:
     """A middleware answering 401 to protected requests without ``api_key``.
 
     Raises:
@@ -62,7 +62,7 @@ def api_key_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitab
 def enable_cors(app: web.Application, origins: Sequence[str]) -> None:
     """Allow browser calls from ``origins`` (``"*"``: any) on every route added so far:
     preflights are answered and responses carry the CORS headers."""
-    options = aiohttp_cors.ResourceOptions(
+    options = aiohttp_cors.ResourceOptions(  # type: ignore[no-untyped-call]
         allow_credentials=False, expose_headers="*", allow_headers="*", allow_methods="*",
         max_age=600)
     cors = aiohttp_cors.setup(app, defaults={origin: options for origin in origins})

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
@@ -113,7 +114,7 @@ def create_app(
     config = config or ServerConfig()
     if client_max_size is not None:
         config = dataclasses.replace(config, max_body_bytes=client_max_size)
-    middlewares = [error_middleware]
+    middlewares: list[Middleware] = [error_middleware]
     if config.api_key is not None:
         middlewares.append(access.api_key_middleware(config.api_key))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)

@@ -32,13 +32,14 @@ def _id_list(value: Any) -> list[int] | None:
     a list of integers. One C-speed pass for the common case of plain integers."""
     if not isinstance(value, list):
         return None
+    ids: list[int] = value
     if not all(type(x) is int for x in value):
         if not all(type(x) is int or (type(x) is float and x.is_integer()) for x in value):
             return None
-        value = [int(x) for x in value]
-    if value and min(value) < 0:
-        raise refuse(f"prompt token ids must be non-negative integers, got {min(value)}")
-    return value
+        ids = [int(x) for x in value]
+    if ids and min(ids) < 0:
+        raise refuse(f"prompt token ids must be non-negative integers, got {min(ids)}")
+    return ids
 
 
 def check_prompt(value: Any) -> list[str] | list[list[int]]:
