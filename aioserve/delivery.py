@@ -9,7 +9,9 @@ alone with an error and frees its blocks, while its batch-mates go on.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from aioserve.detokenizer import IncrementalDetokenizer
 from aioserve.engine_core import EngineCore, StepResult
 from aioserve.errors import EngineError, RequestShedError
 from aioserve.request import FinishReason, Request, RequestStatus
@@ -29,6 +31,33 @@ class Delivery:
     def __init__(self) -> None:
         self.streams: dict[str, RequestStream] = {}
         self._finished: list[Request] = []
+
+    def open_stream(self, request: Request, tokenizer: Any) -> RequestStream:
+        """Register and return the stream of a queued ``request``; with a ``tokenizer``
+        (a transformers fast tokenizer, or a ``tokenizers`` one) its tokens come
+        detokenized incrementally, stop strings checked."""
+        detok = None
+        if tokenizer is not None:
+            backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+            params = request.params
+            detok = IncrementalDetokenizer(backend, request.prompt_token_ids, params.stop,
+                                           params.include_stop_str_in_output)
+        stream = RequestStream(request, detok)
+        self.streams[request.request_id] = stream
+        return stream
+
+    def release(self, stream: RequestStream, core: EngineCore | None) -> None:
+        """Forget ``stream`` and abort its request if it has not finished (idempotent).
+        It acts on this stream's own request only, never on the id: a request that
+        reused the id meanwhile is left alone."""
+        request = stream.request
+        if self.streams.get(request.request_id) is stream:
+            del self.streams[request.request_id]
+        if not stream.closed:
+            stream.closed = True
+            if core is not None and not request.is_finished:
+                core.finish(request, FinishReason.ABORT)
+                self.flush_finished(core)
 
     def on_finish(self, request: Request) -> None:
         """Note a request the core ended; its stream ends at :meth:`flush_finished`."""

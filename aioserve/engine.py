@@ -13,7 +13,6 @@ from typing import Any
 
 from aioserve.config import EngineConfig
 from aioserve.delivery import Delivery
-from aioserve.detokenizer import IncrementalDetokenizer
 from aioserve.engine_core import EngineCore
 from aioserve.engine_readouts import EngineReadouts
 from aioserve.errors import EngineError, EngineNotRunningError
@@ -21,7 +20,7 @@ from aioserve.kv_cache import BlockManager
 from aioserve.listeners import ListenerHub
 from aioserve.outputs import RequestOutput
 from aioserve.prompts import encode_prompt
-from aioserve.request import FinishReason, Request
+from aioserve.request import Request
 from aioserve.request_meta import RequestMeta
 from aioserve.runners.base import ModelRunner
 from aioserve.sampling_params import SamplingParams
@@ -31,6 +30,7 @@ from aioserve.step_loop import StepLoop
 from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
+
 
 class AsyncEngine(EngineReadouts):
     """An asyncio LLM engine with continuous batching and a pluggable scheduler.
@@ -236,14 +236,7 @@ class AsyncEngine(EngineReadouts):
             if meta.deadline is not None:  # Unix time -> the engine's clock
                 request.deadline = now + (meta.deadline - time.time())
         core.add(request)
-        detok = None
-        if self.tokenizer is not None:
-            backend = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
-            detok = IncrementalDetokenizer(
-                backend, ids, params.stop, params.include_stop_str_in_output
-            )
-        stream = RequestStream(request, detok)
-        self._delivery.streams[request_id] = stream
+        stream = self._delivery.open_stream(request, self.tokenizer)
         assert self.step_loop is not None
         self.step_loop.wakeup.set()
         return stream
@@ -255,16 +248,7 @@ class AsyncEngine(EngineReadouts):
 
         It acts on this stream's own request only, never on the id: a request that
         reused the id meanwhile (allowed once this one ended) is left alone."""
-        request = stream.request
-        streams = self._delivery.streams
-        if streams.get(request.request_id) is stream:
-            del streams[request.request_id]
-        if not stream.closed:
-            stream.closed = True
-            core = self.core
-            if core is not None and not request.is_finished:
-                core.finish(request, FinishReason.ABORT)
-                self._delivery.flush_finished(core)
+        self._delivery.release(stream, self.core)
 
     async def generate(
         self,

@@ -1,7 +1,7 @@
 """The architecture table: is each tiny random decoder served exactly?
 
 Builds a tiny random model of each architecture in
-:data:`aioserve.bench.tiny_models.ARCHITECTURES` (float32), serves 8 prompts of
+:data:`aioserve.bench.models.tiny_models.ARCHITECTURES` (float32), serves 8 prompts of
 1-90 tokens through the engine (fcfs, 4 slots, staggered arrivals, greedy) and
 compares token for token with ``generate()`` alone. Prints one row per
 architecture: exact / refused (reason) / WRONG (first difference).
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import transformers
 
-from aioserve.bench import coverage, tiny_models
+from aioserve.bench.models import coverage, tiny_models
 
 TOKENIZER = str(Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K-hf")
 

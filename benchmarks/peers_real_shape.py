@@ -77,7 +77,7 @@ def workload(model: Path, a: argparse.Namespace) -> tuple[list[list[int]], list[
 
 def model_dir(spec: str) -> Path:
     """The random model's directory, built by aioserve (this Python) if not cached."""
-    code = ("import sys; from aioserve.bench.random_model import ensure_random_model; "
+    code = ("import sys; from aioserve.bench.models.random_model import ensure_random_model; "
             "print(ensure_random_model(sys.argv[1]))")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code, spec], env=env, check=True,

@@ -26,8 +26,8 @@ from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.sim.calibrate import calibrate
-from aioserve.sim.figures import policy_figures
 from aioserve.sim.real import replay, sim_config_of
+from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import priority_mix, slo_mix, two_tenants
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import StepCostModel

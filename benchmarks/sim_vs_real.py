@@ -21,8 +21,8 @@ from typing import Any
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.scheduling.registry import available_schedulers
 from aioserve.sim.calibrate import calibrate
-from aioserve.sim.figures import policy_figures
 from aioserve.sim.real import replay, sim_config_of
+from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import simulate
 

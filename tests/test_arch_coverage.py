@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.masking_utils import sliding_window_overlay
 
-from aioserve.bench import coverage, tiny_models
+from aioserve.bench.models import coverage, tiny_models
 from aioserve.runners.attention.additive_masks import window_mask
 
 ARCHITECTURES = [

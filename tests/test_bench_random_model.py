@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from aioserve.bench.random_model import ensure_random_model, read_shape, shape_names
+from aioserve.bench.models.random_model import ensure_random_model, read_shape, shape_names
 from aioserve.bench.workloads import random_requests
 from aioserve.cli import main
 

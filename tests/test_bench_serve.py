@@ -11,9 +11,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from aioserve import AsyncEngine, EngineConfig
-from aioserve.bench.metrics import percentile, summarize
-from aioserve.bench.plots import plot_serving
-from aioserve.bench.serving import (
+from aioserve.bench.online.metrics import percentile, summarize
+from aioserve.bench.online.plots import plot_serving
+from aioserve.bench.online.serving import (
     AuthenticationError,
     RequestRecord,
     arrival_gaps,
@@ -86,7 +86,7 @@ async def test_serve_benchmark_reports_prefix_cache_hits(model_dir):
 async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint):
     """The file ``aioserve simulate`` reads replays against a live server: arrival times,
     lengths, and every field a policy reads (tenant sent as ``user``)."""
-    from aioserve.bench.workload_file import workload_requests
+    from aioserve.bench.online.workload_file import workload_requests
     from aioserve.scheduling import OrderedScheduler
     from aioserve.sim.workloads import WorkloadRequest, dump_jsonl
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aioserve.runners.cpu import cpu_budget
-from aioserve.runners.cpu.cpu_budget import cgroup_cpu_quota, usable_cpus
+from aioserve.runners.cpu.threads import cpu_budget
+from aioserve.runners.cpu.threads.cpu_budget import cgroup_cpu_quota, usable_cpus
 from aioserve.runners.worker.setup import cpu_threads
 
 CPU = torch.device("cpu")

@@ -16,7 +16,7 @@ import torch
 from isa_support import LEVELS, onednn_level
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.bench.random_model import ensure_random_model
+from aioserve.bench.models.random_model import ensure_random_model
 from aioserve.runners.cpu import packed_linear, panel_linear
 from aioserve.runners.cpu.panel_linear import PanelWeight
 from aioserve.runners.worker.torch_runner import TorchRunner

@@ -60,7 +60,7 @@ async def test_load_check_and_steps_share_one_thread_that_is_not_the_callers(
 
 
 def test_thread_count_defaults_to_every_usable_core_and_honours_the_variable(monkeypatch):
-    from aioserve.runners.cpu.cpu_budget import usable_cpus
+    from aioserve.runners.cpu.threads.cpu_budget import usable_cpus
     from aioserve.runners.worker.setup import cpu_threads
 
     cpu = torch.device("cpu")

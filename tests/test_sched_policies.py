@@ -11,7 +11,7 @@ import pytest
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import SchedulerState
-from aioserve.sim.figures import policy_figures
+from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import slo_mix
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest

@@ -11,7 +11,7 @@ import pytest
 
 from aioserve import cli
 from aioserve.commands import simulate as simulate_command
-from aioserve.sim.report import summarize
+from aioserve.sim.reports.report import summarize
 from aioserve.sim.simulator import simulate
 from aioserve.sim.workloads import article_example, article_mix
 

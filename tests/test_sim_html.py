@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from aioserve.cli import main
-from aioserve.sim.replay import FrameRecorder
+from aioserve.sim.reports.replay import FrameRecorder
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 

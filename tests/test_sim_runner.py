@@ -7,7 +7,7 @@ import json
 import pytest
 
 from aioserve.runners.base import ScheduledBatch
-from aioserve.sim.report import percentile
+from aioserve.sim.reports.report import percentile
 from aioserve.sim.runner import SimulatedRunner
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate

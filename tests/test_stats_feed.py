@@ -12,7 +12,7 @@ from server_support import GatedRunner, base_url, idle, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.server import ServerConfig
-from aioserve.server.stats_feed import STATS_FEED_KEY, StatsFeed
+from aioserve.server.ws.stats_feed import STATS_FEED_KEY, StatsFeed
 from aioserve.sim.runner import SimulatedRunner
 
 LOAD = {"model": "scripted", "prompt": "Once upon a time", "max_tokens": 400,

@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from aioserve.runners.cpu.cpu_budget import affinity_cpus
-from aioserve.runners.cpu.cpu_load import LoadMeter, LoadReading, LoadWindow
-from aioserve.runners.cpu.thread_governor import ThreadGovernor, threads_in_use
+from aioserve.runners.cpu.threads.cpu_budget import affinity_cpus
+from aioserve.runners.cpu.threads.cpu_load import LoadMeter, LoadReading, LoadWindow
+from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor, threads_in_use
 
 
 def window(own: float, idle: float, waited: float = 0.0, wall: float = 0.1,

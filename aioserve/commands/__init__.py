@@ -1,7 +1,9 @@
 """Sub-commands of the ``aioserve`` CLI, one module each.
 
 Imports (checked by tests/test_import_rules.py):
-    may import: aioserve, aioserve.bench, aioserve.deploy, aioserve.runners.attention,
-        aioserve.scheduling, aioserve.server, aioserve.sim
+    may import: aioserve, aioserve.bench, aioserve.bench.models, aioserve.bench.online,
+        aioserve.deploy, aioserve.runners.attention,
+        aioserve.scheduling, aioserve.server, aioserve.sim, aioserve.sim.reports,
+        aioserve.runners.worker.torch_runner
     never at module level: torch, transformers
 """

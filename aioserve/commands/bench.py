@@ -135,7 +135,7 @@ def _prefix(args: argparse.Namespace) -> tuple[int, int, int] | None:
 
 def _requests(args: argparse.Namespace) -> list[BenchRequest]:
     if getattr(args, "workload", None):
-        from aioserve.bench.workload_file import workload_requests
+        from aioserve.bench.online.workload_file import workload_requests
 
         return workload_requests(args.workload, args.vocab_size)
     prefix = _prefix(args)
@@ -151,7 +151,7 @@ def _throughput(args: argparse.Namespace) -> int:
 
     model = args.model
     if args.random_model is not None:
-        from aioserve.bench.random_model import ensure_random_model
+        from aioserve.bench.models.random_model import ensure_random_model
 
         model = str(ensure_random_model(args.random_model))  # ValueError: exit status 2
     config = EngineConfig(
@@ -197,8 +197,8 @@ def _throughput(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from aioserve.bench.metrics import summarize
-    from aioserve.bench.serving import AuthenticationError, run_serving
+    from aioserve.bench.online.metrics import summarize
+    from aioserve.bench.online.serving import AuthenticationError, run_serving
     requests = _requests(args)
     import aiohttp
 
@@ -223,7 +223,7 @@ def _serve(args: argparse.Namespace) -> int:
     result = summarize(records, duration, endpoint, slo_ttft_ms=args.slo_ttft_ms,
                        slo_tpot_ms=args.slo_tpot_ms)
     if args.plot:
-        from aioserve.bench.plots import plot_serving
+        from aioserve.bench.online.plots import plot_serving
 
         try:
             plot_serving(records, args.plot, f"rate {args.request_rate}/s, {endpoint}")

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.common import scheduler_params
 from aioserve.commands.simulate_options import add_options, engine_config, sim_config
-from aioserve.sim.compare import format_comparison, plot_comparison, write_comparison_html
-from aioserve.sim.figures import policy_figures
-from aioserve.sim.replay import FrameRecorder, write_html
-from aioserve.sim.report import format_report, summarize
+from aioserve.sim.reports.compare import format_comparison, plot_comparison, write_comparison_html
+from aioserve.sim.reports.figures import policy_figures
+from aioserve.sim.reports.replay import FrameRecorder, write_html
+from aioserve.sim.reports.report import format_report, summarize
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimResult, simulate
 from aioserve.sim.workloads import WorkloadRequest
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     summaries = [summarize(result, args.workload) for result in results]
     if args.plot:
-        from aioserve.sim.plots import plot
+        from aioserve.sim.reports.plots import plot
 
         try:
             print(f"plot: {plot(results, summaries, args.plot)}", file=sys.stderr)

@@ -19,11 +19,11 @@ from aiohttp.typedefs import Middleware
 from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
 from aioserve.engine import AsyncEngine
-from aioserve.server import access, openapi, stats_feed, websocket, ws_outbox
+from aioserve.server import access, openapi
 from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
-from aioserve.server.openai_chat import create_chat_completion
-from aioserve.server.openai_completions import create_completion
+from aioserve.server.openai.openai_chat import create_chat_completion
+from aioserve.server.openai.openai_completions import create_completion
 from aioserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,
@@ -34,6 +34,7 @@ from aioserve.server.state import (
     model_names,
     served_model_name,
 )
+from aioserve.server.ws import stats_feed, websocket, ws_outbox
 
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 

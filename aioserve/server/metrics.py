@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from aioserve.engine import AsyncEngine
 from aioserve.request import Request, RequestMetrics
-from aioserve.runners.cpu.thread_governor import threads_in_use
+from aioserve.runners.cpu.threads.thread_governor import threads_in_use
 from aioserve.server.tenant_metrics import TenantMetrics
 from aioserve.step_snapshot import StepSnapshot
 

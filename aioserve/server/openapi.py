@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 import aioserve
-from aioserve.server.chat_template import ChatTemplate
+from aioserve.server.openai.chat_template import ChatTemplate
 from aioserve.server.schema import ChatCompletionRequest, CompletionRequest, WsGenerate
 from aioserve.server.schema import responses as out
 from aioserve.server.schema.fields import TENANT_HEADER

@@ -10,7 +10,7 @@ from aioserve.engine import AsyncEngine
 from aioserve.errors import EngineNotRunningError
 from aioserve.memory_size import format_bytes
 from aioserve.request import Request
-from aioserve.runners.cpu.thread_governor import ThreadGovernor, threads_in_use
+from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor, threads_in_use
 from aioserve.startup_clock import PhaseClock, describe
 from aioserve.step_snapshot import StepSnapshot, scheduler_name
 

@@ -7,6 +7,7 @@ layer's :class:`~aioserve.runners.attention.layer_rules.LayerRules`, or refuses 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -28,10 +29,13 @@ def load_model(
     and its layers' rules by layer index.
 
     Raises:
-        OSError: the model cannot be loaded.
+        OSError: the model cannot be loaded (a local path, ``.``/``/``/``~``, that is
+            not a directory is named as such).
         UnsupportedModelError: an ALiBi model, layers that bypass transformers'
             attention interface, or a rule ``backend`` does not support.
     """
+    if path.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(path)):
+        raise OSError(f"model directory {path!r} does not exist")
     name = backend.register()
     hf_config = AutoConfig.from_pretrained(path)
     model_adapters.check_config(hf_config.get_text_config())

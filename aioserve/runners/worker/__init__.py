@@ -4,5 +4,5 @@ room that sees all the others.
 
 Imports (checked by tests/test_import_rules.py):
     may import: aioserve, aioserve.runners, aioserve.runners.attention, aioserve.runners.cpu,
-        aioserve.runners.gpu, aioserve.runners.model
+        aioserve.runners.cpu.threads, aioserve.runners.gpu, aioserve.runners.model
 """

@@ -13,10 +13,11 @@ from transformers import GenerationConfig
 from aioserve.config import EngineConfig
 from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.layer_rules import LayerRules
-from aioserve.runners.cpu.cpu_budget import affinity_cpus, usable_cpus
-from aioserve.runners.cpu.cpu_load import LoadMeter
+from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu.row_padding import RowPadding
-from aioserve.runners.cpu.thread_governor import ThreadGovernor
+from aioserve.runners.cpu.threads.cpu_budget import affinity_cpus, usable_cpus
+from aioserve.runners.cpu.threads.cpu_load import LoadMeter
+from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor
 from aioserve.runners.model import lean_llama
 from aioserve.runners.model import loader as model_loader
 
@@ -120,7 +121,7 @@ def env_count(name: str) -> int | None:
 
 def cpu_threads(device: torch.device) -> int | None:
     """Intra-op threads of the forward: ``AIOSERVE_NUM_THREADS``, else on the CPU the
-    CPUs this process may use (:func:`~aioserve.runners.cpu.cpu_budget.usable_cpus`: its
+    CPUs this process may use (:func:`~aioserve.runners.cpu.threads.cpu_budget.usable_cpus`: its
     affinity and cgroup CPU quota, not ``os.cpu_count()``). Off the CPU:
     ``AIOSERVE_NUM_THREADS`` or None (torch's own setting).
 
@@ -143,11 +144,23 @@ def _candidates(threads: int) -> list[int]:
     return [1 << i for i in range(threads.bit_length()) if 1 << i < threads]
 
 
+def padding_probe(
+    model: torch.nn.Module, rules: dict[int, LayerRules], invariance: BatchInvariance,
+    device: torch.device,
+) -> Callable[[], RowPadding]:
+    """The row-padding probe of ``model`` under ``invariance``: over its plain linear
+    weights and its layers' rotary widths (``rules``), at the thread count of the call
+    (see :meth:`~aioserve.runners.batch_invariance.BatchInvariance.row_padding`)."""
+    linears = [m.weight for m in model.modules() if type(m) is torch.nn.Linear]
+    widths = {r.k_dim for r in rules.values()}  # rotary tables
+    return lambda: invariance.row_padding(linears, device, widths=widths)
+
+
 def thread_governor(
     device: torch.device, threads: int | None, probe: Callable[[], list[torch.Tensor]],
     padding: RowPadding | None = None, probe_padding: Callable[[], RowPadding] | None = None,
 ) -> ThreadGovernor | None:
-    """A :class:`~aioserve.runners.cpu.thread_governor.ThreadGovernor` for the CPU
+    """A :class:`~aioserve.runners.cpu.threads.thread_governor.ThreadGovernor` for the CPU
     forward, or None where the count stays fixed: off the CPU, ``AIOSERVE_NUM_THREADS``
     set, one usable CPU, no ``/proc`` to measure, or no smaller count where ``probe``
     (the logits of the runner's probe steps) gives ``threads``' bits and

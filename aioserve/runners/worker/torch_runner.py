@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,7 +19,6 @@ from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu import malloc as cpu_malloc
 from aioserve.runners.cpu import native_kernels
-from aioserve.runners.cpu.row_padding import RowPadding
 from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
 from aioserve.runners.model import loader as model_loader
 from aioserve.runners.model.lean_llama import LeanLlama
@@ -34,6 +32,7 @@ from aioserve.runners.worker.setup import (
     eos_token_ids,
     free_memory_bytes,
     num_kv_blocks,
+    padding_probe,
     probe_steps,
     resolve_device,
     resolve_dtype,
@@ -90,9 +89,6 @@ class TorchRunner:
                                                      config.forward, self.invariance)
         if self.device.type == "cpu":  # large temporaries reuse heap memory (cpu_malloc.py)
             cpu_malloc.tune_malloc()
-        local = config.model.startswith((".", "/", "~"))
-        if local and not os.path.isdir(os.path.expanduser(config.model)):
-            raise OSError(f"model directory {config.model!r} does not exist")
         model, self.layer_rules = model_loader.load_model(
             config.model, self.dtype, self.device, self.backend
         )
@@ -116,12 +112,7 @@ class TorchRunner:
         self._kernels = native_kernels.KernelSwitch()
         clock.mark("native kernels")
         # small steps padded so a row's products do not depend on the step (row_padding.py)
-        linears = [m.weight for m in model.modules() if type(m) is torch.nn.Linear]
-        widths = {r.k_dim for r in self.layer_rules.values()}  # rotary tables
-
-        def probe_padding() -> RowPadding:
-            return self.invariance.row_padding(linears, self.device, widths=widths)
-
+        probe_padding = padding_probe(model, self.layer_rules, self.invariance, self.device)
         self.row_padding = probe_padding()
         clock.mark("row padding probe")
         # CUDA graphs' and row padding's rows write into one scratch block the engine

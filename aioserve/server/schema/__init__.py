@@ -1,10 +1,11 @@
 """The HTTP and websocket API's bodies, defined once with pydantic: the request models
 validate what clients send (errors name the field, in the API's words), and the same
 models, with the response models, generate ``/openapi.json``
-(:mod:`aioserve.server.openapi`).
+(:mod:`aioserve.server.openapi`). Nothing here uses aiohttp or the engine.
 
-May import pydantic, :mod:`aioserve.sampling_params` and :mod:`aioserve.request_meta`;
-nothing of aiohttp or the engine.
+Imports (checked by tests/test_import_rules.py):
+    may import: aioserve.sampling_params, aioserve.request_meta
+    never at module level: torch, numpy, transformers
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The policy comparison report (``aioserve simulate --compare``): a text table, plots
-and a self-contained HTML page of :func:`~aioserve.sim.figures.policy_figures`."""
+and a self-contained HTML page of :func:`~aioserve.sim.reports.figures.policy_figures`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Architecture coverage: does the engine give each tiny model's ``generate()`` output?
 
-For one architecture: build the tiny random model (:mod:`aioserve.bench.tiny_models`),
+For one architecture: build the tiny random model (:mod:`aioserve.bench.models.tiny_models`),
 save it next to the test tokenizer, compute each prompt's greedy continuation with
 ``generate()`` alone (eager attention, float32), then serve the same prompts through
 the engine (fcfs, few slots, requests arriving at different steps) and compare
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.bench import tiny_models
+from aioserve.bench.models import tiny_models
 from aioserve.errors import UnsupportedModelError
 
 

@@ -5,7 +5,7 @@ processes keep the CPUs busy, the kernel shares each CPU among them and some of 
 team's threads wait on a run queue while the rest spin at the region's barrier: on the
 2-core box, with two busy co-tenants, two threads gave 299 output tokens/s and one
 gave 2,355 (issue 26). The governor measures, over short windows of serving
-(:class:`~aioserve.runners.cpu.cpu_load.LoadWindow`), the CPUs left to this process,
+(:class:`~aioserve.runners.cpu.threads.cpu_load.LoadWindow`), the CPUs left to this process,
 ``free = (own CPU time + idle CPU time) / wall time`` (what the others did not take),
 and moves the team's size:
 
@@ -35,7 +35,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-from aioserve.runners.cpu.cpu_load import LoadMeter, LoadReading, LoadWindow
+from aioserve.runners.cpu.threads.cpu_load import LoadMeter, LoadReading, LoadWindow
 
 __all__ = ["ThreadGovernor", "threads_in_use"]
 

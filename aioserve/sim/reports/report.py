@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from aioserve.sim import article
+from aioserve.sim.reports import article
 from aioserve.sim.simulator import SimResult
 
 

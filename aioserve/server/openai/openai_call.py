@@ -17,10 +17,10 @@ from aioserve.outputs import RequestOutput
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.server.choices import Choices, Prompt
-from aioserve.server.disconnect import DisconnectWatch
 from aioserve.server.errors import ApiError, bad_request, error_body
+from aioserve.server.openai.disconnect import DisconnectWatch
+from aioserve.server.openai.sse import SSEStream
 from aioserve.server.schema import CallOptions, RequestFieldError, Served, field_of_message
-from aioserve.server.sse import SSEStream
 from aioserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,

@@ -3,7 +3,7 @@
 Speed depends on a model's shape, not on its weights, so a benchmark can run a real
 architecture (e.g. SmolLM2-135M) without downloading it. The model is built from a
 transformers ``config.json`` (a path, or the name of a shape shipped in
-``aioserve/bench/model_shapes/``) with random weights from a fixed seed, saved once with
+``aioserve/bench/models/model_shapes/``) with random weights from a fixed seed, saved once with
 ``save_pretrained`` (float32 safetensors, plus its generation config, no tokenizer) to a
 cache directory, and then loaded like any model directory, so peer engines (vLLM) can
 load the very same directory.

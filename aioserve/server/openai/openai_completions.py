@@ -9,7 +9,13 @@ from aiohttp import web
 from aioserve.outputs import RequestOutput
 from aioserve.server.body import read_json_object
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
-from aioserve.server.openai_call import ResponseFormat, answer, refused, served, start_choices
+from aioserve.server.openai.openai_call import (
+    ResponseFormat,
+    answer,
+    refused,
+    served,
+    start_choices,
+)
 from aioserve.server.schema import CompletionRequest, RequestFieldError, parse
 from aioserve.server.state import ENGINE_KEY
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aioserve.bench.serving import RequestRecord
+from aioserve.bench.online.serving import RequestRecord
 
 
 def plot_serving(records: list[RequestRecord], path: str | Path, title: str = "") -> Path:

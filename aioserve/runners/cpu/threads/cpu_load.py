@@ -14,7 +14,7 @@ kept open and ``pread``):
   runner's worker, which runs every step and leads its OpenMP team.
 
 The CPU time nobody used plus the CPU time this process used is what other processes
-left to it (:class:`~aioserve.runners.cpu.thread_governor.ThreadGovernor`).
+left to it (:class:`~aioserve.runners.cpu.threads.thread_governor.ThreadGovernor`).
 """
 
 from __future__ import annotations

@@ -8,10 +8,16 @@ from aiohttp import web
 
 from aioserve.outputs import RequestOutput
 from aioserve.server.body import read_json_object
-from aioserve.server.chat_template import ChatTemplate
 from aioserve.server.errors import ApiError
 from aioserve.server.logprobs import TokenText, chat_logprobs
-from aioserve.server.openai_call import ResponseFormat, answer, refused, served, start_choices
+from aioserve.server.openai.chat_template import ChatTemplate
+from aioserve.server.openai.openai_call import (
+    ResponseFormat,
+    answer,
+    refused,
+    served,
+    start_choices,
+)
 from aioserve.server.schema import ChatCompletionRequest, RequestFieldError, parse
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY
 

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from aioserve.bench.serving import RequestRecord
+from aioserve.bench.online.serving import RequestRecord
 
 
 def percentile(values: list[float], q: float) -> float:
