@@ -49,7 +49,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"load_before": os.getloadavg(), "policies": policies}
     async with AsyncEngine(config) as engine:
         start = time.perf_counter()
-        model = await calibrate(engine, rounds=2)
+        model = await calibrate(engine, rounds=args.calibration_rounds)
         print(f"calibrated in {time.perf_counter() - start:.0f} s: intercept "
               f"{model.intercept_ms:.3f} ms, per row {model.per_seq_ms:.4f}, per prefill token "
               f"{model.per_prefill_token_ms:.5f}, per context token "
@@ -60,14 +60,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         sim_config = sim_config_of(engine, cost_model=model)
         for label, spec in WORKLOADS.items():
             workload = load_workload(spec)
+            real_runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+            for _ in range(args.repeats):  # policies interleaved: drift hits each alike
+                for policy in policies:
+                    real_runs[policy].append(
+                        policy_figures(await replay(engine, workload, policy)))
             rows = {}
             for policy in policies:
-                real_runs = []
-                for _ in range(args.repeats):
-                    real_runs.append(policy_figures(await replay(engine, workload, policy)))
                 sim = policy_figures(await simulate(workload, policy, sim_config))
                 rows[policy] = {"sim": {k: sim[k] for k in FIGURES},
-                                "real": {k: [r[k] for r in real_runs] for k in FIGURES}}
+                                "real": {k: [r[k] for r in real_runs[policy]] for k in FIGURES}}
             report[label] = rows
             _print_workload(label, spec, rows)
     report["load_after"] = os.getloadavg()
@@ -81,6 +83,8 @@ def _print_workload(label: str, spec: str, rows: dict[str, Any]) -> None:
     print(f"{'policy':<14}" + "".join(f"{f:>34}" for f in FIGURES))
     medians: dict[str, dict[str, float]] = {f: {} for f in FIGURES}
     sims: dict[str, dict[str, float]] = {f: {} for f in FIGURES}
+    spans: dict[str, dict[str, tuple[float, float]]] = {f: {} for f in FIGURES}
+    inside = cells_total = 0
     for policy, row in rows.items():
         cells = []
         for figure in FIGURES:
@@ -88,12 +92,33 @@ def _print_workload(label: str, spec: str, rows: dict[str, Any]) -> None:
             median = statistics.median(real) if real else float("nan")
             sim = row["sim"][figure] or 0.0
             medians[figure][policy], sims[figure][policy] = median, sim
+            spans[figure][policy] = (min(real), max(real)) if real else (0.0, 0.0)
+            inside += spans[figure][policy][0] <= sim <= spans[figure][policy][1]
+            cells_total += 1
             cells.append(f"{median:8.3f} [{min(real):.3f}-{max(real):.3f}] {sim:8.3f} "
                          f"{_error(sim, median):+6.1f}%")
         print(f"{policy:<14}" + "".join(f"{c:>34}" for c in cells))
     for figure in ("mean_ttft_s", "mean_e2e_s"):
         real, sim = _ranking(medians[figure]), _ranking(sims[figure])
         print(f"ranking by {figure}: real {real} | sim {sim} | same: {real == sim}")
+        separated, agree = _separated_pairs(spans[figure], sims[figure])
+        print(f"  pairs the real repeats separate (min-max ranges apart): {separated}; "
+              f"the simulator orders {agree} of them the same")
+    print(f"simulated values inside the real min-max range: {inside} of {cells_total}")
+
+
+def _separated_pairs(spans: dict[str, tuple[float, float]], sims: dict[str, float]
+                     ) -> tuple[int, int]:
+    """Pairs of policies whose real ranges do not overlap (a difference the repeats
+    show beyond their spread), and how many of them the simulator orders the same."""
+    separated = agree = 0
+    names = sorted(spans)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if spans[a][1] < spans[b][0] or spans[b][1] < spans[a][0]:
+                separated += 1
+                agree += (spans[a][0] < spans[b][0]) == (sims[a] < sims[b])
+    return separated, agree
 
 
 if __name__ == "__main__":
@@ -103,6 +128,8 @@ if __name__ == "__main__":
     parser.add_argument("--kv-blocks", type=int, default=48)
     parser.add_argument("--forward", default="transformers")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--calibration-rounds", type=int, default=4,
+                        help="rounds of the calibration workload (more: a steadier fit)")
     parser.add_argument("--policies", default=None, help="comma list (default: all registered)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     arguments = parser.parse_args()
