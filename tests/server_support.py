@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -107,3 +108,42 @@ class GatedRunner(ScriptedRunner):
             self.at_gate = False
         await asyncio.sleep(self.delay)
         return await super().step(batch)
+
+
+class ServerThread:
+    """``engine`` behind the app, served from its own event loop in a thread, for tests
+    that drive it from blocking code (hypothesis, schemathesis): ``start`` waits until
+    it listens, ``run`` runs a coroutine on its loop, ``call`` a blocking function
+    there (in a worker thread), ``close`` stops it."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.stop: asyncio.Event | None = None
+        self.url = ""
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.main(),))
+
+    async def main(self) -> None:
+        self.stop = asyncio.Event()
+        config = ServerConfig(chat_template=CHAT_TEMPLATE, served_model_name="m")
+        async with serve(self.engine, config) as server:
+            self.url = f"http://127.0.0.1:{server.port}"
+            self.ready.set()
+            await self.stop.wait()
+
+    def start(self, timeout: float = 120.0) -> ServerThread:
+        self.thread.start()
+        assert self.ready.wait(timeout), "the server did not start"
+        return self
+
+    def run(self, coroutine: Any, timeout: float = 900.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        return self.run(asyncio.to_thread(fn))
+
+    def close(self) -> None:
+        assert self.stop is not None
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(30)

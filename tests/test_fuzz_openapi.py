@@ -5,11 +5,9 @@ and idle afterwards."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,9 +17,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from server_support import CHAT_TEMPLATE, idle, scripted_engine, serve
+from server_support import ServerThread, idle, scripted_engine
 
-from aioserve.server import ServerConfig
 from aioserve.server.openapi import openapi_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,34 +38,6 @@ def broken(schema_name: str) -> st.SearchStrategy[dict]:
     """Objects with the schema's field names but any JSON values."""
     names = sorted(SCHEMAS[schema_name]["properties"])
     return st.dictionaries(st.sampled_from(names), json_values, max_size=6)
-
-
-class ServerThread:
-    """The app on a scripted engine, served from its own event loop in a thread."""
-
-    def __init__(self, tokenizer) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.stop: asyncio.Event | None = None
-        self.engine = scripted_engine(tokenizer, [300, 301, 302, 2], max_model_len=64,
-                                      num_kv_blocks=512)
-        self.url = ""
-        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.main(),))
-
-    async def main(self) -> None:
-        self.stop = asyncio.Event()
-        config = ServerConfig(chat_template=CHAT_TEMPLATE, served_model_name="m")
-        async with serve(self.engine, config) as server:
-            self.url = f"http://127.0.0.1:{server.port}"
-            self.ready.set()
-            await self.stop.wait()
-
-    def call(self, fn):
-        return asyncio.run_coroutine_threadsafe(asyncio.to_thread(fn), self.loop).result()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(10)
 
 
 @dataclass
@@ -106,9 +75,9 @@ class Client:
 
 @pytest.fixture(scope="module")
 def server(tokenizer) -> Iterator[tuple[ServerThread, Client]]:
-    thread = ServerThread(tokenizer)
-    thread.thread.start()
-    assert thread.ready.wait(30)
+    engine = scripted_engine(tokenizer, [300, 301, 302, 2], max_model_len=64,
+                             num_kv_blocks=512)
+    thread = ServerThread(engine).start(30)
     yield thread, Client(thread.url)
     thread.close()
 

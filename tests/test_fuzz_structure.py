@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,10 +20,9 @@ import aiohttp
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from server_support import CHAT_TEMPLATE, idle, serve
+from server_support import ServerThread, idle
 
 from aioserve import AsyncEngine, EngineConfig
-from aioserve.server import ServerConfig
 from aioserve.server.schema import ChatCompletionRequest, CompletionRequest, WsGenerate
 from aioserve.server.schema import responses as out
 
@@ -99,37 +97,12 @@ def bodies(path: str) -> st.SearchStrategy[dict[str, Any]]:
     return st.builds(lambda base, new: {**base, **new}, keep, changes)
 
 
-class Server:
-    """The real test model behind the app, served from its own loop in a thread."""
-
-    def __init__(self, model_dir: str) -> None:
-        self.engine = AsyncEngine(EngineConfig(model=model_dir, max_model_len=64,
-                                               max_num_seqs=16))
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.url = ""
-        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.main(),))
-
-    async def main(self) -> None:
-        self.stop = asyncio.Event()
-        config = ServerConfig(chat_template=CHAT_TEMPLATE, served_model_name="m")
-        async with serve(self.engine, config) as server:
-            self.url = f"http://127.0.0.1:{server.port}"
-            self.ready.set()
-            await self.stop.wait()
-
-    def run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(900)
-
-
 @pytest.fixture(scope="module")
-def server(model_dir) -> Iterator[Server]:
-    srv = Server(model_dir)
-    srv.thread.start()
-    assert srv.ready.wait(120)
+def server(model_dir) -> Iterator[ServerThread]:
+    engine = AsyncEngine(EngineConfig(model=model_dir, max_model_len=64, max_num_seqs=16))
+    srv = ServerThread(engine).start()
     yield srv
-    srv.loop.call_soon_threadsafe(srv.stop.set)
-    srv.thread.join(30)
+    srv.close()
 
 
 def check_error(error: dict[str, Any], body: dict[str, Any], path: str) -> str:
