@@ -119,8 +119,8 @@ class SamplingFields(ApiBody):
 
     max_tokens: Integer | None = Field(None, ge=1, description="most new tokens; prompt + "
                                        "max_tokens must fit the context")
-    temperature: Number | None = Field(None, ge=0, le=FLOAT32_MAX, description="0 is greedy")
-    top_p: Number | None = Field(None, gt=0, le=1)
+    temperature: Number | None = Field(None, ge=0.0, le=FLOAT32_MAX, description="0 is greedy")
+    top_p: Number | None = Field(None, gt=0.0, le=1.0)
     top_k: Integer | None = Field(None, ge=-1, description="0 or -1 disables")
     seed: Integer | None = Field(None, ge=SEED_MIN, le=SEED_MAX,
                                  description="sample i of n uses seed + i")
@@ -128,7 +128,7 @@ class SamplingFields(ApiBody):
     stop_token_ids: list[NonNegative] | None = None
     ignore_eos: Boolean | None = None
     include_stop_str_in_output: Boolean | None = None
-    repetition_penalty: Number | None = Field(None, gt=0, le=FLOAT32_MAX)
+    repetition_penalty: Number | None = Field(None, gt=0.0, le=FLOAT32_MAX)
     length_hint: Integer | None = Field(None, ge=0, description="predicted output tokens, "
                                         "for length-aware scheduling policies")
 
@@ -187,11 +187,11 @@ class MetaFields(ApiBody):
         None, max_length=MAX_TENANT_CHARS,
         description="who sends the request: the tenant scheduling policies see (an "
         "X-Tenant header wins over it; empty: none)")
-    ttft_slo_ms: Number | None = Field(None, gt=0, description="time-to-first-token "
+    ttft_slo_ms: Number | None = Field(None, gt=0.0, description="time-to-first-token "
                                        "objective, milliseconds")
-    tpot_slo_ms: Number | None = Field(None, gt=0, description="time-per-output-token "
+    tpot_slo_ms: Number | None = Field(None, gt=0.0, description="time-per-output-token "
                                        "objective, milliseconds")
-    deadline: Number | None = Field(None, gt=0, description="absolute time by which the "
+    deadline: Number | None = Field(None, gt=0.0, description="absolute time by which the "
                                     "request should have finished, Unix seconds")
     metadata: Metadata = Field(
         None, description="free string pairs passed to scheduling policies untouched")
