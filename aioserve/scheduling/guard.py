@@ -82,18 +82,21 @@ class PolicyGuard:
         return decision
 
     def on_arrival(self, request: RequestView) -> None:
+        """The policy's ``on_arrival``; a raise is logged, counted and skipped."""
         try:
             self.policy.on_arrival(request)
         except Exception as exc:
             self._failed("on_arrival", f"{type(exc).__name__}: {exc}", exc)
 
     def on_finish(self, request: RequestView) -> None:
+        """The policy's ``on_finish``; a raise is logged, counted and skipped."""
         try:
             self.policy.on_finish(request)
         except Exception as exc:
             self._failed("on_finish", f"{type(exc).__name__}: {exc}", exc)
 
     def on_step(self, feedback: StepFeedback) -> None:
+        """The policy's ``on_step``; a raise is logged, counted and skipped."""
         try:
             self.policy.on_step(feedback)
         except Exception as exc:

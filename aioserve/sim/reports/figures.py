@@ -18,20 +18,9 @@ from collections import defaultdict
 from typing import Any
 
 from aioserve.request import Request
+from aioserve.sim.reports.report import mean, percentile
 from aioserve.sim.simulator import SimResult
 from aioserve.sim.workloads import WorkloadRequest
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    """Nearest-rank ``p``-th percentile (0 < p <= 100) of ``values``; None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(math.ceil(p / 100 * len(ordered)) - 1, 0)]
-
-
-def mean(values: list[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
 
 
 def jain(values: list[float]) -> float | None:

@@ -23,7 +23,8 @@ def percentile(values: list[float], p: float) -> float | None:
     return ordered[max(math.ceil(p / 100 * len(ordered)) - 1, 0)]
 
 
-def _mean(values: list[float]) -> float | None:
+def mean(values: list[float]) -> float | None:
+    """Mean of ``values`` (exact sum, ``math.fsum``); None if empty."""
     return math.fsum(values) / len(values) if values else None
 
 
@@ -83,10 +84,10 @@ def summarize(result: SimResult, workload: str = "") -> dict[str, Any]:
         "block_size": config.block_size,
         "makespan_s": makespan,
         "throughput_tok_s": tokens / makespan if makespan > 0 else 0.0,
-        "mean_latency_s": _mean(latencies),
+        "mean_latency_s": mean(latencies),
         "p50_latency_s": percentile(latencies, 50),
         "p99_latency_s": percentile(latencies, 99),
-        "mean_ttft_s": _mean(ttfts),
+        "mean_ttft_s": mean(ttfts),
         "preemptions": result.preemptions,
         "finished": len(done),
         "rejected": len(rows) - len(done),
