@@ -3,9 +3,12 @@
 Most transformers decoders call attention through ``AttentionInterface`` and need
 nothing. Two kinds need help or a refusal:
 
-* falcon picks its attention class from a table keyed by the attention
-  implementation; :func:`prepare` adds a paged entry (rotary falcon only), whose
-  forward projects q/k/v as falcon does and calls the paged attention.
+* falcon before transformers 5.25 picks its attention class from a private table
+  (``FALCON_ATTENTION_CLASSES``) keyed by the attention implementation; where that table
+  exists :func:`prepare` adds a paged entry (rotary falcon only), whose forward projects
+  q/k/v as falcon does and calls the paged attention. From 5.25 falcon calls the
+  interface itself and needs nothing; should a release drop the table without doing
+  so, :func:`check_coverage` refuses the model by name rather than run it wrongly.
 * ALiBi models (bloom, mpt, falcon with ``alibi``) compute attention themselves and
   bypass the interface: refused at load (:class:`UnsupportedModelError`), never run
   with wrong attention. Any other model whose layers do not all reach the interface
@@ -56,9 +59,10 @@ def prepare(config: Any, attention_name: str) -> None:
     if getattr(config, "model_type", None) == "falcon":
         from transformers.models.falcon import modeling_falcon
 
-        modeling_falcon.FALCON_ATTENTION_CLASSES.setdefault(
-            attention_name, _paged_falcon_attention(modeling_falcon)
-        )
+        # private to transformers (gone in 5.25, where falcon reaches the interface)
+        table = getattr(modeling_falcon, "FALCON_ATTENTION_CLASSES", None)
+        if isinstance(table, dict):
+            table.setdefault(attention_name, _paged_falcon_attention(modeling_falcon))
 
 
 def _paged_falcon_attention(modeling_falcon: Any) -> type[FalconAttention]:
