@@ -11,15 +11,18 @@ from aioserve.errors import EngineNotRunningError
 from aioserve.memory_size import format_bytes
 from aioserve.request import Request
 from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor, threads_in_use
+from aioserve.scheduling.parameters import configuration_text, policy_configuration
 from aioserve.startup_clock import PhaseClock, describe
 from aioserve.step_snapshot import StepSnapshot, scheduler_name
 
 logger = logging.getLogger("aioserve.serve")
 
 
-def startup_summary(engine: AsyncEngine) -> str:
-    """One line per setting of a started engine: model, device, dtype, context length,
-    slots, KV blocks and their memory, scheduler and threads.
+def startup_summary(engine: AsyncEngine, served_name: str | None = None) -> str:
+    """One line per setting of a started engine: model, the name clients send
+    (``served_name``, when serving), device, dtype, context length, slots, KV blocks and
+    their memory, the scheduling policy with its configuration (defaults filled in), and
+    threads.
 
     Raises:
         EngineNotRunningError: the engine has not started.
@@ -37,8 +40,11 @@ def startup_summary(engine: AsyncEngine) -> str:
     if config.num_kv_blocks is not None:
         budget = "--num-kv-blocks"
     forward = getattr(runner, "forward_note", None) or config.forward
+    policy = configuration_text(policy_configuration(core.scheduler, config.scheduler_config))
+    served = (("served as", f"{served_name}  (the \"model\" clients send)"),) if served_name else ()
     rows = (
         ("model", config.model),
+        *served,
         ("device", str(getattr(runner, "device", "n/a"))),
         ("dtype", str(getattr(runner, "dtype", "n/a")).removeprefix("torch.")),
         ("context length", f"{core.max_model_len} tokens"),
@@ -46,7 +52,7 @@ def startup_summary(engine: AsyncEngine) -> str:
                   f"{core.max_num_batched_tokens} tokens per step"),
         ("KV cache", f"{blocks} blocks x {block_size} tokens = {blocks * block_size} tokens"
                      f"{memory} (budget: {budget})"),
-        ("scheduler", scheduler_name(core.scheduler)),
+        ("scheduler", f"{scheduler_name(core.scheduler)} {policy}"),
         ("forward", forward),
         ("threads", thread_line(runner)),
     )
