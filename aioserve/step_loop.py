@@ -69,7 +69,9 @@ class StepLoop:
                     self.runner_idle()
                     self.idle.set()
                     self.wakeup.clear()
+                    idle_from = core.clock()
                     await self.wakeup.wait()
+                    core.idle_s += core.clock() - idle_from
                     self.runner_idle()  # what just arrived has not started
                     continue
                 self.start_step(in_flight)

@@ -89,11 +89,13 @@ def startup_line(process_s: float | None, clock: PhaseClock, runner: object) -> 
 
 class StatsLogger:
     """An engine listener logging ``running, waiting, KV %, tokens/s`` at most once per
-    ``interval`` seconds, and only while the engine steps (silent when idle).
+    ``interval`` seconds of busy engine time, and only while the engine steps (silent
+    when idle). Rates are over the time the engine had work: an idle spell between two
+    lines is left out of them, and said (``StepSnapshot.idle_s``).
 
     Args:
         engine: the engine to watch.
-        interval: least seconds between two lines.
+        interval: least seconds of busy time between two lines.
     """
 
     def __init__(self, engine: AsyncEngine, interval: float = 10.0) -> None:
@@ -110,21 +112,24 @@ class StatsLogger:
         self.engine.remove_listener(self)
 
     def on_step(self, snapshot: StepSnapshot) -> None:
-        """Engine listener: log a line when ``interval`` has passed since the last."""
+        """Engine listener: log a line once ``interval`` seconds of busy time have
+        passed since the last."""
         last = self._last
-        if last is not None and snapshot.time - last.time < self.interval:
-            return  # the engine's unthrottled idle snapshot
-        if last is None or snapshot.step == last.step:
+        if last is None:
             self._last = snapshot
             return
-        seconds = snapshot.time - last.time
-        rate = (snapshot.num_generated_tokens - last.num_generated_tokens) / seconds
+        idle = snapshot.idle_s - last.idle_s
+        busy = snapshot.time - last.time - idle
+        if busy < self.interval or snapshot.step == last.step:
+            return
+        rate = (snapshot.num_generated_tokens - last.num_generated_tokens) / busy
         running = sum(s is not None for s in snapshot.slots)
         kv = snapshot.kv_used_blocks / snapshot.kv_total_blocks
+        idle_part = f", idle {idle:.1f} s" if idle >= 0.05 else ""
         logger.info(
             "running: %d reqs, waiting: %d reqs, KV cache: %.1f%%, generation: %.1f tokens/s "
-            "(last %.1f s: %d steps, %d preemptions)", running, snapshot.num_waiting, 100 * kv,
-            rate, seconds, snapshot.step - last.step,
+            "(last %.1f s busy%s: %d steps, %d preemptions)", running, snapshot.num_waiting,
+            100 * kv, rate, busy, idle_part, snapshot.step - last.step,
             snapshot.num_preemptions - last.num_preemptions)
         self._last = snapshot
 
