@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from aioserve.scheduling.parameters import configuration_text, policy_configuration
+from aioserve.scheduling.registry import load_scheduler
+from schedulers.memory_aware import MemoryAwareScheduler
+from schedulers.vtc import VTCScheduler
+
 ROOT = Path(__file__).resolve().parents[1]
 
 THIRD_PARTY = '''
@@ -58,3 +63,15 @@ def test_policies_names_an_unknown_policy():
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 2
     assert "unknown policy 'nope'; registered: " in done.stderr and "fcfs" in done.stderr
+
+
+def test_the_configuration_fills_in_defaults_and_keeps_what_a_policy_was_made_with():
+    assert configuration_text(policy_configuration(
+        load_scheduler("vtc", {"preempt": False}), {"preempt": False})) == (
+        '{"prompt_weight": 1.0, "output_weight": 2.0, "preempt": false, "watermark": 0.01}')
+    made = VTCScheduler(output_weight=3.0, preempt=False)  # in code, no --scheduler-config
+    assert policy_configuration(made, None) == {
+        "prompt_weight": 1.0, "output_weight": 3.0, "preempt": False, "watermark": 0.01}
+    # the predictor object it made from None is not a value to print: the default stands
+    assert policy_configuration(MemoryAwareScheduler(watermark=0.9), None) == {
+        "predictor": None, "watermark": 0.9}

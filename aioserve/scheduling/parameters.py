@@ -90,17 +90,19 @@ def policy_parameters(cls: type) -> list[PolicyParameter]:
 
 def policy_configuration(scheduler: object, params: dict[str, Any] | None) -> dict[str, Any]:
     """Every parameter of ``scheduler``'s class with the value it was made with:
-    ``params`` (``--scheduler-config``) where given, else the default, else (a policy
-    made in code) its attribute of that name."""
+    ``params`` (``--scheduler-config``) where given, else the policy's attribute of that
+    name where it is a plain value (a policy made in code: ``VTCScheduler(preempt=False)``
+    keeps ``preempt``), else the default."""
     given = params or {}
     values: dict[str, Any] = {}
     for p in policy_parameters(type(scheduler)):
+        held = getattr(scheduler, p.name, REQUIRED)
         if p.name in given:
             values[p.name] = given[p.name]
+        elif held is None or isinstance(held, bool | int | float | str):
+            values[p.name] = held
         elif p.default is not REQUIRED:
             values[p.name] = p.default
-        elif hasattr(scheduler, p.name):
-            values[p.name] = getattr(scheduler, p.name)
     return values
 
 
