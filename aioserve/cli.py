@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "aioserve.commands.serve",
     "aioserve.commands.simulate",
     "aioserve.commands.bench",
+    "aioserve.commands.policies",
 )
 
 

@@ -35,6 +35,8 @@ class EngineQueues:
         num_preempted_tokens: computed tokens whose KV preemptions dropped (each is
             recomputed when its request is readmitted, less prefix-cache hits).
         num_shed: requests a policy shed so far.
+        idle_s: seconds the step loop has waited with nothing to run so far
+            (``clock``'s seconds).
     """
 
     def __init__(self, scheduler: Scheduler, blocks: BlockManager,
@@ -52,6 +54,7 @@ class EngineQueues:
         self.num_preemptions = 0
         self.num_preempted_tokens = 0
         self.num_shed = 0
+        self.idle_s = 0.0
         self.on_finish: Callable[[Request], None] | None = None
         self._released: list[str] = []
         self._new_blocks: dict[str, list[int]] = {}

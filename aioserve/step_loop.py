@@ -12,6 +12,7 @@ faulty policy what it was deciding on; the loop goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable
@@ -69,7 +70,9 @@ class StepLoop:
                     self.runner_idle()
                     self.idle.set()
                     self.wakeup.clear()
-                    await self.wakeup.wait()
+                    idle_from = core.clock()
+                    await self.wait_for_work()
+                    core.idle_s += core.clock() - idle_from
                     self.runner_idle()  # what just arrived has not started
                     continue
                 self.start_step(in_flight)
@@ -98,6 +101,16 @@ class StepLoop:
                 self.listeners.publish_step(core, len(results))
             if not overlap:
                 self.start_step(in_flight)
+
+    async def wait_for_work(self) -> None:
+        """Wait for :attr:`wakeup`, or, for a runner with an ``idle_poll_s`` (not None),
+        at most that many seconds (the loop then tells the runner again that it is idle)."""
+        poll = getattr(self.runner, "idle_poll_s", None)
+        if poll is None:
+            await self.wakeup.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wakeup.wait(), poll)
 
     def runner_idle(self) -> None:
         """Tell a runner that has ``on_idle`` that no request has started; when it

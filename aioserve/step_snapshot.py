@@ -87,6 +87,8 @@ class StepSnapshot:
         num_generated_tokens: output tokens sampled so far (the tokens/s counter).
         tenants: (tenant, running, waiting) per tenant with requests in the engine
             (None: requests without a tenant), most requests first.
+        idle_s: seconds the engine has waited with nothing to run so far (the
+            engine clock's; ``time`` less this is its busy time).
     """
 
     step: int
@@ -101,6 +103,7 @@ class StepSnapshot:
     num_preemptions: int
     num_generated_tokens: int
     tenants: tuple[tuple[str | None, int, int], ...] = ()
+    idle_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; slots are compact lists ``[id, phase, prompt, output,
@@ -173,5 +176,5 @@ class SnapshotBuilder:
             core.step_count, core.clock(), scheduler_name(core.scheduler), tuple(slots),
             waiting, len(core.waiting), blocks.num_blocks - blocks.num_free_blocks,
             blocks.num_blocks, blocks.block_size, core.num_preemptions,
-            self.num_generated_tokens, tenants,
+            self.num_generated_tokens, tenants, core.idle_s,
         )

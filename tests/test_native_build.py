@@ -5,6 +5,7 @@ process that started without them switches them in only when no request runs."""
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import sys
 import time
 
 import pytest
+from server_support import wait_until
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.runners.cpu import native_build, native_kernels
@@ -147,6 +149,46 @@ async def test_kernels_built_meanwhile_switch_in_when_no_request_runs(
         assert native_kernels._active is True and runner.lean.native
         assert cached == 0  # the stock kernels' prefix blocks were dropped at the switch
     assert first == second == solo_greedy(prompt, 20)
+
+
+async def test_an_idle_engine_switches_when_the_build_finishes_and_says_so(
+        model_dir, monkeypatch, caplog):
+    if not native_kernels.available():
+        pytest.skip("the native CPU kernels did not build here")
+    gc.collect()  # runners of earlier tests, which would count as busy
+    state = ["building"]
+    folder = BuildFolder()
+    monkeypatch.setattr(folder, "state", lambda: state[0])
+    monkeypatch.setattr(native_kernels, "_active", False)
+    monkeypatch.setattr(native_kernels, "_pending", folder)
+    caplog.set_level(logging.INFO, logger="aioserve.runners.cpu.native_kernels")
+    config = EngineConfig(model=model_dir, device="cpu", num_kv_blocks=64, max_num_seqs=4)
+    async with AsyncEngine(config) as engine:
+        runner = engine.runner
+        await wait_until(engine.step_loop.idle.is_set)
+        assert runner.idle_poll_s == 1.0 and not runner.lean.native
+        state[0] = "ready"  # the build finishes while no request comes
+        await wait_until(lambda: runner.lean.native, timeout=30)
+        assert runner.idle_poll_s is None  # done: the idle engine waits for work alone
+    switched = [r for r in caplog.records if "switched" in r.getMessage()]
+    assert len(switched) == 1 and switched[0].levelno == logging.INFO
+    assert switched[0].getMessage() == ("the native CPU kernels' background build finished: "
+                                        f"switched to them ({folder.path})")
+
+
+def test_a_failed_background_build_says_the_stock_kernels_keep_serving(tmp_path, monkeypatch,
+                                                                        caplog):
+    folder = BuildFolder(sources=[tmp_path / "missing.cpp"], root=tmp_path)
+    assert build(folder) is False  # FAILED written, as the background builder does
+    monkeypatch.setattr(native_kernels, "_active", False)
+    monkeypatch.setattr(native_kernels, "_pending", folder)
+    caplog.clear()
+    assert native_kernels.activate() is False
+    [line] = [r for r in caplog.records if r.name == "aioserve.runners.cpu.native_kernels"]
+    assert line.levelno == logging.WARNING
+    assert line.getMessage().startswith("the native CPU kernels' build failed (")
+    assert line.getMessage().endswith("the stock kernels keep serving")
+    assert native_kernels._pending is None and not native_kernels.available()
 
 
 def test_a_slow_build_keeps_its_lock_fresh(tmp_path, monkeypatch):

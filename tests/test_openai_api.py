@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import aiohttp
 import openai
 import pytest
 from server_support import CHAT_TEMPLATE, base_url, scripted_engine, serve
@@ -151,3 +154,27 @@ async def test_chat_without_any_template_is_a_400_that_says_so(model_dir):
         assert info.value.body["param"] == "messages"
         models = await client(server).models.list()
         assert [m.id for m in models.data] == [model_dir]  # default name: the model path
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_request_id_is_echoed_in_x_request_id(model_server, path, stream):
+    server, _ = model_server
+    url = base_url(server) + path
+    body = {"model": "stories", "max_tokens": 2, "stream": stream,
+            **({"prompt": PROMPT} if path == "/v1/completions"
+               else {"messages": [{"role": "user", "content": PROMPT}]})}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with http.post(url, json=body, headers={"X-Request-Id": "client-7"}) as given:
+            await given.read()
+        async with http.post(url, json={**body, "request_id": "field-8"}) as field:
+            await field.read()
+        made = []
+        for _ in range(2):
+            async with http.post(url, json=body) as reply:
+                await reply.read()
+                made.append(reply.headers.get("X-Request-Id"))
+    assert given.status == field.status == reply.status == 200
+    assert given.headers["X-Request-Id"] == "client-7"
+    assert field.headers["X-Request-Id"] == "field-8"
+    assert all(re.fullmatch(r"[0-9a-f]{32}", m or "") for m in made) and made[0] != made[1]

@@ -172,6 +172,9 @@ async def test_errors_models_and_chat_match_aioserve_serve(endpoint):
             events = (await read_events(resp, Stream("", resp.status))).events
         assert events[0]["choices"][0]["delta"]["role"] == "assistant"
         assert events[-1] == "[DONE]"
+        async with session.post(endpoint + "/v1/completions", json=body("Once", 2),
+                                headers={"X-Request-Id": "ray-1"}) as resp:
+            assert resp.status == 200 and resp.headers["X-Request-Id"] == "ray-1"
 
 
 async def test_prefix_router_sends_a_prompt_to_its_replica(endpoint):

@@ -20,6 +20,7 @@ from aioserve.cli import build_parser
 from aioserve.commands.common import engine_config
 from aioserve.memory_size import MemoryBudget, parse_memory
 from aioserve.server import ServerConfig
+from aioserve.server.state import default_model_name
 
 KEY = "sk-test-123"
 REPO = Path(__file__).resolve().parents[1]
@@ -122,7 +123,7 @@ async def test_serve_prints_a_summary_and_stats_lines(model_dir):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aioserve.cli", "serve", "--model", model_dir, "--port", "0",
         "--kv-cache-memory", "1MiB", "--max-num-seqs", "8", "--stats-log-interval", "0.2",
-        "--log-level", "info",
+        "--log-level", "info", "--scheduler", "vtc", "--scheduler-config", '{"preempt": false}',
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     errors: list[str] = []
     reader = asyncio.create_task(read_lines(proc.stderr, errors))
@@ -135,7 +136,13 @@ async def test_serve_prints_a_summary_and_stats_lines(model_dir):
         for field in ("model", "device", "dtype", "context length", "slots", "scheduler",
                       "threads"):
             await wait_for_line(errors, rf"^\s+{field}\s")
-        body = {"model": model_dir, "prompt": "Once upon a time", "max_tokens": 300,
+        served = await wait_for_line(errors, r"^\s+served as\s")
+        assert served.split()[2] == default_model_name(model_dir), served
+        scheduler = await wait_for_line(errors, r"^\s+scheduler\s")
+        assert scheduler.split(None, 1)[1] == (
+            'vtc {"prompt_weight": 1.0, "output_weight": 2.0, "preempt": false, '
+            '"watermark": 0.01}')
+        body = {"model": served.split()[2], "prompt": "Once upon a time", "max_tokens": 300,
                 "ignore_eos": True}
         headers = {"Authorization": f"Bearer {KEY}"}
         async with aiohttp.ClientSession() as http:

@@ -60,7 +60,7 @@ async def test_the_governor_moves_the_team_mid_generation_without_changing_a_tok
     assert governor is not None and governor.counts == [1, 2]
     meter, seen = SwingingMeter(), []
     governor.meter, governor._reading, governor.window_s = meter, meter.read(), 0.0
-    governor.up_hold_s = governor.UP_HOLD_S = 0.0
+    governor.up_hold_s = governor.UP_HOLD_S = governor.MIN_MOVE_GAP_S = 0.0
     governor.set_threads = lambda n: (seen.append((n, threading.get_ident())),
                                       torch.set_num_threads(n))
     prompts = [[1, 300 + i, 400 - i, 17 * i % 500] for i in range(6)]

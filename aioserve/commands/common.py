@@ -148,13 +148,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def quiet_loading(verbose: bool) -> None:
-    """Show transformers' "Loading weights" progress bar and aiohttp's access-log line
-    per request only when ``verbose`` (``--log-level debug``): at the default level a
-    start prints the summary and a request prints nothing."""
-    from transformers.utils import logging as hf_logging
-
-    if verbose:
-        hf_logging.enable_progress_bar()
-    else:
-        hf_logging.disable_progress_bar()
+    """Show aiohttp's access-log line per request only when ``verbose`` (``--log-level
+    debug``): at the default level a start prints the summary and a request prints
+    nothing (transformers' loading bar follows the log level by itself:
+    :func:`~aioserve.runners.model.loader.weights_bar`)."""
     logging.getLogger("aiohttp.access").setLevel(logging.NOTSET if verbose else logging.WARNING)

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from aioserve.commands.common import add_engine_options, engine_config, quiet_loading
+from aioserve.commands.common import add_engine_options, engine_config
 from aioserve.engine import AsyncEngine
 from aioserve.sampling_params import SamplingParams
 
@@ -69,5 +69,4 @@ async def _generate(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run ``generate``; exit status 0. Only the continuation goes to stdout, and no
     loading bar to stderr."""
-    quiet_loading(False)
     return asyncio.run(_generate(args))

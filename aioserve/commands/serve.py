@@ -19,7 +19,7 @@ from aioserve.commands.common import add_engine_options, engine_config, quiet_lo
 from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_line, startup_summary
-from aioserve.server.state import ENGINE_KEY
+from aioserve.server.state import ENGINE_KEY, served_model_name
 from aioserve.startup_clock import PhaseClock, process_age_s
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ def add_operator_log(app: web.Application, stats_interval: float,
     async def on_startup(app: web.Application) -> None:
         if clock is not None:
             clock.mark("engine start")
-        logger.info("engine ready:\n%s", startup_summary(engine))
+        logger.info("engine ready:\n%s", startup_summary(engine, served_model_name(app)))
         if stats is not None:
             stats.attach()
 

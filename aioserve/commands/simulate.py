@@ -9,7 +9,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from aioserve.commands.common import quiet_loading, scheduler_params
+from aioserve.commands.common import scheduler_params
 from aioserve.commands.simulate_options import add_options, engine_config, sim_config
 from aioserve.sim.reports.compare import format_comparison, plot_comparison, write_comparison_html
 from aioserve.sim.reports.figures import policy_figures
@@ -99,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: unknown scheduler, workload or option (the CLI prints it and exits 2).
     """
-    if args.calibrate or args.real:
-        quiet_loading(False)  # no weights bar, as serve and generate at their default
     if args.calibrate:
         return asyncio.run(_calibrate(args))
     workload = load_workload(args.workload)

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 REPLICA_HEADER = "x-aioserve-replica"
 
 #: Request headers the replica's aiohttp app needs (the rest stay at the ingress).
-FORWARDED_HEADERS = ("content-type", "accept")
+FORWARDED_HEADERS = ("content-type", "accept", "x-request-id")
 
 #: Response headers passed back to the client (lower-case).
-RETURNED_HEADERS = ("content-type", "cache-control", "x-accel-buffering", "allow")
+RETURNED_HEADERS = ("content-type", "cache-control", "x-accel-buffering", "allow",
+                    "x-request-id")
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,18 @@ from aioserve.errors import EngineNotRunningError
 from aioserve.memory_size import format_bytes
 from aioserve.request import Request
 from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor, threads_in_use
+from aioserve.scheduling.parameters import configuration_text, policy_configuration
 from aioserve.startup_clock import PhaseClock, describe
 from aioserve.step_snapshot import StepSnapshot, scheduler_name
 
 logger = logging.getLogger("aioserve.serve")
 
 
-def startup_summary(engine: AsyncEngine) -> str:
-    """One line per setting of a started engine: model, device, dtype, context length,
-    slots, KV blocks and their memory, scheduler and threads.
+def startup_summary(engine: AsyncEngine, served_name: str | None = None) -> str:
+    """One line per setting of a started engine: model, the name clients send
+    (``served_name``, when serving), device, dtype, context length, slots, KV blocks and
+    their memory, the scheduling policy with its configuration (defaults filled in), and
+    threads.
 
     Raises:
         EngineNotRunningError: the engine has not started.
@@ -37,8 +40,11 @@ def startup_summary(engine: AsyncEngine) -> str:
     if config.num_kv_blocks is not None:
         budget = "--num-kv-blocks"
     forward = getattr(runner, "forward_note", None) or config.forward
+    policy = configuration_text(policy_configuration(core.scheduler, config.scheduler_config))
+    served = (("served as", f"{served_name}  (the \"model\" clients send)"),) if served_name else ()
     rows = (
         ("model", config.model),
+        *served,
         ("device", str(getattr(runner, "device", "n/a"))),
         ("dtype", str(getattr(runner, "dtype", "n/a")).removeprefix("torch.")),
         ("context length", f"{core.max_model_len} tokens"),
@@ -46,7 +52,7 @@ def startup_summary(engine: AsyncEngine) -> str:
                   f"{core.max_num_batched_tokens} tokens per step"),
         ("KV cache", f"{blocks} blocks x {block_size} tokens = {blocks * block_size} tokens"
                      f"{memory} (budget: {budget})"),
-        ("scheduler", scheduler_name(core.scheduler)),
+        ("scheduler", f"{scheduler_name(core.scheduler)} {policy}"),
         ("forward", forward),
         ("threads", thread_line(runner)),
     )
@@ -83,11 +89,13 @@ def startup_line(process_s: float | None, clock: PhaseClock, runner: object) -> 
 
 class StatsLogger:
     """An engine listener logging ``running, waiting, KV %, tokens/s`` at most once per
-    ``interval`` seconds, and only while the engine steps (silent when idle).
+    ``interval`` seconds of busy engine time, and only while the engine steps (silent
+    when idle). Rates are over the time the engine had work: an idle spell between two
+    lines is left out of them, and said (``StepSnapshot.idle_s``).
 
     Args:
         engine: the engine to watch.
-        interval: least seconds between two lines.
+        interval: least seconds of busy time between two lines.
     """
 
     def __init__(self, engine: AsyncEngine, interval: float = 10.0) -> None:
@@ -104,21 +112,24 @@ class StatsLogger:
         self.engine.remove_listener(self)
 
     def on_step(self, snapshot: StepSnapshot) -> None:
-        """Engine listener: log a line when ``interval`` has passed since the last."""
+        """Engine listener: log a line once ``interval`` seconds of busy time have
+        passed since the last."""
         last = self._last
-        if last is not None and snapshot.time - last.time < self.interval:
-            return  # the engine's unthrottled idle snapshot
-        if last is None or snapshot.step == last.step:
+        if last is None:
             self._last = snapshot
             return
-        seconds = snapshot.time - last.time
-        rate = (snapshot.num_generated_tokens - last.num_generated_tokens) / seconds
+        idle = snapshot.idle_s - last.idle_s
+        busy = snapshot.time - last.time - idle
+        if busy < self.interval or snapshot.step == last.step:
+            return
+        rate = (snapshot.num_generated_tokens - last.num_generated_tokens) / busy
         running = sum(s is not None for s in snapshot.slots)
         kv = snapshot.kv_used_blocks / snapshot.kv_total_blocks
+        idle_part = f", idle {idle:.1f} s" if idle >= 0.05 else ""
         logger.info(
             "running: %d reqs, waiting: %d reqs, KV cache: %.1f%%, generation: %.1f tokens/s "
-            "(last %.1f s: %d steps, %d preemptions)", running, snapshot.num_waiting, 100 * kv,
-            rate, seconds, snapshot.step - last.step,
+            "(last %.1f s busy%s: %d steps, %d preemptions)", running, snapshot.num_waiting,
+            100 * kv, rate, busy, idle_part, snapshot.step - last.step,
             snapshot.num_preemptions - last.num_preemptions)
         self._last = snapshot
 

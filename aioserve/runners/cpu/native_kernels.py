@@ -128,10 +128,11 @@ def activate() -> bool:
         folder, _pending = _pending, None
         _active = state == "ready" and _load(folder)
         if state == "failed":
-            logger.warning("native CPU kernels unavailable (their build failed: %s); using "
-                           "stock kernels", folder.failure())
+            logger.warning("the native CPU kernels' build failed (%s; see %s); the stock "
+                           "kernels keep serving", folder.failure(), folder.log)
     if _active:
-        logger.info("switched to the native CPU kernels (%s)", folder.path)
+        logger.info("the native CPU kernels' background build finished: switched to them "
+                    "(%s)", folder.path)
     return bool(_active)
 
 
@@ -157,6 +158,13 @@ class KernelSwitch:
     def __init__(self) -> None:
         self.is_idle = False
         KernelSwitch._runners.add(self)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a background build may still switch the kernels in (the engine then
+        calls :meth:`idle` now and then while it is idle, so that the switch, and its
+        log line, come when the build finishes, not at the next request)."""
+        return _pending is not None and not _active
 
     def busy(self) -> None:
         """A step is about to run."""

@@ -7,7 +7,10 @@ layer's :class:`~aioserve.runners.attention.layer_rules.LayerRules`, or refuses 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,6 +22,25 @@ from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.cpu import packed_linear
 from aioserve.runners.model import adapters as model_adapters
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def weights_bar() -> Iterator[None]:
+    """transformers' "Loading weights" progress bar only where aioserve logs at debug
+    level (``--log-level debug``, or ``logging`` configured so); hidden otherwise, in the
+    CLI, the Python API and each Ray Serve replica alike."""
+    from transformers.utils import logging as hf_logging
+
+    if logger.isEnabledFor(logging.DEBUG) or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def load_model(
@@ -40,7 +62,9 @@ def load_model(
     hf_config = AutoConfig.from_pretrained(path)
     model_adapters.check_config(hf_config.get_text_config())
     model_adapters.prepare(hf_config, name)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=name)
+    with weights_bar():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                     attn_implementation=name)
     # transformers' decorated PreTrainedModel.to is typed as taking a model
     model = model.to(device).eval()  # type: ignore[arg-type]
     if packed_linear.available(device, dtype, packed_linear.linear_parameters(model)):

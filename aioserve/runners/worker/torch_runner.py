@@ -168,6 +168,12 @@ class TorchRunner:
             self.lean.native = self.device.type == "cpu" and self.dtype == torch.float32
         return switched
 
+    @property
+    def idle_poll_s(self) -> float | None:
+        """Seconds between :meth:`on_idle` calls while the engine is idle: 1 while the
+        compiled CPU kernels build in the background, else None (none needed)."""
+        return 1.0 if self._kernels.pending else None
+
     def kv_bytes_per_block(self) -> int:
         """Bytes one block takes over all layers (K and V, each layer's own widths)."""
         return model_loader.kv_bytes_per_token(self.layer_rules, self.dtype) * self.block_size

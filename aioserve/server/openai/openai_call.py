@@ -112,8 +112,9 @@ def engine_error(exc: EngineError) -> ApiError:
 async def answer(
     request: web.Request, choices: Choices, options: CallOptions, fmt: ResponseFormat
 ) -> web.StreamResponse:
-    """Answer the call from its running choices; aborts them all when the client
-    leaves, on error, and on the way out.
+    """Answer the call from its running choices, with its request id in the
+    ``X-Request-Id`` header; aborts them all when the client leaves, on error, and on
+    the way out.
 
     Raises:
         ApiError: 500 (or 503) when the engine fails a non-streamed call.
@@ -123,11 +124,12 @@ async def answer(
         "created": int(time.time()),
         "model": served_model_name(request.app),
     }
+    headers = {"X-Request-Id": options.request_id}
     try:
         async with DisconnectWatch(request):
             if options.stream:
-                return await _stream(request, choices, options, fmt, head)
-            return await _collect(choices, fmt, head)
+                return await _stream(request, choices, options, fmt, head, headers)
+            return await _collect(choices, fmt, head, headers)
     finally:
         choices.close()
 
@@ -136,7 +138,8 @@ def _usage(choices: Choices, completion_tokens: dict[int, int]) -> dict[str, Any
     return choices.usage(sum(completion_tokens.values()))
 
 
-async def _collect(choices: Choices, fmt: ResponseFormat, head: dict[str, Any]) -> web.Response:
+async def _collect(choices: Choices, fmt: ResponseFormat, head: dict[str, Any],
+                   headers: dict[str, str]) -> web.Response:
     finish: dict[int, str | None] = {}
     tokens: dict[int, int] = {}
     try:
@@ -153,14 +156,14 @@ async def _collect(choices: Choices, fmt: ResponseFormat, head: dict[str, Any]) 
         "choices": [fmt.final_choice(i, finish.get(i)) for i in range(len(choices.streams))],
         "usage": _usage(choices, tokens),
     }
-    return web.json_response(body)
+    return web.json_response(body, headers=headers)
 
 
 async def _stream(
     request: web.Request, choices: Choices, options: CallOptions, fmt: ResponseFormat,
-    head: dict[str, Any],
+    head: dict[str, Any], headers: dict[str, str],
 ) -> web.StreamResponse:
-    sse = SSEStream(request)
+    sse = SSEStream(request, headers)
     await sse.start()
     chunk = {**head, "object": fmt.chunk_object_name}
     tokens: dict[int, int] = {}

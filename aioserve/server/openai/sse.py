@@ -23,11 +23,12 @@ class SSEStream:
 
     Args:
         request: the HTTP request being answered.
+        headers: headers sent besides :data:`SSE_HEADERS`.
     """
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, headers: dict[str, str] | None = None) -> None:
         self.request = request
-        self.response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        self.response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
 
     async def start(self) -> None:
         """Send the status line and headers."""

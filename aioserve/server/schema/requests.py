@@ -4,6 +4,7 @@ stated in the JSON Schema as ``if``/``then`` clauses beside their check."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -40,13 +41,14 @@ class CallOptions:
         stream: answer with Server-Sent Events.
         include_usage: with ``stream``, send a usage chunk before ``[DONE]``.
         request_id: the caller's id for the call (``request_id`` field or the
-            ``X-Request-Id`` header), or None to have one made.
+            ``X-Request-Id`` header), else one made for it (32 hex digits); the
+            response's ``X-Request-Id`` header.
     """
 
     n: int
     stream: bool
     include_usage: bool
-    request_id: str | None
+    request_id: str
 
 
 class StreamOptions(BaseModel):
@@ -88,7 +90,7 @@ class CallFields(Unsupported, MetaFields, SamplingFields):
 
     def call_options(self, header_request_id: str | None) -> CallOptions:
         """``n``, ``stream``, ``include_usage`` and the request id (the field, else the
-        ``X-Request-Id`` header).
+        ``X-Request-Id`` header, else a new one).
 
         Raises:
             RequestFieldError: the header's id is not 1 to 256 characters.
@@ -97,8 +99,8 @@ class CallFields(Unsupported, MetaFields, SamplingFields):
         if request_id is not None and not 0 < len(request_id) <= 256:
             raise RequestFieldError("request_id", "request_id must have 1 to 256 characters")
         usage = self.stream_options.include_usage if self.stream_options else None
-        return CallOptions(n=self.n or 1, stream=bool(self.stream),
-                           include_usage=bool(usage), request_id=request_id)
+        return CallOptions(n=self.n or 1, stream=bool(self.stream), include_usage=bool(usage),
+                           request_id=request_id if request_id is not None else uuid.uuid4().hex)
 
 
 class CompletionRequest(CallFields):

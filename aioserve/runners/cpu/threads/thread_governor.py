@@ -6,20 +6,24 @@ team's threads wait on a run queue while the rest spin at the region's barrier: 
 2-core box, with two busy co-tenants, two threads gave 299 output tokens/s and one
 gave 2,355 (issue 26). The governor measures, over short windows of serving
 (:class:`~aioserve.runners.cpu.threads.cpu_load.LoadWindow`), the CPUs left to this process,
-``free = (own CPU time + idle CPU time) / wall time`` (what the others did not take),
-and moves the team's size:
+``free = (own CPU time + idle CPU time) / wall time`` (what the others did not take:
+they use ``CPUs - free``), and moves the team's size with hysteresis, so that a
+flickering load (a benchmark client's bursts) does not flip it back and forth:
 
-* **down** to ``floor(free + SLACK)`` when that is below the current count and the
-  runner's worker waited on a run queue for at least :attr:`WAIT_FRACTION` of its
-  runnable time: others take CPUs and the team suffers for it (a window is long enough
-  that the idle counter's error, up to a clock tick per CPU, stays below ``SLACK``); or
-  at once after the engine was idle for :attr:`UP_HOLD_S` or more, the window having
-  measured the others alone;
-* **up** when ``free`` says more CPUs are left over :attr:`UP_HOLD_S` of serving (the
-  error again against the move). The engine's idle time counts: a window that spans an
-  idle engine measures the others alone, so a team goes back up at the first step after
-  the co-tenants left. A move up that is undone within :attr:`FLAP_S` doubles the hold
-  (up to :attr:`MAX_UP_HOLD_S`); a move up that holds resets it.
+* **down** from ``n`` threads when ``free`` is below ``n - DOWN_MARGIN`` (n threads
+  would wait on the others) and the runner's worker waited on a run queue for at least
+  :attr:`WAIT_FRACTION` of its runnable time, in every window for :attr:`DOWN_HOLD_S`
+  of serving; to the count ``free + DOWN_MARGIN`` allows. A window over an idle engine
+  that long measured the others alone and is evidence by itself;
+* **up** to ``m`` threads when ``free`` is at least ``m - UP_MARGIN`` in every window
+  for the up hold (:attr:`UP_HOLD_S`; doubled, up to :attr:`MAX_UP_HOLD_S`, when a move
+  up is undone within :attr:`FLAP_S`; reset once a move up holds). The margins leave a
+  band (1.5 to 1.75 free CPUs for two threads) where the count stays as it is;
+* never two moves within :attr:`MIN_MOVE_GAP_S` of serving.
+
+Over the evidence the idle counter's error (up to a clock tick per CPU) counts against
+the move. Each move is logged with the numbers it was decided on (``CPU threads 2 -> 1:
+other processes used 1.30 of 2 CPUs over 0.5 s, leaving 0.70; 2 threads need 1.50 ...``).
 
 On a quiet machine ``free`` is every usable CPU, so nothing moves (the same count as
 without the governor: the quiet case costs one ``perf_counter`` per step and about 30 us
@@ -41,6 +45,10 @@ __all__ = ["ThreadGovernor", "threads_in_use"]
 
 logger = logging.getLogger("aioserve.threads")
 
+#: Sums of window lengths are compared with this much tolerance (ten 0.1 s windows
+#: make 0.9999999999999999 s).
+EPSILON_S = 1e-9
+
 
 class ThreadGovernor:
     """Chooses the intra-op thread count from :class:`LoadWindow` measurements.
@@ -56,20 +64,26 @@ class ThreadGovernor:
         ValueError: no count, or a count below 1.
     """
 
-    #: Seconds of serving per window (down moves are decided per window).
+    #: Seconds of serving per window (evidence is gathered per window).
     WINDOW_S = 0.1
-    #: Added to ``free`` before rounding down: 1.75 free CPUs keep 2 threads.
-    SLACK = 0.25
+    #: ``n`` threads are kept while ``free >= n - DOWN_MARGIN`` (1.5 free CPUs keep 2).
+    DOWN_MARGIN = 0.5
+    #: ``m`` threads are taken once ``free >= m - UP_MARGIN`` (1.75 free CPUs give 2).
+    UP_MARGIN = 0.25
     #: Least share of its runnable time the worker must have waited for a move down.
     WAIT_FRACTION = 0.15
     #: Least share of a window the worker must have been runnable in for a move down
     #: (it computed: its waits are the team's, not a hand-over's).
     BUSY_FRACTION = 0.25
-    #: Seconds ``free`` must allow more threads before a move up (doubled on flaps).
-    UP_HOLD_S = 0.3
+    #: Seconds of serving every window must call for fewer threads before a move down.
+    DOWN_HOLD_S = 0.5
+    #: Seconds every window must allow more threads before a move up (doubled on flaps).
+    UP_HOLD_S = 1.0
     MAX_UP_HOLD_S = 8.0
     #: A move down within this many seconds of serving after a move up is a flap.
-    FLAP_S = 1.0
+    FLAP_S = 5.0
+    #: Least seconds of serving between two moves.
+    MIN_MOVE_GAP_S = 2.0
 
     def __init__(
         self, counts: Sequence[int], meter: LoadMeter | None = None,
@@ -87,20 +101,38 @@ class ThreadGovernor:
         self.reason = "start"
         self.moves = 0
         self._serving_s = 0.0  # seconds of windows seen
+        self._last_move_s = -math.inf
         self._last_up_s: float | None = None
-        self._pending: LoadWindow | None = None  # windows that all allowed a move up
+        self._pending: LoadWindow | None = None  # consecutive windows calling for a move
+        self._direction = 0  # of that move: -1 down, +1 up
         self._reading: LoadReading | None = meter.read() if meter is not None else None
         # a window long enough that the idle counter's error (up to a tick per CPU)
-        # stays below SLACK: a quiet machine never looks busy
+        # stays below the band between the margins: a quiet machine never looks busy
         self.window_s = self.WINDOW_S
         if meter is not None:
-            self.window_s = max(self.WINDOW_S, 0.8 * len(meter.cpus) * meter.tick_s / self.SLACK)
+            band = self.DOWN_MARGIN - self.UP_MARGIN
+            self.window_s = max(self.WINDOW_S, 0.8 * len(meter.cpus) * meter.tick_s / band)
 
     def _fit(self, cpus: float) -> int:
         """The largest allowed count of at most ``floor(cpus)`` threads (at least the
         smallest allowed)."""
         limit = math.floor(cpus)
         return max([c for c in self.counts if c <= limit], default=self.counts[0])
+
+    def _direction_of(self, window: LoadWindow, n: int) -> int:
+        """What one window calls for: -1 fewer threads, +1 more, 0 the same."""
+        free = (window.own_cpu_s + window.idle_cpu_s) / window.wall_s
+        runnable = window.thread_run_s + window.thread_wait_s
+        waited = window.thread_wait_s / runnable if runnable > 0 else 0.0
+        busy = runnable >= self.BUSY_FRACTION * window.wall_s
+        # a long window over an idle engine measured the others alone
+        idle = not busy and window.wall_s >= self.DOWN_HOLD_S
+        logger.debug("window %.3f s: free %.2f CPUs, runner runnable %.0f%%, waited %.0f%%",
+                     window.wall_s, free, 100 * runnable / window.wall_s, 100 * waited)
+        if self._fit(free + self.DOWN_MARGIN) < n and (
+                idle or busy and waited >= self.WAIT_FRACTION):
+            return -1
+        return 1 if self._fit(free + self.UP_MARGIN) > n else 0
 
     def decide(self, window: LoadWindow) -> int:
         """The count to use after ``window`` (also kept in :attr:`threads`, with the
@@ -111,43 +143,48 @@ class ThreadGovernor:
         self._serving_s += window.wall_s
         if self._last_up_s is not None and self._serving_s - self._last_up_s >= 4 * self.up_hold_s:
             self.up_hold_s, self._last_up_s = self.UP_HOLD_S, None  # the move up held
-        free = (window.own_cpu_s + window.idle_cpu_s) / window.wall_s
-        runnable = window.thread_run_s + window.thread_wait_s
-        waited = window.thread_wait_s / runnable if runnable > 0 else 0.0
-        busy = runnable >= self.BUSY_FRACTION * window.wall_s
-        # a long window over an idle engine measured the others alone: no need to suffer
-        idle = not busy and window.wall_s >= self.UP_HOLD_S
-        logger.debug("window %.3f s: free %.2f CPUs, runner runnable %.0f%%, waited %.0f%%",
-                     window.wall_s, free, 100 * runnable / window.wall_s, 100 * waited)
-        if self._fit(free + self.SLACK) < n and (idle or busy and waited >= self.WAIT_FRACTION):
-            target = self._fit(free + self.SLACK)
-            if self._last_up_s is not None and self._serving_s - self._last_up_s < self.FLAP_S:
-                self.up_hold_s = min(2 * self.up_hold_s, self.MAX_UP_HOLD_S)
-            self._last_up_s = None
-            self._pending = None
-            return self._move(target, f"other processes leave {free:.1f} of "
-                              f"{window.num_cpus} CPUs; the runner waited {waited:.0%} "
-                              "of its runnable time")
-        if self._fit(free + self.SLACK) <= n:
-            self._pending = None
+        direction = self._direction_of(window, n)
+        if direction != self._direction or direction == 0:
+            self._pending, self._direction = None, direction
+        if direction == 0:
             return n
         pending = window if self._pending is None else self._pending + window
         self._pending = pending
-        if pending.wall_s < self.up_hold_s:
+        hold = self.DOWN_HOLD_S if direction < 0 else self.up_hold_s
+        gap = self._serving_s - self._last_move_s
+        if pending.wall_s < hold - EPSILON_S or gap < self.MIN_MOVE_GAP_S - EPSILON_S:
             return n
+        cpus = pending.num_cpus
         free = (pending.own_cpu_s + pending.idle_cpu_s) / pending.wall_s
-        error = pending.num_cpus * pending.tick_s / pending.wall_s
-        target = self._fit(free - error + self.SLACK)
+        error = cpus * pending.tick_s / pending.wall_s  # against the move
+        shown = min(free, cpus)  # a reading a tick above every CPU is every CPU
+        others = (f"other processes used {cpus - shown:.2f} of {cpus} CPUs over "
+                  f"{pending.wall_s:.1f} s, leaving {shown:.2f}")
+        if direction < 0:
+            target = self._fit(free + error + self.DOWN_MARGIN)
+            if target >= n:
+                return n
+            runnable = pending.thread_run_s + pending.thread_wait_s
+            waited = pending.thread_wait_s / runnable if runnable > 0 else 0.0
+            felt = (f"the runner waited {waited:.0%} of its runnable time" if runnable > 0
+                    else "measured while the engine was idle")
+            if self._last_up_s is not None and self._serving_s - self._last_up_s < self.FLAP_S:
+                self.up_hold_s = min(2 * self.up_hold_s, self.MAX_UP_HOLD_S)
+            self._last_up_s = None
+            return self._move(target, f"{others}; {n} threads need "
+                              f"{n - self.DOWN_MARGIN:.2f} and would wait on them ({felt})")
+        target = self._fit(free - error + self.UP_MARGIN)
         if target <= n:
             return n
-        self._pending = None
         self._last_up_s = self._serving_s
-        return self._move(target, f"{free:.1f} of {window.num_cpus} CPUs free for "
-                          f"{pending.wall_s:.1f} s")
+        return self._move(target, f"{others}; {target} threads need "
+                          f"{target - self.UP_MARGIN:.2f}")
 
     def _move(self, target: int, reason: str) -> int:
+        self._pending, self._direction = None, 0
         if target != self.threads:
             self.moves += 1
+            self._last_move_s = self._serving_s
             self.reason = reason
             logger.info("CPU threads %d -> %d: %s", self.threads, target, reason)
             self.threads = target

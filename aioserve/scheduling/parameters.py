@@ -1,0 +1,111 @@
+"""What parameters a scheduling policy takes (``--scheduler-config``'s keys): read from its
+constructor's signature, with each one's description from the ``Args:`` section of the
+class's docstring (or of the class above it that defines the constructor)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["REQUIRED", "PolicyParameter", "configuration_text", "policy_configuration",
+           "policy_parameters"]
+
+#: The default of a parameter that has none.
+REQUIRED: Any = inspect.Parameter.empty
+
+_ARG = re.compile(r"^(\s*)([A-Za-z_][\w, ]*):\s*(.*)$")
+
+
+@dataclass(frozen=True)
+class PolicyParameter:
+    """One constructor parameter of a policy.
+
+    Attributes:
+        name: the keyword (a ``--scheduler-config`` key).
+        type: the annotation as written (``"float"``, ``"int | None"``), or ``""``.
+        default: the default value, or :data:`REQUIRED`.
+        description: from the docstring's ``Args:`` section, or ``""``.
+    """
+
+    name: str
+    type: str
+    default: Any
+    description: str
+
+
+def _arg_descriptions(doc: str | None) -> dict[str, str]:
+    """``name -> text`` from a Google-style ``Args:`` section (``a, b: text`` names two;
+    deeper-indented lines continue an entry)."""
+    descriptions: dict[str, str] = {}
+    lines = inspect.cleandoc(doc or "").splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Args:")
+    except StopIteration:
+        return descriptions
+    names: list[str] = []
+    entry_indent: int | None = None
+    for line in lines[start + 1:]:
+        if not line.strip():
+            if names:
+                continue
+            break
+        indent = len(line) - len(line.lstrip())
+        if indent == 0:
+            break  # the next section (Raises:, Attributes:)
+        match = _ARG.match(line)
+        if match and (entry_indent is None or indent <= entry_indent):
+            entry_indent = indent
+            names = [n.strip() for n in match.group(2).split(",") if n.strip()]
+            for name in names:
+                descriptions[name] = match.group(3).strip()
+        elif names:
+            for name in names:
+                descriptions[name] = f"{descriptions[name]} {line.strip()}".strip()
+    return descriptions
+
+
+def _type_text(annotation: Any) -> str:
+    if annotation is inspect.Parameter.empty:
+        return ""
+    if isinstance(annotation, str):
+        return annotation
+    return getattr(annotation, "__name__", None) or str(annotation)
+
+
+def policy_parameters(cls: type) -> list[PolicyParameter]:
+    """The keyword parameters ``cls``'s constructor takes, in signature order (``*args``
+    and ``**kwargs`` left out)."""
+    signature = inspect.signature(cls)
+    owner = next((c for c in cls.__mro__ if "__init__" in vars(c)), cls)
+    descriptions = {**_arg_descriptions(owner.__doc__), **_arg_descriptions(cls.__doc__)}
+    return [
+        PolicyParameter(name, _type_text(p.annotation), p.default, descriptions.get(name, ""))
+        for name, p in signature.parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+
+
+def policy_configuration(scheduler: object, params: dict[str, Any] | None) -> dict[str, Any]:
+    """Every parameter of ``scheduler``'s class with the value it was made with:
+    ``params`` (``--scheduler-config``) where given, else the policy's attribute of that
+    name where it is a plain value (a policy made in code: ``VTCScheduler(preempt=False)``
+    keeps ``preempt``), else the default."""
+    given = params or {}
+    values: dict[str, Any] = {}
+    for p in policy_parameters(type(scheduler)):
+        held = getattr(scheduler, p.name, REQUIRED)
+        if p.name in given:
+            values[p.name] = given[p.name]
+        elif held is None or isinstance(held, bool | int | float | str):
+            values[p.name] = held
+        elif p.default is not REQUIRED:
+            values[p.name] = p.default
+    return values
+
+
+def configuration_text(values: dict[str, Any]) -> str:
+    """``values`` as one line of JSON (values JSON cannot write as their ``repr``)."""
+    return json.dumps(values, default=repr)
