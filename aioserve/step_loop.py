@@ -109,7 +109,7 @@ class StepLoop:
         if poll is None:
             await self.wakeup.wait()
             return
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError from 3.11 on
             await asyncio.wait_for(self.wakeup.wait(), poll)
 
     def runner_idle(self) -> None:

@@ -29,7 +29,7 @@ async def coalesced(content: aiohttp.StreamReader, interval: float) -> AsyncIter
                 continue
             try:
                 chunk = await asyncio.wait_for(content.readany(), remaining)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # TimeoutError from 3.11 on
                 continue
         else:
             chunk = await content.readany()
