@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from aioserve.commands.common import add_engine_options, engine_config, quiet_loading
+from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
 from aioserve.sampling_params import SamplingParams
 
@@ -39,17 +40,35 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-async def _generate(args: argparse.Namespace) -> int:
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.request_seed if args.request_seed is not None else args.seed,
-        stop=tuple(args.stop),
-        ignore_eos=args.ignore_eos,
-    )
-    async with AsyncEngine(engine_config(args)) as engine:
+#: The option that sets each SamplingParams field.
+FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p",
+         "top_k": "--top-k", "seed": "--sampling-seed", "stop": "--stop"}
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The request's sampling parameters from the options.
+
+    Raises:
+        ValueError: a value out of range (the message names the option).
+    """
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.request_seed if args.request_seed is not None else args.seed,
+            stop=tuple(args.stop),
+            ignore_eos=args.ignore_eos,
+        )
+    except ValueError as exc:
+        field = str(exc).split(" ", 1)[0]
+        raise ValueError(f"{FLAGS[field]}: {exc}" if field in FLAGS else str(exc)) from None
+
+
+async def _generate(args: argparse.Namespace, config: EngineConfig,
+                    params: SamplingParams) -> int:
+    async with AsyncEngine(config) as engine:
         start = time.perf_counter()
         tokens = 0
         async for out in engine.generate(args.prompt, params):
@@ -68,6 +87,11 @@ async def _generate(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``generate``; exit status 0. Only the continuation goes to stdout, and no
-    loading bar to stderr."""
+    loading bar to stderr. Options are checked before torch is imported.
+
+    Raises:
+        ValueError: an option is refused (the message names it).
+    """
+    config, params = engine_config(args), sampling_params(args)
     quiet_loading(False)
-    return asyncio.run(_generate(args))
+    return asyncio.run(_generate(args, config, params))
