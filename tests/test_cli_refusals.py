@@ -158,3 +158,10 @@ def test_a_missing_or_malformed_profile_names_the_option_and_the_path(tmp_path, 
         path.write_text(text)
     line = refuse("simulate", "--profile", str(path))
     assert line.startswith(f"aioserve: error: --profile {path}: {reason}"), line
+
+
+def test_a_saved_profile_loads_back_as_it_was(tmp_path):
+    from aioserve.sim.step_cost import StepCostModel
+
+    model = StepCostModel(1.5, 0.25, 0.01, 0.001, source={"model": "m"}, fit={"r2": 0.9})
+    assert StepCostModel.load(model.save(tmp_path / "profile.json")) == model
