@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from aioserve.commands.common import add_engine_options, engine_config, quiet_loading
+from aioserve.commands.common import add_engine_options, engine_config, flag_error, quiet_loading
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
 from aioserve.sampling_params import SamplingParams
@@ -40,11 +40,6 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-#: The option that sets each SamplingParams field.
-FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p",
-         "top_k": "--top-k", "seed": "--sampling-seed", "stop": "--stop"}
-
-
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """The request's sampling parameters from the options.
 
@@ -62,8 +57,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
             ignore_eos=args.ignore_eos,
         )
     except ValueError as exc:
-        field = str(exc).split(" ", 1)[0]
-        raise ValueError(f"{FLAGS[field]}: {exc}" if field in FLAGS else str(exc)) from None
+        raise flag_error(exc, args) from None
 
 
 async def _generate(args: argparse.Namespace, config: EngineConfig,
