@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from aioserve import __version__
 
@@ -32,6 +33,14 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one line, ``aioserve: error: ...``, like the
+    commands' own (argparse's default prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"aioserve: error: {message} (see '{self.prog} --help')\n")
+
+
 def _use_formatter(parser: argparse.ArgumentParser) -> None:
     """Give ``parser`` and every sub-parser under it :class:`DefaultsHelpFormatter`."""
     parser.formatter_class = DefaultsHelpFormatter
@@ -43,7 +52,7 @@ def _use_formatter(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-parser per command module."""
-    parser = argparse.ArgumentParser(prog="aioserve", description="asyncio LLM serving engine")
+    parser = OneLineErrorParser(prog="aioserve", description="asyncio LLM serving engine")
     parser.add_argument("--version", action="version", version=f"aioserve {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:

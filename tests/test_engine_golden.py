@@ -82,5 +82,5 @@ def test_cli_reports_a_missing_model_in_one_line(tmp_path):
         timeout=120,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("aioserve: error: cannot load")
+    assert result.stderr.strip().splitlines()[-1].startswith("aioserve: error: --model: ")
     assert "does not exist" in result.stderr

@@ -52,6 +52,7 @@ def test_the_served_values_are_filled_in():
     fields = completion["properties"]
     assert fields["model"]["anyOf"][0]["enum"] == ["m"]
     assert fields["max_tokens"]["anyOf"][0]["maximum"] == 511
+    assert fields["length_hint"]["anyOf"][0]["maximum"] == 511
     ids = fields["prompt"]["anyOf"][2]["items"]
     assert (ids["minimum"], ids["maximum"]) == (0, 299)
     assert "maximum" not in fields["stop_token_ids"]["anyOf"][0]["items"]  # any id stops

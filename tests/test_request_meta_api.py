@@ -137,7 +137,7 @@ BAD = {
     "deadline": [0, -5, "tomorrow", True],
     "metadata": [[], "x", {"a": 1}, {"": "v"}, {"k" * 65: "v"}, {"k": "v" * 513},
                  {str(i): "v" for i in range(17)}],
-    "length_hint": [-1, 1.5, "10"],
+    "length_hint": [-1, 1.5, "10", 512, 2**70],  # the context is 512 tokens
 }
 CASES = [(field, value) for field, values in BAD.items() for value in values]
 

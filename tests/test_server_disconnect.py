@@ -132,8 +132,12 @@ async def test_duplicate_request_id_is_a_400_while_the_first_runs(tokenizer):
         async with s.post(url, json={**LONG, "request_id": "same"}) as r:
             error = (await r.json())["error"]
         assert r.status == 400 and error["param"] == "request_id"
+        # the id the client sent, not the engine's (cmpl-same-0)
+        assert error["message"] == ("request_id 'same' (the request_id field or X-Request-Id "
+                                    "header) is in use by a request still running")
         async with s.post(url, json=LONG, headers={"X-Request-Id": "same"}) as r:
-            assert r.status == 400
+            error = (await r.json())["error"]
+        assert r.status == 400 and error["message"].startswith("request_id 'same' ")
         first.close()
         await wait_until(lambda: idle(engine))
         async with s.post(url, json={**LONG, "max_tokens": 2, "request_id": "same"}) as r:

@@ -16,7 +16,13 @@ from aioserve.bench.workloads import (
     prefix_repetition_requests,
     random_requests,
 )
-from aioserve.commands.common import add_prefix_caching_option, add_runner_options
+from aioserve.commands.common import (
+    add_prefix_caching_option,
+    add_runner_options,
+    check_model,
+    check_scheduler,
+    positive_int,
+)
 from aioserve.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -24,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def _workload_options(parser: argparse.ArgumentParser, prompts: int) -> None:
-    parser.add_argument("--num-prompts", type=int, default=prompts, help="requests")
+    parser.add_argument("--num-prompts", type=positive_int, default=prompts, help="requests")
     parser.add_argument("--input-len", type=parse_range, default=(8, 128),
                         help="prompt tokens LO:HI, uniform, BOS included")
     parser.add_argument("--output-len", type=parse_range, default=(16, 256),
@@ -53,8 +59,8 @@ def _add_throughput(sub: Any) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer (default: the model's; none with --random-model)")
     p.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")
-    p.add_argument("--max-num-seqs", type=int, default=32, help="slots")
-    p.add_argument("--max-num-batched-tokens", type=int, default=4096,
+    p.add_argument("--max-num-seqs", type=positive_int, default=32, help="slots")
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=4096,
                    help="most tokens in one step")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: float32 on CPU, bfloat16 on CUDA")
@@ -65,9 +71,10 @@ def _add_throughput(sub: Any) -> None:
     p.add_argument("--compare", choices=["hf-static", "no-prefix-caching"], default=None,
                    help="also run transformers generate() static batching, or aioserve "
                         "with the prefix cache off (runs alternate)")
-    p.add_argument("--hf-batch-size", type=int, default=32,
+    p.add_argument("--hf-batch-size", type=positive_int, default=32,
                    help="transformers' static batch size (with --compare hf-static)")
-    p.add_argument("--runs", type=int, default=1, help="runs per backend; medians reported")
+    p.add_argument("--runs", type=positive_int, default=1,
+                   help="runs per backend; medians reported")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads of each backend: transformers' intra-op threads and "
                         "aioserve's budget, shared by its step parts (default: each "
@@ -108,10 +115,11 @@ def _add_serve(sub: Any) -> None:
 
 def _add_overhead(sub: Any) -> None:
     p = sub.add_parser("overhead", help="step-loop cost per step on a zero-cost runner")
-    p.add_argument("--num-requests", type=int, default=256, help="requests decoding at once")
-    p.add_argument("--num-steps", type=int, default=200, help="steps measured per run")
+    p.add_argument("--num-requests", type=positive_int, default=256,
+                   help="requests decoding at once")
+    p.add_argument("--num-steps", type=positive_int, default=200, help="steps measured per run")
     p.add_argument("--tokenizer", default=None, help="include detokenization with this tokenizer")
-    p.add_argument("--runs", type=int, default=3, help="runs; the median is reported")
+    p.add_argument("--runs", type=positive_int, default=3, help="runs; the median is reported")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(bench=_overhead)
 
@@ -147,9 +155,12 @@ def _requests(args: argparse.Namespace) -> list[BenchRequest]:
 
 
 def _throughput(args: argparse.Namespace) -> int:
+    model = args.model
+    check_scheduler(args.scheduler, None)  # refusals before torch loads
+    if args.random_model is None:
+        check_model(model)
     from aioserve.bench.offline import run_offline
 
-    model = args.model
     if args.random_model is not None:
         from aioserve.bench.models.random_model import ensure_random_model
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from aioserve.config import EngineConfig
 from aioserve.memory_size import parse_memory
+from aioserve.model_path import check_model_path
 from aioserve.runners.attention import registry as attention_registry
 from aioserve.scheduling.registry import load_scheduler
 
@@ -17,24 +18,46 @@ if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
+def positive_int(value: str) -> int:
+    """An argparse type: an integer >= 1 (argparse names the flag when it is not)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+def non_negative_float(value: str) -> float:
+    """An argparse type: a number >= 0 (argparse names the flag when it is not)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value!r}") from None
+    if not number >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
+    return number
+
+
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """Add --model, --scheduler, --max-num-seqs and the cache options."""
     parser.add_argument("--model", required=True, help="model directory or hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
     add_scheduler_options(parser)
-    parser.add_argument("--max-num-seqs", type=int, default=32,
+    parser.add_argument("--max-num-seqs", type=positive_int, default=32,
                         help="slots: most requests running at once")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=4096,
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=4096,
                         help="most tokens (prefill + decode) in one step; longer prompts are "
                              "prefilled in chunks")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    parser.add_argument("--num-kv-blocks", type=int, default=None,
+    parser.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block")
+    parser.add_argument("--num-kv-blocks", type=positive_int, default=None,
                         help="KV cache size in blocks (overrides --kv-cache-memory)")
     parser.add_argument("--kv-cache-memory", default="4GiB", metavar="SIZE",
                         help="KV cache budget: a size (2GiB, 512MiB) or a fraction of free "
                         "memory (0.9 or 90%%; GPU: free device memory). Default 4GiB; never "
                         "more blocks than max-num-seqs x max-model-len need")
-    parser.add_argument("--max-model-len", type=int, default=None,
+    parser.add_argument("--max-model-len", type=positive_int, default=None,
                         help="context length in tokens, at most the model's "
                              "(default: the model's max_position_embeddings)")
     parser.add_argument(
@@ -76,6 +99,41 @@ def scheduler_params(text: str | None) -> dict[str, Any] | None:
     return params
 
 
+def flag_error(exc: ValueError, args: argparse.Namespace) -> ValueError:
+    """``exc`` of a config refusing a field (``"EngineConfig.device must be ..."``,
+    ``"max_body_bytes must be ..."``), led by the option that set the field."""
+    message = str(exc).removeprefix("EngineConfig.")
+    name = message.split(" ", 1)[0]
+    if name in vars(args):
+        return ValueError(f"--{name.replace('_', '-')}: {message}")
+    return ValueError(message)
+
+
+def check_scheduler(name: str, params: dict[str, Any] | None) -> None:
+    """Make the policy once with its parameters, so that a bad name or parameter is
+    refused before the model (and torch) loads.
+
+    Raises:
+        ValueError: the message names ``--scheduler/--scheduler-config``.
+    """
+    try:
+        load_scheduler(name, params)
+    except ValueError as exc:
+        raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
+
+
+def check_model(spec: str) -> None:
+    """Refuse a ``--model`` directory that does not exist or has no ``config.json``.
+
+    Raises:
+        ValueError: the message names ``--model``, the directory and what is missing.
+    """
+    try:
+        check_model_path(spec)
+    except OSError as exc:
+        raise ValueError(f"--model: {exc}") from None
+
+
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
     """Add ``--forward`` and ``--attention-backend`` (how the runner runs the model)."""
     parser.add_argument(
@@ -110,41 +168,45 @@ def add_prefix_caching_option(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """EngineConfig from parsed engine options.
+    """EngineConfig from parsed engine options, checked without loading torch: the
+    policy and its parameters are made once, the model directory is looked at.
 
     Raises:
-        ValueError: an option is out of range (the message names it).
+        ValueError: an option is out of range, the policy or a parameter is refused, or
+            the model directory is missing or has no ``config.json`` (the message names
+            the option).
     """
     try:
         budget = parse_memory(args.kv_cache_memory)
     except ValueError as exc:
         raise ValueError(f"--kv-cache-memory: {exc}") from None
     params = scheduler_params(args.scheduler_config)
-    try:  # refuse a bad policy or parameter now, before the model loads
-        load_scheduler(args.scheduler, params)
+    check_scheduler(args.scheduler, params)
+    check_model(args.model)
+    try:
+        return EngineConfig(
+            model=args.model,
+            tokenizer=args.tokenizer,
+            scheduler=args.scheduler,
+            scheduler_config=params,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            block_size=args.block_size,
+            num_kv_blocks=args.num_kv_blocks,
+            kv_cache_memory_bytes=budget.bytes or EngineConfig.kv_cache_memory_bytes,
+            kv_cache_memory_fraction=budget.fraction,
+            max_model_len=args.max_model_len,
+            dtype=args.dtype,
+            device=args.device,
+            seed=args.seed,
+            enable_prefix_caching=args.enable_prefix_caching,
+            forward=args.forward,
+            attention_backend=args.attention_backend,
+            enforce_eager=args.enforce_eager,
+            batch_invariant=args.batch_invariant,
+        )
     except ValueError as exc:
-        raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
-    return EngineConfig(
-        model=args.model,
-        tokenizer=args.tokenizer,
-        scheduler=args.scheduler,
-        scheduler_config=params,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_bytes=budget.bytes or EngineConfig.kv_cache_memory_bytes,
-        kv_cache_memory_fraction=budget.fraction,
-        max_model_len=args.max_model_len,
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        enable_prefix_caching=args.enable_prefix_caching,
-        forward=args.forward,
-        attention_backend=args.attention_backend,
-        enforce_eager=args.enforce_eager,
-        batch_invariant=args.batch_invariant,
-    )
+        raise flag_error(exc, args) from None
 
 
 def quiet_loading(verbose: bool) -> None:

@@ -8,7 +8,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from aioserve.commands.common import add_engine_options, engine_config
+from aioserve.commands.common import add_engine_options, engine_config, flag_error
+from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
 from aioserve.sampling_params import SamplingParams
 
@@ -39,17 +40,29 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-async def _generate(args: argparse.Namespace) -> int:
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.request_seed if args.request_seed is not None else args.seed,
-        stop=tuple(args.stop),
-        ignore_eos=args.ignore_eos,
-    )
-    async with AsyncEngine(engine_config(args)) as engine:
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The request's sampling parameters from the options.
+
+    Raises:
+        ValueError: a value out of range (the message names the option).
+    """
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.request_seed if args.request_seed is not None else args.seed,
+            stop=tuple(args.stop),
+            ignore_eos=args.ignore_eos,
+        )
+    except ValueError as exc:
+        raise flag_error(exc, args) from None
+
+
+async def _generate(args: argparse.Namespace, config: EngineConfig,
+                    params: SamplingParams) -> int:
+    async with AsyncEngine(config) as engine:
         start = time.perf_counter()
         tokens = 0
         async for out in engine.generate(args.prompt, params):
@@ -68,5 +81,10 @@ async def _generate(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``generate``; exit status 0. Only the continuation goes to stdout, and no
-    loading bar to stderr."""
-    return asyncio.run(_generate(args))
+    loading bar to stderr. Options are checked before torch is imported.
+
+    Raises:
+        ValueError: an option is refused (the message names it).
+    """
+    config, params = engine_config(args), sampling_params(args)
+    return asyncio.run(_generate(args, config, params))

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from aioserve.commands.common import add_engine_options, engine_config, quiet_loading
+from aioserve.commands.common import (
+    add_engine_options,
+    engine_config,
+    flag_error,
+    non_negative_float,
+    positive_int,
+    quiet_loading,
+)
 from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_line, startup_summary
@@ -41,11 +48,11 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
                         help="Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-body-bytes", type=int, default=1024**2,
                         help="largest request body or websocket message in bytes")
-    parser.add_argument("--ws-max-pending", type=int, default=256,
+    parser.add_argument("--ws-max-pending", type=positive_int, default=256,
                         help="messages queued per websocket before its generations pause")
     parser.add_argument("--ws-stall-timeout", type=float, default=5.0,
                         help="seconds a websocket may not read before its requests are aborted")
-    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+    parser.add_argument("--shutdown-timeout", type=non_negative_float, default=10.0,
                         help="seconds running requests get to finish on SIGINT/SIGTERM "
                              "(new ones get 503 meanwhile; the rest then end with an error)")
     parser.add_argument("--api-key", default=os.environ.get("AIOSERVE_API_KEY"),
@@ -57,7 +64,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
                         "or '*' for any (default: none)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="stderr log level")
-    parser.add_argument("--stats-log-interval", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--stats-log-interval", type=non_negative_float, default=10.0,
+                        metavar="SECONDS",
                         help="a stats line at most this often while busy (0: never)")
     add_ray_options(parser)
     return parser
@@ -81,15 +89,19 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             template = Path(args.chat_template).read_text(encoding="utf-8")
         except OSError as exc:
             raise ValueError(f"--chat-template: cannot read {args.chat_template}: {exc}") from None
-    return ServerConfig(
-        served_model_name=args.served_model_name,
-        chat_template=template,
-        max_body_bytes=args.max_body_bytes,
-        ws_max_pending=args.ws_max_pending,
-        ws_stall_timeout=args.ws_stall_timeout,
-        api_key=api_key,
-        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
-    )
+    try:
+        return ServerConfig(
+            served_model_name=args.served_model_name,
+            chat_template=template,
+            max_body_bytes=args.max_body_bytes,
+            ws_max_pending=args.ws_max_pending,
+            ws_stall_timeout=args.ws_stall_timeout,
+            api_key=api_key,
+            allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",")
+                                  if o.strip()),
+        )
+    except ValueError as exc:
+        raise flag_error(exc, args) from None
 
 
 #: Seconds handlers get to write their last event after the engine has stopped.
@@ -207,26 +219,26 @@ def add_operator_log(app: web.Application, stats_interval: float,
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM, then shut down gracefully; exit status 0. With
-    ``--ray``, serve on Ray Serve instead (:func:`run_ray`).
+    ``--ray``, serve on Ray Serve instead (:func:`run_ray`). Options are checked before
+    torch is imported, so a refusal is quick.
 
     Raises:
         ValueError: an option is out of range (the message names it).
     """
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    if args.stats_log_interval < 0:
-        raise ValueError(f"--stats-log-interval must be >= 0, got {args.stats_log_interval}")
     settings = server_config(args)
+    config = engine_config(args)  # every refusal that needs no model, before torch loads
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_loading(args.log_level == "debug")
     if args.ray:
-        return run_ray(args, settings)
+        return run_ray(args, config, settings)
     process_s, clock = process_age_s(), PhaseClock()
     import aioserve.runners.worker.torch_runner  # noqa: F401  torch, transformers: timed
 
     clock.mark("imports (torch, transformers)")
-    app = create_app(engine_config(args), settings)
+    app = create_app(config, settings)
     add_operator_log(app, args.stats_log_interval, clock)
 
     def ready(url: str) -> None:

@@ -10,7 +10,7 @@ import socket
 import threading
 from typing import Any
 
-from aioserve.commands.common import engine_config
+from aioserve.config import EngineConfig
 
 
 def add_ray_options(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +54,10 @@ def ray_options(args: argparse.Namespace) -> Any:
 
     autoscaling = None
     if args.autoscaling is not None:
-        autoscaling = json.loads(args.autoscaling)
+        try:
+            autoscaling = json.loads(args.autoscaling)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--autoscaling: not valid JSON: {exc}") from None
         if not isinstance(autoscaling, dict):
             raise ValueError("--autoscaling must be a JSON object")
     actor = {"num_cpus": args.replica_num_cpus}
@@ -74,9 +77,10 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def run_ray(args: argparse.Namespace, server_config: Any) -> int:
-    """Deploy on Ray Serve, print ``listening on URL``, serve until SIGINT/SIGTERM, then
-    shut Serve down (and the local Ray instance, when this command started it).
+def run_ray(args: argparse.Namespace, config: EngineConfig, server_config: Any) -> int:
+    """Deploy ``config``'s engine on Ray Serve, print ``listening on URL``, serve until
+    SIGINT/SIGTERM, then shut Serve down (and the local Ray instance, when this command
+    started it).
 
     Raises:
         ValueError: Ray Serve is not installed, or an option is out of range.
@@ -92,7 +96,7 @@ def run_ray(args: argparse.Namespace, server_config: Any) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     port = args.port or free_port(args.host)
-    url = start(engine_config(args), server_config, options, host=args.host, port=port,
+    url = start(config, server_config, options, host=args.host, port=port,
                 address=args.ray_address, num_cpus=args.ray_num_cpus)
     print(f"listening on {url}", flush=True)
     stop.wait()

@@ -9,8 +9,9 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from aioserve.commands.common import scheduler_params
+from aioserve.commands.common import check_scheduler, scheduler_params
 from aioserve.commands.simulate_options import add_options, engine_config, sim_config
+from aioserve.config import EngineConfig
 from aioserve.sim.reports.compare import format_comparison, plot_comparison, write_comparison_html
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.reports.replay import FrameRecorder, write_html
@@ -50,16 +51,17 @@ def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any
     return dict.fromkeys(names, params)
 
 
-async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest],
-                   names: list[str]) -> tuple[list[SimResult], dict[str, FrameRecorder]]:
+async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], names: list[str],
+                   real: EngineConfig | None,
+                   ) -> tuple[list[SimResult], dict[str, FrameRecorder]]:
     params = policy_params(args.scheduler_config, names)
     results: list[SimResult] = []
     recorders: dict[str, FrameRecorder] = {}
-    if args.real:
+    if real is not None:
         from aioserve.engine import AsyncEngine
         from aioserve.sim.real import replay
 
-        async with AsyncEngine(engine_config(args)) as engine:
+        async with AsyncEngine(real) as engine:
             await replay(engine, workload[: max(4, len(workload) // 8)], "fcfs")  # warm-up
             for name in names:
                 results.append(await replay(engine, workload, name, params[name]))
@@ -75,12 +77,12 @@ async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest],
     return results, recorders
 
 
-async def _calibrate(args: argparse.Namespace) -> int:
+async def _calibrate(args: argparse.Namespace, real: EngineConfig,
+                     workload: list[WorkloadRequest] | None) -> int:
     from aioserve.engine import AsyncEngine
     from aioserve.sim.calibrate import calibrate
 
-    async with AsyncEngine(engine_config(args)) as engine:
-        workload = load_workload(args.workload) if args.workload != "article-example" else None
+    async with AsyncEngine(real) as engine:
         model = await calibrate(engine, workload, rounds=args.repeats)
     path = model.save(args.profile_out)
     fit = model.fit
@@ -99,13 +101,19 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: unknown scheduler, workload or option (the CLI prints it and exits 2).
     """
-    if args.calibrate:
-        return asyncio.run(_calibrate(args))
+    real = engine_config(args) if args.calibrate or args.real else None
+    if args.calibrate and real is not None:
+        workload = load_workload(args.workload) if args.workload != "article-example" else None
+        return asyncio.run(_calibrate(args, real, workload))
     workload = load_workload(args.workload)
     names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
     if not names:
         raise ValueError("--scheduler: give at least one policy")
-    results, recorders = asyncio.run(_run_all(args, workload, names))
+    if real is not None:  # every refusal before torch loads
+        params = policy_params(args.scheduler_config, names)
+        for name in names:
+            check_scheduler(name, params[name])
+    results, recorders = asyncio.run(_run_all(args, workload, names, real))
     kind = "real engine" if args.real else "simulated"
     if args.html and recorders:
         title = f"aioserve simulate: {args.workload}"

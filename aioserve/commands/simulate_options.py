@@ -5,25 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from aioserve.commands.common import add_scheduler_options
+from aioserve.commands.common import (
+    add_scheduler_options,
+    check_model,
+    non_negative_float,
+    positive_int,
+)
 from aioserve.config import EngineConfig
 from aioserve.sim.simulator import SimConfig
 from aioserve.sim.step_cost import StepCostModel
 from aioserve.sim.workloads import WorkloadRequest
-
-
-def _positive(value: str) -> int:
-    number = int(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
-
-
-def _non_negative(value: str) -> float:
-    number = float(value)
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return number
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -34,17 +25,17 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add("--workload", default="article-example",
         help="article-example, article-mix, poisson[:n=,rate=,burst=,seed=], two-tenants, "
         "priority-mix, slo-mix, heavy-tail (each with :key=value options) or FILE.jsonl")
-    add("--slots", type=_positive, default=None,
+    add("--slots", type=positive_int, default=None,
         help="slots (default 4, or the profile's)")
-    add("--step-ms", type=_non_negative, default=50.0,
+    add("--step-ms", type=non_negative_float, default=50.0,
         help="cost of one step in ms (default 50, the article's; a --profile replaces it)")
-    add("--prefill-ms-per-token", type=_non_negative, default=0.0,
+    add("--prefill-ms-per-token", type=non_negative_float, default=0.0,
         help="extra cost per prompt or recomputed token in ms (default 0)")
-    add("--kv-blocks", type=_positive, default=None,
+    add("--kv-blocks", type=positive_int, default=None,
         help="KV cache size in blocks (default: unlimited, or the profile's)")
-    add("--block-size", type=_positive, default=None,
+    add("--block-size", type=positive_int, default=None,
         help="tokens per KV block (default 16, or the profile's)")
-    add("--max-num-batched-tokens", type=_positive, default=None,
+    add("--max-num-batched-tokens", type=positive_int, default=None,
         help="token budget of one step (default 4096, or the profile's)")
     add("--enable-prefix-caching", action="store_true",
         help="share cached prompt prefixes (workload prefix_group/prefix_len; default off)")
@@ -60,16 +51,16 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="where --calibrate writes the profile (default profile.json)")
     add("--real", action="store_true",
         help="run the workload on the real engine (--model) instead of simulating it")
-    add("--repeats", type=_positive, default=2, help="--calibrate: passes to fit on (2)")
+    add("--repeats", type=positive_int, default=2, help="--calibrate: passes to fit on (2)")
     add("--model", default=None, help="model directory, for --real and --calibrate")
     add("--forward", default="transformers", help="the engine's forward (--real, --calibrate)")
     add("--device", default="auto", help="the engine's device (--real, --calibrate)")
     add("--compare", action="store_true",
         help="print the policy comparison: throughput, goodput, TTFT/TPOT/E2E, per-tenant "
         "service and Jain's index, max wait, preemptions, recomputed tokens")
-    add("--slo-ttft-ms", type=_non_negative, default=None,
+    add("--slo-ttft-ms", type=non_negative_float, default=None,
         help="--compare: TTFT objective of requests that carry none")
-    add("--slo-tpot-ms", type=_non_negative, default=None,
+    add("--slo-tpot-ms", type=non_negative_float, default=None,
         help="--compare: TPOT objective of requests that carry none")
     add("--report", default=None, metavar="FILE.html",
         help="--compare: also write the comparison as a self-contained HTML page")
@@ -83,14 +74,28 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _profile(args: argparse.Namespace) -> StepCostModel | None:
-    return StepCostModel.load(args.profile) if args.profile else None
+    """The ``--profile`` step cost, or None.
+
+    Raises:
+        ValueError: unreadable or not a profile (the message names ``--profile``, the
+            path and what is wrong).
+    """
+    if not args.profile:
+        return None
+    try:
+        return StepCostModel.load(args.profile)
+    except OSError as exc:
+        raise ValueError(f"--profile {args.profile}: cannot read it: "
+                         f"{exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"--profile {args.profile}: not a step-cost profile: {exc}") from None
 
 
 def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> SimConfig:
     """The simulated engine of the options (a profile's engine where options are unset).
 
     Raises:
-        ValueError: an unreadable profile.
+        ValueError: an unreadable or malformed ``--profile``.
     """
     model = _profile(args)
     source = model.source if model is not None else {}
@@ -116,10 +121,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The real engine of the options (``--real``, ``--calibrate``).
 
     Raises:
-        ValueError: no ``--model``, or an option out of range.
+        ValueError: no ``--model``, a model directory that is missing or has no
+            ``config.json``, or an option out of range.
     """
     if not args.model:
         raise ValueError("--model: give the model to run (needed by --real and --calibrate)")
+    check_model(args.model)
     return EngineConfig(
         model=args.model, scheduler="fcfs", max_num_seqs=args.slots or 4,
         num_kv_blocks=args.kv_blocks,

@@ -52,8 +52,8 @@ _BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum",
 
 
 def _fill(node: Any, model: str | None, max_tokens: int | None, vocab: int | None) -> None:
-    """Put the served values in: ``model``'s one name, the largest ``max_tokens`` and
-    token id (``x-token-id`` marks token ids)."""
+    """Put the served values in: ``model``'s one name, the largest ``max_tokens`` (and
+    ``length_hint``) and token id (``x-token-id`` marks token ids)."""
     if isinstance(node, list):
         for item in node:
             _fill(item, model, max_tokens, vocab)
@@ -70,7 +70,8 @@ def _fill(node: Any, model: str | None, max_tokens: int | None, vocab: int | Non
         typed = field.get("anyOf", [field])[0]
         if name == "model" and model is not None and typed.get("type") == "string":
             typed["enum"] = [model]
-        if name in ("max_tokens", "max_completion_tokens") and max_tokens is not None:
+        if name in ("max_tokens", "max_completion_tokens", "length_hint") and (
+                max_tokens is not None):
             typed["maximum"] = max_tokens
     for value in node.values():
         _fill(value, model, max_tokens, vocab)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +91,33 @@ class StepCostModel:
         """Read a profile written by :meth:`save`.
 
         Raises:
-            ValueError: not such a profile. OSError: cannot be read.
+            ValueError: not such a profile: not JSON, not an object, an unknown key, no
+                ``intercept_ms``, a coefficient that is not a finite number >= 0, or a
+                ``source``/``fit`` that is not an object (the message says which).
+            OSError: cannot be read.
         """
         try:
             data = json.loads(Path(path).read_text())
-            model = cls(**data)
-        except (TypeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: not a step-cost profile ({exc})") from None
-        coefficients = (model.intercept_ms, model.per_seq_ms, model.per_prefill_token_ms,
-                        model.per_context_token_ms)
-        if not all(isinstance(c, (int, float)) and math.isfinite(c) and c >= 0
-                   for c in coefficients):
-            raise ValueError(f"{path}: coefficients must be finite numbers >= 0")
-        return model
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object of coefficients (write one with --calibrate)")
+        known = [f.name for f in fields(cls)]
+        unknown = [key for key in data if key not in known]
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(known)})")
+        if "intercept_ms" not in data:
+            raise ValueError("intercept_ms is required")
+        coefficients = [f"{feature}_ms" for feature in FEATURES]
+        for name in coefficients:
+            value = data.get(name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 <= value < math.inf):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in set(known) - set(coefficients):
+            if not isinstance(data.get(name, {}), dict):
+                raise ValueError(f"{name} must be a JSON object, got {data[name]!r}")
+        return cls(**data)
 
 
 def fit_steps(steps: Sequence[StepFeedback], source: dict[str, Any] | None = None

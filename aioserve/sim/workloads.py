@@ -8,6 +8,7 @@ requests at t=0 alternating 20 and 200 tokens.
 
 from __future__ import annotations
 
+import difflib
 import json
 import random
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from typing import Any
 
 from aioserve.request_meta import RequestMeta
 from aioserve.sim.runner import NS_PER_S
+from aioserve.sim.trace_formats import first_line_format, trace_format
 
 #: Prompt length of the article's requests (it counts decode steps only; with the
 #: default prefill cost of 0 the prompt length changes no timing, only KV use).
@@ -173,11 +175,18 @@ def parse_request(item: Any) -> WorkloadRequest:
     """One workload request from a JSON object (see :func:`load_jsonl`).
 
     Raises:
-        ValueError: not an object, a required field missing, a field of the wrong type
-            or value (the message names it).
+        ValueError: not an object, an unknown key (or the keys of a production trace,
+            named), a required field missing, a field of the wrong type or value (the
+            message names it).
     """
     if not isinstance(item, dict):
         raise ValueError("not a JSON object")
+    unknown = [name for name in item if name != "id" and name not in _FIELDS]
+    if unknown:
+        found = trace_format(list(item))
+        if found is not None:
+            raise ValueError(found.refusal)
+        raise ValueError(unknown_key(unknown[0]))
     for name in _REQUIRED:
         if name not in item:
             raise ValueError(f"{name} is required")
@@ -185,11 +194,19 @@ def parse_request(item: Any) -> WorkloadRequest:
     for name, value in item.items():
         types = _FIELDS.get(name)
         if types is None or value is None:
-            continue  # unknown fields are ignored, null means "not set"
+            continue  # null means "not set"
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             raise ValueError(f"{name} must be of type {types[0].__name__}, got {value!r}")
         kwargs[name] = value
     return WorkloadRequest(str(item["id"]), **kwargs)
+
+
+def unknown_key(name: str) -> str:
+    """The refusal of a key no workload request has: the closest known one, and all."""
+    known = ["id", *_FIELDS]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key {name!r}{hint} (known: {', '.join(known)})"
 
 
 def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
@@ -200,18 +217,29 @@ def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
     ``aioserve bench serve --workload`` replays against a server).
 
     Raises:
-        ValueError: a line is not such an object (the message gives the line and the
-            field), or an id repeats.
+        ValueError: a line is not such an object (``FILE:LINE: `` and what is wrong: an
+            unknown key, a field's type or value), an id repeats, or the file is a
+            production trace (its columns name the format, see
+            :mod:`aioserve.sim.trace_formats`).
         OSError: the file cannot be read.
     """
+    lines = Path(path).read_text().splitlines()
+    first = next((line for line in lines if line.strip()), None)
+    found = first_line_format(first) if first is not None else None
+    if found is not None:
+        raise ValueError(f"{path}: {found.refusal}")
     requests: list[WorkloadRequest] = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            requests.append(parse_request(json.loads(line)))
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+        try:
+            requests.append(parse_request(item))
         except ValueError as exc:
-            raise ValueError(f"{path}:{number}: not a workload request ({exc})") from exc
+            raise ValueError(f"{path}:{number}: {exc}") from None
     if len({r.id for r in requests}) != len(requests):
         raise ValueError(f"{path}: request ids repeat")
     return requests

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from aioserve.errors import UnsupportedModelError
+from aioserve.model_path import check_model_path
 from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.layer_rules import LayerRules
@@ -51,13 +51,12 @@ def load_model(
     and its layers' rules by layer index.
 
     Raises:
-        OSError: the model cannot be loaded (a local path, ``.``/``/``/``~``, that is
-            not a directory is named as such).
+        OSError: the model cannot be loaded (a missing local directory, or one without
+            ``config.json``, is named as such: :func:`~aioserve.model_path.check_model_path`).
         UnsupportedModelError: an ALiBi model, layers that bypass transformers'
             attention interface, or a rule ``backend`` does not support.
     """
-    if path.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(path)):
-        raise OSError(f"model directory {path!r} does not exist")
+    check_model_path(path)
     name = backend.register()
     hf_config = AutoConfig.from_pretrained(path)
     model_adapters.check_config(hf_config.get_text_config())

@@ -94,8 +94,12 @@ def start_choices(
     except ValueError as exc:
         message = str(exc)
         param = field_of_message(message, "prompt")
-        code = "duplicate_request_id" if param == "request_id" else "invalid_value"
-        raise bad_request(message, param, code) from None
+        if param != "request_id":
+            raise bad_request(message, param, "invalid_value") from None
+        # the engine's id is the call's (``cmpl-ID-0``): name the id the client sent
+        message = (f"request_id {options.request_id!r} (the request_id field or X-Request-Id "
+                   "header) is in use by a request still running")
+        raise bad_request(message, param, "duplicate_request_id") from None
 
 
 def engine_error(exc: EngineError) -> ApiError:

@@ -130,9 +130,10 @@ class SamplingFields(ApiBody):
     include_stop_str_in_output: Boolean | None = None
     repetition_penalty: Number | None = Field(None, gt=0.0, le=FLOAT32_MAX)
     length_hint: Integer | None = Field(None, ge=0, description="predicted output tokens, "
-                                        "for length-aware scheduling policies")
+                                        "for length-aware scheduling policies; less than "
+                                        "the context, as max_tokens")
 
-    @field_validator("max_tokens", "max_completion_tokens", check_fields=False)
+    @field_validator("max_tokens", "max_completion_tokens", "length_hint", check_fields=False)
     @classmethod
     def _fits(cls, value: int | None, info: ValidationInfo) -> int | None:
         limit = info.context.max_model_len if isinstance(info.context, Served) else None

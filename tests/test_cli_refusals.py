@@ -1,0 +1,167 @@
+"""Refusals of the command line come before torch loads (issue 34): each bad invocation,
+run as a real process, exits with status 2 and one ``aioserve: error:`` line naming the
+option, and the process never imported torch (so the answer is quick)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+#: Runs the CLI, then prints on stdout whether torch was imported, even when argparse exits.
+PROBE = """
+import sys
+from aioserve.cli import main
+try:
+    status = main(sys.argv[1:])
+finally:
+    print("torch imported:", "torch" in sys.modules)
+sys.exit(status)
+"""
+
+
+def refuse(*args: str) -> str:
+    """The one error line of a refused invocation that never imported torch."""
+    result = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "torch imported: False"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aioserve: error: "), lines
+    return lines[0]
+
+
+BAD_ENGINE_OPTIONS = [
+    (["--scheduler", "fcfss"], "--scheduler", "unknown scheduler 'fcfss'"),
+    (["--scheduler-config", "{"], "--scheduler-config", "not valid JSON"),
+    (["--scheduler-config", "[1]"], "--scheduler-config", "must be a JSON object"),
+    (["--scheduler-config", '{"x": 1}'], "--scheduler-config", "no parameter 'x'"),
+    (["--scheduler-config", '{"watermark": "high"}'], "--scheduler-config", "'watermark'"),
+    (["--scheduler-config", '{"watermark": 5}'], "--scheduler-config", "watermark must be"),
+    (["--max-num-seqs", "0"], "--max-num-seqs", "positive integer"),
+    (["--block-size", "x"], "--block-size", "positive integer"),
+    (["--kv-cache-memory", "lots"], "--kv-cache-memory", "not a memory size"),
+    (["--dtype", "float8"], "--dtype", "invalid choice"),
+    (["--device", "tpu"], "--device", "must be auto, cpu or cuda[:N]"),
+]
+
+
+@pytest.mark.parametrize(("options", "flag", "reason"), BAD_ENGINE_OPTIONS,
+                         ids=[" ".join(case[0]) for case in BAD_ENGINE_OPTIONS])
+def test_bad_engine_options_are_refused_before_torch(model_dir, options, flag, reason):
+    line = refuse("serve", "--model", model_dir, "--port", "0", *options)
+    assert flag in line and reason in line, line
+
+
+@pytest.mark.parametrize(("options", "flag"), [
+    (["--stats-log-interval", "-1"], "--stats-log-interval"),
+    (["--ws-max-pending", "0"], "--ws-max-pending"),
+    (["--max-body-bytes", "5"], "--max-body-bytes"),
+    (["--port", "99999"], "--port"),
+    (["--chat-template", "/no/such/template.jinja"], "--chat-template"),
+])
+def test_bad_server_options_are_refused_before_torch(model_dir, options, flag):
+    assert flag in refuse("serve", "--model", model_dir, *options)
+
+
+@pytest.mark.parametrize(("options", "flag"), [
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--top-p", "2"], "--top-p"),
+    (["--scheduler", "fcfss"], "--scheduler"),
+])
+def test_bad_sampling_options_are_refused_before_torch(model_dir, options, flag):
+    assert refuse("generate", "hi", "--model", model_dir, *options).startswith(
+        f"aioserve: error: {flag}")
+
+
+def test_bench_and_simulate_refuse_before_torch(model_dir, tmp_path):
+    line = refuse("bench", "throughput", "--model", model_dir, "--scheduler", "fcfss")
+    assert "--scheduler" in line and "'fcfss'" in line
+    line = refuse("bench", "throughput", "--model", str(tmp_path / "nope"))
+    assert line.startswith("aioserve: error: --model: ")
+    assert "--num-prompts" in refuse("bench", "throughput", "--model", model_dir,
+                                     "--num-prompts", "0")
+    assert "--model" in refuse("simulate", "--real", "--model", str(tmp_path / "nope"))
+    line = refuse("simulate", "--real", "--model", model_dir, "--scheduler", "fcfs,fcfss")
+    assert "--scheduler" in line and "'fcfss'" in line
+    assert "--scheduler-config" in refuse("simulate", "--scheduler-config", "{")
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_a_model_directory_without_config_json_is_named(tmp_path, command):
+    """The directory and the missing file are named (transformers says "Should have a
+    `model_type` key in its config.json")."""
+    (tmp_path / "tokenizer.json").write_text(json.dumps({}))
+    head = ["hi"] if command == "generate" else []
+    line = refuse(command, *head, "--model", str(tmp_path))
+    assert line == (f"aioserve: error: --model: model directory {str(tmp_path)!r} has no "
+                    "config.json (a transformers model directory holds one)")
+
+
+@pytest.mark.parametrize("spec", ["/no/such/model", "./no-such-model", "../no/such-model"])
+def test_a_missing_model_directory_is_named(spec):
+    line = refuse("serve", "--model", spec)
+    assert line == f"aioserve: error: --model: model directory {spec!r} does not exist"
+
+
+def test_a_model_file_is_not_a_directory(model_dir):
+    config = str(Path(model_dir) / "config.json")
+    assert refuse("serve", "--model", config) == (
+        f"aioserve: error: --model: {config!r} is a file, not a model directory")
+
+
+REQUEST = {"id": "a", "arrival_s": 0, "prompt_len": 4, "output_len": 3}
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["bench", "serve", "--base-url",
+                                                    "http://127.0.0.1:9"]])
+def test_an_unknown_workload_key_is_named_with_its_line(tmp_path, command):
+    """``"tennant"`` was ignored: the request ran without a tenant."""
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps(REQUEST) + "\n\n" + json.dumps(REQUEST | {
+        "id": "b", "tennant": "x"}) + "\n")
+    line = refuse(*command, "--workload", str(path))
+    assert line.startswith(f"aioserve: error: {path}:3: unknown key 'tennant'; did you mean "
+                           "'tenant'? (known: id, arrival_s, prompt_len, output_len, "), line
+
+
+def test_a_production_trace_is_named_not_refused_key_by_key(tmp_path):
+    """A file whose columns mark a known trace format says which format it is."""
+    mooncake = tmp_path / "mooncake.jsonl"
+    mooncake.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 5,
+                                    "hash_ids": [0]}) + "\n")
+    azure = tmp_path / "azure.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,374,44\n")
+    assert refuse("simulate", "--workload", str(mooncake)) == (
+        f"aioserve: error: {mooncake}: this looks like a Mooncake trace (JSONL: timestamp, "
+        "input_length, output_length, hash_ids), not an aioserve workload; not supported yet")
+    line = refuse("simulate", "--workload", str(azure))
+    assert line.startswith(f"aioserve: error: {azure}: this looks like an Azure LLM inference "
+                           "trace (CSV: TIMESTAMP, ContextTokens, GeneratedTokens)"), line
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    (None, "cannot read it: No such file or directory"),
+    ('{"a": 1}', "not a step-cost profile: unknown key 'a' (known: intercept_ms, "),
+    ("{", "not a step-cost profile: not JSON ("),
+    ("[1]", "not a step-cost profile: not a JSON object"),
+    ('{"per_seq_ms": 1}', "not a step-cost profile: intercept_ms is required"),
+    ('{"intercept_ms": "2"}', "not a step-cost profile: intercept_ms must be a finite number"),
+])
+def test_a_missing_or_malformed_profile_names_the_option_and_the_path(tmp_path, text, reason):
+    """Not ``StepCostModel.__init__() got an unexpected keyword argument 'a'``."""
+    path = tmp_path / "profile.json"
+    if text is not None:
+        path.write_text(text)
+    line = refuse("simulate", "--profile", str(path))
+    assert line.startswith(f"aioserve: error: --profile {path}: {reason}"), line
+
+
+def test_a_saved_profile_loads_back_as_it_was(tmp_path):
+    from aioserve.sim.step_cost import StepCostModel
+
+    model = StepCostModel(1.5, 0.25, 0.01, 0.001, source={"model": "m"}, fit={"r2": 0.9})
+    assert StepCostModel.load(model.save(tmp_path / "profile.json")) == model
