@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from aioserve.commands.common import add_scheduler_options
+from aioserve.commands.common import add_forward_option, add_scheduler_options
 from aioserve.config import EngineConfig
 from aioserve.sim.simulator import SimConfig
 from aioserve.sim.step_cost import StepCostModel
@@ -62,7 +62,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="run the workload on the real engine (--model) instead of simulating it")
     add("--repeats", type=_positive, default=2, help="--calibrate: passes to fit on (2)")
     add("--model", default=None, help="model directory, for --real and --calibrate")
-    add("--forward", default="transformers", help="the engine's forward (--real, --calibrate)")
+    add_forward_option(parser, "; --real and --calibrate: the engine's, as serve's")
     add("--device", default="auto", help="the engine's device (--real, --calibrate)")
     add("--compare", action="store_true",
         help="print the policy comparison: throughput, goodput, TTFT/TPOT/E2E, per-tenant "
