@@ -67,7 +67,9 @@ def _add_throughput(sub: Any) -> None:
                         "with the prefix cache off (runs alternate)")
     p.add_argument("--hf-batch-size", type=int, default=32,
                    help="transformers' static batch size (with --compare hf-static)")
-    p.add_argument("--runs", type=int, default=1, help="runs per backend; medians reported")
+    p.add_argument("--runs", type=int, default=1,
+                   help="timed runs per backend, after one untimed warm-up pass of each; "
+                        "medians reported")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads of each backend: transformers' intra-op threads and "
                         "aioserve's budget, shared by its step parts (default: each "
@@ -180,6 +182,7 @@ def _throughput(args: argparse.Namespace) -> int:
           f"{args.max_num_seqs} slots, compute threads "
           + ", ".join(f"{name} {count}" for name, count in report.threads.items()))
     for backend, results in report.runs.items():
+        print(f"{report.warmups[backend].summary()}  (warm-up, not counted)")
         for result in results:
             print(result.summary())
         if len(results) > 1:
