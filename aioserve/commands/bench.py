@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aioserve.bench.workloads import (
@@ -226,10 +227,14 @@ def _serve(args: argparse.Namespace) -> int:
     result = summarize(records, duration, endpoint, slo_ttft_ms=args.slo_ttft_ms,
                        slo_tpot_ms=args.slo_tpot_ms)
     if args.plot:
-        from aioserve.bench.online.plots import plot_serving
+        from aioserve.bench.online.plots import plot_serving, run_title
+        from aioserve.bench.online.serving import send_times
 
+        source = (Path(args.workload).name if args.workload else "random prompts" + (
+            "" if math.isinf(args.request_rate) else ", Poisson arrivals"))
+        times = send_times(requests, args.request_rate, args.seed)
         try:
-            plot_serving(records, args.plot, f"rate {args.request_rate}/s, {endpoint}")
+            plot_serving(records, args.plot, run_title(source, times, endpoint))
         except ImportError as exc:
             raise ValueError(f"--plot needs matplotlib: pip install 'aioserve[plots]' "
                              f"({exc})") from None
