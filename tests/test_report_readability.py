@@ -24,7 +24,7 @@ from aioserve.sim.reports.compare import (
 )
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.reports.plots import timeline_figure
-from aioserve.sim.reports.report import summarize
+from aioserve.sim.reports.report import format_report, summarize
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 
@@ -44,6 +44,10 @@ def tenant_runs() -> list[dict]:
 
 
 def test_every_table_header_carries_its_unit(tenant_runs):
+    results = asyncio.run(_runs("article-example", ("fcfs",)))
+    head = format_report(summarize(results[0], "article-example")).splitlines()[1]
+    assert head.split() == ["id", "status", "arrival", "(s)", "TTFT", "(s)", "finish", "(s)",
+                            "latency", "(s)", "tokens", "preempt", "article", "(s)"]
     for _, header, _, _ in COLUMNS:
         assert header in UNITLESS or header.endswith(("(s)", "(ms)", "/s")), header
     text = format_comparison(tenant_runs)
@@ -81,8 +85,9 @@ def test_comparison_axes_start_at_zero_with_a_panel_per_tenant(tenant_runs):
 
 def test_slot_timelines_share_one_time_axis_from_zero():
     results = asyncio.run(_runs("article-mix", ("static", "fcfs")))
-    fig = timeline_figure(results, [summarize(r) for r in results])
+    fig = timeline_figure(results, [summarize(r) for r in results], "simulated: article-mix")
     try:
+        assert fig.get_suptitle() == "simulated: article-mix"
         static, fcfs, cdf = fig.axes
         assert static.get_xlim() == fcfs.get_xlim() and static.get_xlim()[0] == 0
         assert static.get_xlim()[1] >= max(s.end_s for s in results[0].steps)  # the longer

@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
         from aioserve.sim.reports.plots import plot
 
         try:
-            print(f"plot: {plot(results, summaries, args.plot)}", file=sys.stderr)
+            path = plot(results, summaries, args.plot, f"{kind}: {args.workload}")
+            print(f"plot: {path}", file=sys.stderr)
         except ImportError as exc:
             raise ValueError(f"--plot needs matplotlib: pip install 'aioserve[plots]' "
                              f"({exc})") from None

@@ -79,9 +79,10 @@ def _cdf(ax: Any, summaries: list[dict[str, Any]]) -> None:
     ax.legend(fontsize=8)
 
 
-def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]]) -> Any:
-    """A matplotlib Figure: one slot timeline per run, all on one time axis from zero,
-    and, for several runs, their latency CDF (its own axis: latency, not time).
+def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]],
+                    title: str = "") -> Any:
+    """A matplotlib Figure titled ``title``: one slot timeline per run, all on one time
+    axis from zero, and, for several runs, their latency CDF (its own axis: latency).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
@@ -101,11 +102,14 @@ def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]]) -
     timelines[0].set_xlim(left=0)
     if len(results) > 1:
         _cdf(axes[-1, 0], summaries)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     return fig
 
 
-def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | Path) -> Path:
+def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | Path,
+         title: str = "") -> Path:
     """Write :func:`timeline_figure` as a PNG (or any format matplotlib knows from the
     suffix); returns the path.
 
@@ -114,7 +118,7 @@ def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | 
     """
     import matplotlib.pyplot as plt
 
-    fig = timeline_figure(results, summaries)
+    fig = timeline_figure(results, summaries, title)
     out = Path(path)
     fig.savefig(out, dpi=110)
     plt.close(fig)
