@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
+from aioserve.commands.common import add_forward_option
 from aioserve.sim.calibrate import calibrate
 from aioserve.sim.real import replay, sim_config_of
 from aioserve.sim.reports.figures import policy_figures
@@ -141,7 +142,7 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="../shared/models/stories260K-hf")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--kv-blocks", type=int, default=256)
-    parser.add_argument("--forward", default="transformers")
+    add_forward_option(parser)
     parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-wait-s", type=float, default=2.0)

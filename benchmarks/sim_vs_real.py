@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
+from aioserve.commands.common import add_forward_option
 from aioserve.scheduling.registry import available_schedulers
 from aioserve.sim.calibrate import calibrate
 from aioserve.sim.real import replay, sim_config_of
@@ -126,7 +127,7 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="../shared/models/stories260K-hf")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--kv-blocks", type=int, default=48)
-    parser.add_argument("--forward", default="transformers")
+    add_forward_option(parser)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--calibration-rounds", type=int, default=4,
                         help="rounds of the calibration workload (more: a steadier fit)")

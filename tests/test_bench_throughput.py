@@ -28,11 +28,28 @@ def test_throughput_json_with_hf_compare_and_exactness_check(model_dir, capsys):
     assert report["mismatches"] == 0  # every output equals its solo generate()
 
 
+def test_one_run_is_never_the_warm_up(model_dir, capsys):
+    """With --runs 1 each side's warm-up pass is recorded apart from its one timed run."""
+    assert main([
+        "bench", "throughput", "--model", model_dir, "--num-prompts", "3",
+        "--input-len", "2:8", "--output-len", "2:4", "--max-num-seqs", "2",
+        "--compare", "hf-static", "--hf-batch-size", "2", "--runs", "1", "--json",
+    ]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for side in ("aioserve", "hf-static"):
+        assert len(report["runs"][side]) == 1
+        warmup, timed = report["warmups"][side], report["runs"][side][0]
+        assert warmup["num_requests"] == timed["num_requests"] == 3
+        assert warmup["elapsed_s"] != timed["elapsed_s"]  # two passes, not one counted twice
+        assert report["median"][side] == timed
+
+
 def test_throughput_human_output(model_dir, capsys):
     assert main(["bench", "throughput", "--model", model_dir, "--num-prompts", "3",
                  "--input-len", "4:8", "--output-len", "2:4", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "aioserve:" in out and "output tokens/s" in out
+    assert out.count("(warm-up, not counted)") == 1
 
 
 def test_workload_is_reproducible_and_in_range():

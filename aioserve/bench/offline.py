@@ -31,7 +31,10 @@ class OfflineReport:
         workload: the workload's parameters.
         threads: compute threads of each backend: transformers' intra-op threads, and
             aioserve's thread budget (its step parts share it).
-        runs: backend -> one result per run.
+        runs: backend -> one result per timed run.
+        warmups: backend -> its warm-up: one full untimed pass of the workload before
+            its timed runs (first calls build kernels, caches and allocator pools), kept
+            apart so that it is never the measurement, whatever ``runs`` is.
         mismatches: requests whose aioserve output differed from a solo ``generate()``
             (None when not checked).
     """
@@ -39,6 +42,7 @@ class OfflineReport:
     workload: dict[str, Any]
     threads: dict[str, int]
     runs: dict[str, list[ThroughputResult]] = field(default_factory=dict)
+    warmups: dict[str, ThroughputResult] = field(default_factory=dict)
     mismatches: int | None = None
 
     def median(self, backend: str) -> ThroughputResult:
@@ -66,6 +70,7 @@ class OfflineReport:
             "workload": self.workload,
             "threads": self.threads,
             "runs": {k: [r.to_dict() for r in v] for k, v in self.runs.items()},
+            "warmups": {k: r.to_dict() for k, r in self.warmups.items()},
             "median": {k: self.median(k).to_dict() for k in self.runs},
             "baseline": self.baseline,
             "ratio": self.ratio,
@@ -115,7 +120,8 @@ def run_offline(
 ) -> OfflineReport:
     """Run the workload ``runs`` times through aioserve and the ``compare`` baseline
     (``"hf-static"``, or ``"no-prefix-caching"``: aioserve with the prefix cache off,
-    backend ``no-caching``), alternating backends. ``prefix`` = (prefix length, suffix
+    backend ``no-caching``), alternating backends, after one untimed warm-up pass of
+    each (``OfflineReport.warmups``). ``prefix`` = (prefix length, suffix
     length, number of prefixes) picks the prefix-repetition workload instead of random
     prompts (``input_len`` is then unused). ``threads`` is each backend's
     compute threads: transformers' intra-op threads and aioserve's thread budget
@@ -163,27 +169,34 @@ def run_offline(
 
         hf_model = AutoModelForCausalLM.from_pretrained(config.model).eval()
     outputs: list[list[int]] = []
-    try:
-        for _ in range(runs):
-            if compare == "hf-static" and hf_model is not None:
-                from aioserve.bench.hf_static import run_hf_static
 
-                torch.set_num_threads(hf_threads)
-                result, _ = run_hf_static(
-                    hf_model, requests, batch_size=hf_batch_size, progress=progress
-                )
+    def run(backend: str) -> tuple[ThroughputResult, list[list[int]]]:
+        if backend == "hf-static":
+            from aioserve.bench.hf_static import run_hf_static
+
+            torch.set_num_threads(hf_threads)
+            try:
+                return run_hf_static(hf_model, requests, batch_size=hf_batch_size,
+                                     progress=progress)
+            finally:
                 torch.set_num_threads(saved)
-                report.runs.setdefault("hf-static", []).append(result)
-            result, outputs = run_aioserve(
-                config, requests, progress=progress, tokenizer=tokenizer
-            )
-            report.runs.setdefault("aioserve", []).append(result)
-            if compare == "no-prefix-caching":
-                off = dataclasses.replace(config, enable_prefix_caching=False)
-                result, _ = run_aioserve(
-                    off, requests, progress=progress, backend="no-caching", tokenizer=tokenizer
-                )
-                report.runs.setdefault("no-caching", []).append(result)
+        if backend == "no-caching":
+            off = dataclasses.replace(config, enable_prefix_caching=False)
+            return run_aioserve(off, requests, progress=progress, backend=backend,
+                                tokenizer=tokenizer)
+        return run_aioserve(config, requests, progress=progress, tokenizer=tokenizer)
+
+    backends = {None: ["aioserve"], "hf-static": ["hf-static", "aioserve"],
+                "no-prefix-caching": ["aioserve", "no-caching"]}[compare]
+    try:
+        for backend in backends:  # each side's warm-up pass, not counted
+            report.warmups[backend], _ = run(backend)
+        for _ in range(runs):
+            for backend in backends:
+                result, produced = run(backend)
+                report.runs.setdefault(backend, []).append(result)
+                if backend == "aioserve":
+                    outputs = produced
         if check and hf_model is not None:
             torch.set_num_threads(hf_threads)
             report.mismatches = check_exact(hf_model, requests, outputs)

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aioserve.bench.workloads import (
@@ -74,7 +75,8 @@ def _add_throughput(sub: Any) -> None:
     p.add_argument("--hf-batch-size", type=positive_int, default=32,
                    help="transformers' static batch size (with --compare hf-static)")
     p.add_argument("--runs", type=positive_int, default=1,
-                   help="runs per backend; medians reported")
+                   help="timed runs per backend, after one untimed warm-up pass of each; "
+                        "medians reported")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads of each backend: transformers' intra-op threads and "
                         "aioserve's budget, shared by its step parts (default: each "
@@ -191,6 +193,7 @@ def _throughput(args: argparse.Namespace) -> int:
           f"{args.max_num_seqs} slots, compute threads "
           + ", ".join(f"{name} {count}" for name, count in report.threads.items()))
     for backend, results in report.runs.items():
+        print(f"{report.warmups[backend].summary()}  (warm-up, not counted)")
         for result in results:
             print(result.summary())
         if len(results) > 1:
@@ -234,10 +237,14 @@ def _serve(args: argparse.Namespace) -> int:
     result = summarize(records, duration, endpoint, slo_ttft_ms=args.slo_ttft_ms,
                        slo_tpot_ms=args.slo_tpot_ms)
     if args.plot:
-        from aioserve.bench.online.plots import plot_serving
+        from aioserve.bench.online.plots import plot_serving, run_title
+        from aioserve.bench.online.serving import send_times
 
+        source = (Path(args.workload).name if args.workload else "random prompts" + (
+            "" if math.isinf(args.request_rate) else ", Poisson arrivals"))
+        times = send_times(requests, args.request_rate, args.seed)
         try:
-            plot_serving(records, args.plot, f"rate {args.request_rate}/s, {endpoint}")
+            plot_serving(records, args.plot, run_title(source, times, endpoint))
         except ImportError as exc:
             raise ValueError(f"--plot needs matplotlib: pip install 'aioserve[plots]' "
                              f"({exc})") from None

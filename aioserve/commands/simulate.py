@@ -91,6 +91,7 @@ async def _calibrate(args: argparse.Namespace, real: EngineConfig,
           f"{model.per_context_token_ms:.6f} x context tokens")
     print(f"fit on {fit['steps']:.0f} steps: R^2 {fit['r2']:.3f}, mean |error| "
           f"{fit['mean_abs_error_ms']:.3f} ms, total {fit['total_error_pct']:+.2f}%")
+    print(f"forward: {model.source.get('forward')}")
     print(f"profile: {path} (use: aioserve simulate --profile {path} ...)")
     return 0
 
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             path = write_comparison_html(runs, args.report, f"aioserve: {args.workload}", kind)
             print(f"report: {path}", file=sys.stderr)
         if args.plot:
-            plot_comparison(runs, args.plot)
+            plot_comparison(runs, args.plot, f"{kind}: {args.workload}")
             print(f"plot: {args.plot}", file=sys.stderr)
         if args.json:
             for run_figures in runs:
@@ -136,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         from aioserve.sim.reports.plots import plot
 
         try:
-            print(f"plot: {plot(results, summaries, args.plot)}", file=sys.stderr)
+            path = plot(results, summaries, args.plot, f"{kind}: {args.workload}")
+            print(f"plot: {path}", file=sys.stderr)
         except ImportError as exc:
             raise ValueError(f"--plot needs matplotlib: pip install 'aioserve[plots]' "
                              f"({exc})") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from aioserve.commands.common import (
+    add_forward_option,
     add_scheduler_options,
     check_model,
     non_negative_float,
@@ -53,7 +54,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="run the workload on the real engine (--model) instead of simulating it")
     add("--repeats", type=positive_int, default=2, help="--calibrate: passes to fit on (2)")
     add("--model", default=None, help="model directory, for --real and --calibrate")
-    add("--forward", default="transformers", help="the engine's forward (--real, --calibrate)")
+    add_forward_option(parser, "; --real and --calibrate: the engine's, as serve's")
     add("--device", default="auto", help="the engine's device (--real, --calibrate)")
     add("--compare", action="store_true",
         help="print the policy comparison: throughput, goodput, TTFT/TPOT/E2E, per-tenant "

@@ -43,7 +43,8 @@ def describe(engine: AsyncEngine) -> dict[str, Any]:
     config = engine.config
     core = engine._require_core()
     return {
-        "model": config.model, "forward": config.forward, "device": config.device,
+        "model": config.model, "device": config.device,
+        "forward": getattr(engine.runner, "forward_note", None) or config.forward,
         "dtype": config.dtype, "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
         "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
         "block_size": core.blocks.block_size,

@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from aioserve.bench.online.serving import RequestRecord
 
 
-def plot_serving(records: list[RequestRecord], path: str | Path, title: str = "") -> Path:
-    """Save a 2x2 figure: TTFT, TPOT and ITL histograms (ms), and each request's
-    start-to-end span over time. Returns the path written (PNG, SVG or PDF by suffix).
+def run_title(source: str, send_times: list[float], endpoint: str) -> str:
+    """A plot title naming the workload actually run: ``source`` (a file's name, or
+    the arrival process) and the mean arrival rate of ``send_times`` (seconds)."""
+    span = max(send_times, default=0.0) - min(send_times, default=0.0)
+    count = len(send_times)
+    rate = ("all at once" if span <= 0 or count < 2
+            else f"{(count - 1) / span:.2f} req/s mean arrival rate")
+    return f"{source}: {count} requests, {rate}, {endpoint}"
+
+
+def _bins(values: list[float]) -> int:
+    """40 bins, or one where the values (ms) are all but equal (numpy cannot split a
+    range of rounding errors)."""
+    return 40 if values and max(values) - min(values) > 1e-6 else 1
+
+
+def serving_figure(records: list[RequestRecord], title: str = "") -> Any:
+    """A 2x2 matplotlib Figure: TTFT, TPOT and ITL histograms (ms, from zero; TTFT per
+    tenant where the requests have several), and each request's span over time.
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
@@ -20,26 +37,55 @@ def plot_serving(records: list[RequestRecord], path: str | Path, title: str = ""
     import matplotlib.pyplot as plt
 
     done = [r for r in records if r.ok]
+    tenants = sorted({r.group[0] or "-" for r in done})
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    ttft_ax = axes.flat[0]
+    if len(tenants) > 1:
+        ttft_ax.hist([[r.ttft * 1000 for r in done if (r.group[0] or "-") == tenant]
+                      for tenant in tenants], bins=_bins([r.ttft * 1000 for r in done]),
+                     stacked=True, label=tenants)
+        ttft_ax.legend(title="tenant", fontsize=7)
+    else:
+        ttfts = [r.ttft * 1000 for r in done]
+        ttft_ax.hist(ttfts, bins=_bins(ttfts), color="tab:blue", alpha=0.8)
+    ttft_ax.set_xlabel("TTFT (ms)")
     series = {
-        "TTFT (ms)": [r.ttft * 1000 for r in done],
         "TPOT (ms)": [t * 1000 for r in done if (t := r.tpot) is not None],
-        "ITL (ms)": [g * 1000 for r in done for g in r.itl],
+        "ITL (ms): gaps between reads that carried tokens": [
+            g * 1000 for r in done for g in r.itl],
     }
-    for ax, (label, values) in zip(axes.flat, series.items()):
-        ax.hist(values, bins=40, color="tab:blue", alpha=0.8)
+    for ax, (label, values) in zip(axes.flat[1:3], series.items()):
+        ax.hist(values, bins=_bins(values), color="tab:blue", alpha=0.8)
         ax.set_xlabel(label)
-        ax.set_ylabel("count")
+    for ax in axes.flat[:3]:
+        ax.set_ylabel("requests" if ax is not axes.flat[2] else "gaps")
+        ax.set_xlim(left=0)
     ax = axes.flat[3]
     if done:
         origin = min(r.start for r in done)
+        colors = {tenant: f"C{i}" for i, tenant in enumerate(tenants)}
         for i, r in enumerate(sorted(done, key=lambda r: r.start)):
-            ax.plot([r.start - origin, r.end - origin], [i, i], color="tab:green", lw=1)
+            ax.plot([r.start - origin, r.end - origin], [i, i], lw=1,
+                    color=colors[r.group[0] or "-"] if len(tenants) > 1 else "tab:green")
             ax.plot([r.chunk_times[0] - origin], [i], "k.", ms=2)
-    ax.set_xlabel("time (s): request span, dot = first token")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("time (s): request span, dot = first token"
+                  + (", colour = tenant" if len(tenants) > 1 else ""))
     ax.set_ylabel("request")
     fig.suptitle(title or "aioserve bench serve")
     fig.tight_layout()
+    return fig
+
+
+def plot_serving(records: list[RequestRecord], path: str | Path, title: str = "") -> Path:
+    """Save :func:`serving_figure`; returns the path written (PNG, SVG or PDF by suffix).
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
+    """
+    import matplotlib.pyplot as plt
+
+    fig = serving_figure(records, title)
     out = Path(path)
     fig.savefig(out, dpi=110)
     plt.close(fig)

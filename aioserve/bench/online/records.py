@@ -29,7 +29,9 @@ class RequestRecord:
         prompt_len: prompt tokens.
         output_len: requested output tokens.
         start: when the request was sent.
-        chunk_times: arrival time of every chunk that carried tokens.
+        chunk_times: arrival time of every chunk that carried tokens; over SSE, of every
+            network read that carried tokens (events read together count once, as
+            ``vllm bench serve`` counts a chunk once, so they make no 0-ms gap).
         output_tokens: tokens received (the server's usage count when it sends one).
         end: when the response ended.
         error: why it failed, or None.
@@ -71,4 +73,5 @@ class RequestRecord:
 
     @property
     def itl(self) -> list[float]:
+        """Seconds between consecutive chunks that carried tokens."""
         return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]

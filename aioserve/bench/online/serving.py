@@ -25,12 +25,17 @@ from aioserve.bench.workloads import BenchRequest
 __all__ = ["AuthenticationError", "RequestRecord", "run_serving"]
 
 
-async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
-    """The ``data:`` payloads of a server-sent-event stream."""
-    async for raw in response.content:
-        line = raw.decode("utf-8").strip()
-        if line.startswith("data:"):
-            yield line[5:].strip()
+async def sse_reads(blocks: AsyncIterator[bytes]) -> AsyncIterator[list[str]]:
+    """The ``data:`` payloads of a server-sent-event stream, grouped by the network read
+    (``blocks``: the bytes of each read) that completed them: events that arrive together
+    arrive at one time (a line split across reads completes with the later one)."""
+    pending = b""
+    async for block in blocks:
+        *lines, pending = (pending + block).split(b"\n")
+        payloads = [text[5:].strip() for raw in lines
+                    if (text := raw.decode("utf-8").strip()).startswith("data:")]
+        if payloads:
+            yield payloads
 
 
 def extra_fields(request: BenchRequest, unix_start: float) -> dict[str, Any]:
@@ -60,19 +65,25 @@ async def send_completion(
             if response.status != 200:
                 record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                 return
-            async for data in _sse_events(response):
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                choices = chunk.get("choices") or []
-                if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
-                    record.chunk_times.append(time.perf_counter())
-                    record.output_tokens += 1
-                usage = chunk.get("usage")
-                if usage:
-                    record.output_tokens = int(usage.get("completion_tokens", record.output_tokens))
-                    details = usage.get("prompt_tokens_details") or {}
-                    record.cached_tokens = int(details.get("cached_tokens") or 0)
+            async for payloads in sse_reads(response.content.iter_any()):
+                arrived, carried = time.perf_counter(), False
+                for data in payloads:
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    choices = chunk.get("choices") or []
+                    if choices and (choices[0].get("text")
+                                    or choices[0].get("finish_reason") is None):
+                        carried = True
+                        record.output_tokens += 1
+                    usage = chunk.get("usage")
+                    if usage:
+                        record.output_tokens = int(usage.get("completion_tokens",
+                                                             record.output_tokens))
+                        details = usage.get("prompt_tokens_details") or {}
+                        record.cached_tokens = int(details.get("cached_tokens") or 0)
+                if carried:  # one arrival per read: events read together are no 0-ms gap
+                    record.chunk_times.append(arrived)
     except (aiohttp.ClientError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     finally:

@@ -5,43 +5,51 @@ from __future__ import annotations
 
 import base64
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-#: (key, column header, scale, digits) of the main table.
+#: (key, column header with its unit, scale, digits) of the main table.
 COLUMNS = (
-    ("throughput_tok_s", "tok/s", 1.0, 1), ("goodput_req_s", "goodput/s", 1.0, 2),
-    ("slo_attainment", "SLO %", 100.0, 1), ("p50_ttft_s", "TTFT p50", 1.0, 3),
-    ("p99_ttft_s", "TTFT p99", 1.0, 3), ("mean_tpot_s", "TPOT ms", 1e3, 1),
-    ("p50_e2e_s", "E2E p50", 1.0, 3), ("p99_e2e_s", "E2E p99", 1.0, 3),
-    ("jain_index", "Jain", 1.0, 3), ("max_wait_s", "max wait", 1.0, 2),
-    ("preemptions", "preempt", 1.0, 0), ("recomputed_tokens", "recomputed", 1.0, 0),
+    ("throughput_tok_s", "output tok/s", 1.0, 1), ("goodput_req_s", "goodput req/s", 1.0, 2),
+    ("slo_attainment", "SLO %", 100.0, 1), ("p50_ttft_s", "TTFT p50 (s)", 1.0, 3),
+    ("p99_ttft_s", "TTFT p99 (s)", 1.0, 3), ("mean_tpot_s", "TPOT mean (ms)", 1e3, 1),
+    ("p50_e2e_s", "E2E p50 (s)", 1.0, 3), ("p99_e2e_s", "E2E p99 (s)", 1.0, 3),
+    ("jain_index", "Jain", 1.0, 3), ("max_wait_s", "max wait (s)", 1.0, 2),
+    ("preemptions", "preemptions", 1.0, 0), ("recomputed_tokens", "recomputed tok", 1.0, 0),
 )
+
+#: The header of a per-tenant or per-priority cell.
+GROUP_CELL = "mean TTFT (s) / p99 TTFT (s) / requests"
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of the report: a title, the column headers (units included) and rows of
+    cells, the first cell of a row naming its policy."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
 
 
 def _cell(value: Any, scale: float, digits: int) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
-def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
-    """The figures of several policies as a text table, then per tenant and priority
-    (TTFT in seconds; TPOT in milliseconds)."""
-    width = max([len(r["scheduler"]) for r in runs] + [8])
-    head = f"{'policy':<{width}}" + "".join(f"{h:>11}" for _, h, _, _ in COLUMNS)
-    lines = [title] if title else []
-    lines += [head, "-" * len(head)]
-    for run in runs:
-        lines.append(f"{run['scheduler']:<{width}}" + "".join(
-            f"{_cell(run.get(k), s, d):>11}" for k, _, s, d in COLUMNS))
-    for group in ("tenants", "priorities"):
+def comparison_tables(runs: list[dict[str, Any]]) -> list[Table]:
+    """The report's tables: the policies' figures, then TTFT per tenant and per priority
+    where the workload has several."""
+    tables = [Table("policies", ["policy", *(h for _, h, _, _ in COLUMNS)],
+                    [[r["scheduler"], *(_cell(r.get(k), s, d) for k, _, s, d in COLUMNS)]
+                     for r in runs])]
+    for group, title in (("tenants", "per tenant"), ("priorities", "per priority")):
         names = sorted({name for run in runs for name in run[group]})
         if len(names) < 2:
             continue
-        lines += ["", f"per {group[:-3] + 'y' if group == 'priorities' else 'tenant'}: "
-                  "mean TTFT s / p99 TTFT s / requests"]
-        lines.append(f"{'policy':<{width}}" + "".join(f"{n:>24}" for n in names))
+        rows = []
         for run in runs:
             cells = []
             for name in names:
@@ -49,13 +57,36 @@ def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
                 cells.append("-" if row is None else
                              f"{_cell(row['mean_ttft_s'], 1, 3)} / "
                              f"{_cell(row['p99_ttft_s'], 1, 3)} / {row['requests']}")
-            lines.append(f"{run['scheduler']:<{width}}" + "".join(f"{c:>24}" for c in cells))
+            rows.append([run["scheduler"], *cells])
+        tables.append(Table(f"{title}: {GROUP_CELL}", ["policy", *names], rows))
+    return tables
+
+
+def format_table(table: Table) -> str:
+    """A table as aligned text: the policy column left, the others right."""
+    widths = [max(len(str(c)) for c in column) for column in zip(table.headers, *table.rows)]
+    lines = []
+    for index, row in enumerate([table.headers, *table.rows]):
+        lines.append(f"{row[0]:<{widths[0]}}" + "".join(
+            f"  {cell:>{width}}" for cell, width in zip(row[1:], widths[1:])))
+        if index == 0:
+            lines.append("-" * len(lines[0]))
     return "\n".join(lines)
 
 
-def plot_comparison(runs: list[dict[str, Any]], path: str | Path | None = None) -> bytes:
-    """A PNG: throughput and goodput per policy, TTFT p50/p99 per policy, and each
-    tenant's share of the backlogged service per policy. Written to ``path`` if given.
+def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
+    """The figures of several policies as text tables (:func:`comparison_tables`)."""
+    blocks = [title] if title else []
+    for index, table in enumerate(comparison_tables(runs)):
+        blocks.append(format_table(table) if index == 0
+                      else f"\n{table.title}\n{format_table(table)}")
+    return "\n".join(blocks)
+
+
+def comparison_figure(runs: list[dict[str, Any]], title: str = "") -> Any:
+    """The comparison as a matplotlib Figure: output tokens/s and goodput per policy,
+    TTFT p50/p99 per policy and, where the workload has several tenants, each tenant's
+    mean TTFT and share of the backlogged service. Every value axis starts at zero.
 
     Raises:
         ValueError: matplotlib is missing (``pip install 'aioserve[plots]'``).
@@ -69,29 +100,63 @@ def plot_comparison(runs: list[dict[str, Any]], path: str | Path | None = None) 
     import matplotlib.pyplot as plt
 
     names = [r["scheduler"] for r in runs]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    tenants = sorted({t for r in runs for t in r["tenants"]})
+    panels = 4 if len(tenants) > 1 else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
     axes[0].bar(names, [r["throughput_tok_s"] for r in runs], color="#4fb3ff")
-    axes[0].set_title("output tokens/s (bars), goodput req/s (dots)")
+    axes[0].set_ylabel("output tokens/s (bars)")
+    axes[0].set_title("throughput and goodput")
     twin = axes[0].twinx()
     twin.plot(names, [r["goodput_req_s"] for r in runs], "o", color="#e4572e")
+    twin.set_ylabel("goodput req/s (dots)")
+    twin.set_ylim(bottom=0, top=max([r["goodput_req_s"] for r in runs] + [0]) * 1.1 or 1)
     for key, style in (("p50_ttft_s", "s-"), ("p99_ttft_s", "^--")):
         axes[1].plot(names, [r[key] or 0 for r in runs], style, label=key[:3])
-    axes[1].set_title("TTFT (s)")
+    axes[1].set_title("TTFT")
+    axes[1].set_ylabel("TTFT (s)")
     axes[1].legend(["p50", "p99"])
-    tenants = sorted({t for r in runs for t in r["tenants"]})
-    bottom = [0.0] * len(runs)
-    for tenant in tenants:
-        shares = []
-        for run in runs:
-            total = sum(t["backlogged_service"] for t in run["tenants"].values()) or 1.0
-            shares.append(run["tenants"].get(tenant, {}).get("backlogged_service", 0) / total)
-        axes[2].bar(names, shares, bottom=bottom, label=tenant)
-        bottom = [b + s for b, s in zip(bottom, shares)]
-    axes[2].set_title("share of service while all tenants wait")
-    axes[2].legend(fontsize=7)
+    if panels == 4:
+        width = 0.8 / len(tenants)
+        for index, tenant in enumerate(tenants):
+            ttfts = [r["tenants"].get(tenant, {}).get("mean_ttft_s") or 0 for r in runs]
+            axes[2].bar([i + (index - (len(tenants) - 1) / 2) * width
+                         for i in range(len(runs))], ttfts, width, label=tenant)
+        axes[2].set_xticks(range(len(runs)), names)
+        axes[2].set_title("mean TTFT per tenant")
+        axes[2].set_ylabel("mean TTFT (s)")
+        axes[2].legend(fontsize=7)
+        bottom = [0.0] * len(runs)
+        for tenant in tenants:
+            shares = []
+            for run in runs:
+                total = sum(t["backlogged_service"] for t in run["tenants"].values()) or 1.0
+                shares.append(run["tenants"].get(tenant, {}).get("backlogged_service", 0)
+                              / total)
+            axes[3].bar(names, shares, bottom=bottom, label=tenant)
+            bottom = [b + s for b, s in zip(bottom, shares)]
+        axes[3].set_title("share of service while all tenants wait")
+        axes[3].set_ylabel("share (0-1)")
+        axes[3].set_ylim(0, 1)
+        axes[3].legend(fontsize=7)
     for ax in axes:
+        ax.set_ylim(bottom=0)
         ax.tick_params(axis="x", labelrotation=30)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_comparison(runs: list[dict[str, Any]], path: str | Path | None = None,
+                    title: str = "") -> bytes:
+    """A PNG of :func:`comparison_figure`, written to ``path`` if given.
+
+    Raises:
+        ValueError: matplotlib is missing (``pip install 'aioserve[plots]'``).
+    """
+    import matplotlib.pyplot as plt
+
+    fig = comparison_figure(runs, title)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
     plt.close(fig)
@@ -105,32 +170,32 @@ _PAGE = jinja2.Template("""<!doctype html>
 <style>body{font:14px system-ui,sans-serif;background:#0f1419;color:#d8dee4;margin:24px}
 table{border-collapse:collapse;margin:12px 0}td,th{padding:4px 10px;border-bottom:1px solid #2a323c;
 text-align:right}th:first-child,td:first-child{text-align:left}th{color:#8b98a5}
-img{max-width:100%;background:#fff;border-radius:6px}h1{font-size:20px}</style></head>
+img{max-width:100%;background:#fff;border-radius:6px}h1{font-size:20px}h2{font-size:16px}
+</style></head>
 <body><h1>{{ title }}</h1><p>{{ note }}</p>
-<table><tr><th>policy</th>{% for c in columns %}<th>{{ c[1] }}</th>{% endfor %}</tr>
-{% for r in rows %}<tr><td>{{ r.name }}</td>{% for v in r.cells %}<td>{{ v }}</td>{% endfor %}
-</tr>{% endfor %}</table>
-<pre>{{ text }}</pre>
-{% if png %}<img alt="comparison plots" src="data:image/png;base64,{{ png }}">{% endif %}
+{% for table in tables %}<section><h2>{{ table.title }}</h2>
+<table><tr>{% for h in table.headers %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in table.rows %}<tr>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>
+{% endfor %}</table></section>
+{% endfor %}
+{% if png %}<section><h2>plots</h2>
+<img alt="comparison plots" src="data:image/png;base64,{{ png }}"></section>{% endif %}
 </body></html>""", autoescape=True)
 
 
 def write_comparison_html(runs: list[dict[str, Any]], path: str | Path, title: str,
                           note: str = "") -> Path:
-    """A self-contained HTML report (table, per-tenant and per-priority figures, the
-    plots inline).
+    """A self-contained HTML report: each table of :func:`comparison_tables` once, in its
+    own section, then the plots inline.
 
     Raises:
         OSError: the file cannot be written.
     """
-    rows = [{"name": r["scheduler"],
-             "cells": [_cell(r.get(k), s, d) for k, _, s, d in COLUMNS]} for r in runs]
     try:
         png = base64.b64encode(plot_comparison(runs)).decode("ascii")
     except ValueError:  # no matplotlib: the page without its plots
         png = ""
-    page = _PAGE.render(title=title, note=note, columns=COLUMNS, rows=rows,
-                        text=format_comparison(runs), png=png)
+    page = _PAGE.render(title=title, note=note, tables=comparison_tables(runs), png=png)
     path = Path(path)
     path.write_text(page, encoding="utf-8")
     return path

@@ -71,15 +71,18 @@ def _cdf(ax: Any, summaries: list[dict[str, Any]]) -> None:
             linestyle=("-", "--", "-.", ":")[index % 4],
         )
     ax.set_xlabel("latency (s)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(0, 1.02)
     ax.set_ylabel("fraction of requests")
     ax.set_title("latency CDF", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
 
 
-def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | Path) -> Path:
-    """Write a PNG (or any format matplotlib knows from the suffix) with one slot
-    timeline per run and, for several runs, their latency CDF; returns the path.
+def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]],
+                    title: str = "") -> Any:
+    """A matplotlib Figure titled ``title``: one slot timeline per run, all on one time
+    axis from zero, and, for several runs, their latency CDF (its own axis: latency).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
@@ -91,11 +94,31 @@ def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | 
 
     rows = len(results) + (1 if len(results) > 1 else 0)
     fig, axes = plt.subplots(rows, 1, figsize=(11, 1.2 + 2.4 * rows), squeeze=False)
-    for ax, result, summary in zip(axes[:, 0], results, summaries):
+    timelines = axes[: len(results), 0]
+    for ax, result, summary in zip(timelines, results, summaries):
         _gantt(ax, result, summary)
+        if ax is not timelines[0]:
+            ax.sharex(timelines[0])
+    timelines[0].set_xlim(left=0)
     if len(results) > 1:
         _cdf(axes[-1, 0], summaries)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | Path,
+         title: str = "") -> Path:
+    """Write :func:`timeline_figure` as a PNG (or any format matplotlib knows from the
+    suffix); returns the path.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
+    """
+    import matplotlib.pyplot as plt
+
+    fig = timeline_figure(results, summaries, title)
     out = Path(path)
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -108,18 +108,19 @@ def format_report(summary: dict[str, Any], max_rows: int = 20) -> str:
     lines = [
         f"scheduler {name} | workload {workload} | {summary['slots']} slots | "
         f"{summary['step_ms']:g} ms/step | KV {summary['kv_blocks']} x {summary['block_size']}",
-        f"{'id':<8}{'status':<10}{'arrival_s':>10}{'ttft_s':>9}{'finish_s':>10}"
-        f"{'latency_s':>11}{'tokens':>8}{'preempt':>8}" + (f"{'article_s':>11}" if theirs else ""),
+        f"{'id':<8}{'status':<10}{'arrival (s)':>12}{'TTFT (s)':>10}{'finish (s)':>11}"
+        f"{'latency (s)':>12}{'tokens':>8}{'preempt':>8}"
+        + (f"{'article (s)':>12}" if theirs else ""),
     ]
     rows = summary["requests"]
     for row in rows[:max_rows]:
         ttft = None if row["first_token_s"] is None else row["first_token_s"] - row["arrival_s"]
         line = (
-            f"{row['id']:<8}{row['status']:<10}{row['arrival_s']:>10.3f}{_num(ttft):>9}"
-            f"{_num(row['finish_s']):>10}{_num(row['latency_s']):>11}"
+            f"{row['id']:<8}{row['status']:<10}{row['arrival_s']:>12.3f}{_num(ttft):>10}"
+            f"{_num(row['finish_s']):>11}{_num(row['latency_s']):>12}"
             f"{row['output_tokens']:>8}{row['preemptions']:>8}"
         )
-        lines.append(line + (f"{theirs[row['id']]:>11.1f}" if row["id"] in theirs else ""))
+        lines.append(line + (f"{theirs[row['id']]:>12.1f}" if row["id"] in theirs else ""))
     if len(rows) > max_rows:
         lines.append(f"... {len(rows) - max_rows} more requests (--json lists all)")
     mean = f"mean latency {_num(summary['mean_latency_s'])} s"
