@@ -80,11 +80,12 @@ class VTCScheduler(OrderedScheduler):
             raise ValueError(f"weights must be > 0 (tenant {bad[0]!r})")
         self.prompt_weight = prompt_weight
         self.output_weight = output_weight
-        self.weights: dict[str | None, float] = {**(weights or {})}
+        self.weights: dict[str | None, float] = {t: w for t, w in (weights or {}).items()}
         self.preempt = preempt
         self.counters: dict[str | None, float] = {}
         self.tenant_of: dict[str, str | None] = {}  # requests not finished
         self.charged: set[str] = set()  # requests whose prompt is counted
+        self.ended: list[str] = []  # finished since the last step's feedback
 
     def weight(self, tenant: str | None) -> float:
         """The tenant's weight (1 unless ``weights`` names it)."""
@@ -109,13 +110,17 @@ class VTCScheduler(OrderedScheduler):
             self.counters[tenant] = max(self.counter(tenant), min(backlogged))
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
-        self.tenant_of.pop(request.request_id, None)
-        self.charged.discard(request.request_id)
+        # forgotten after the step's feedback, which still counts its last token
+        self.ended.append(request.request_id)
 
     def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
         for request_id, emitted in zip(feedback.request_ids, feedback.num_emitted_tokens):
             if emitted and request_id in self.tenant_of:
                 self.charge(self.tenant_of[request_id], self.output_weight * emitted)
+        for request_id in self.ended:
+            self.tenant_of.pop(request_id, None)
+            self.charged.discard(request_id)
+        self.ended.clear()
 
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
         """The most-served tenant's requests first, newest first."""

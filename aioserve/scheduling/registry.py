@@ -54,6 +54,27 @@ def _load_class(spec: str) -> Any:
     return matches[0].load()
 
 
+def scheduler_name(spec: str) -> str:
+    """The ``name`` of the policy a spec loads (the spec itself when it has none or
+    cannot be loaded)."""
+    try:
+        name = getattr(_load_class(spec), "name", "")
+    except ValueError:
+        return spec
+    return name if isinstance(name, str) and name else spec
+
+
+def parameter_names(spec: str) -> list[str]:
+    """The constructor parameters of the policy a spec loads (none when it cannot be
+    loaded)."""
+    try:
+        signature = inspect.signature(_load_class(spec))
+    except (ValueError, TypeError):
+        return []
+    return [n for n, p in signature.parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def _check_parameters(spec: str, cls: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     """``params`` checked against ``cls``'s constructor: names it takes, values of the
     annotated types (validated by pydantic; JSON numbers become floats where a float
