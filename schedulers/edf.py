@@ -34,8 +34,9 @@ class EDFScheduler(OrderedScheduler):
     With ``shed_late`` a late request that carries a TTFT objective or a deadline is
     shed with a reason (HTTP 503 ``request_shed``) instead. A request that has streamed
     tokens (one preempted and back in the queue) is never shed and never late: it
-    resumes by its next token's due time. Under memory pressure the victim is the
-    running request due last.
+    resumes by its next token's due time. Under memory pressure the victims are
+    requests without a TPOT objective first (newest first), then those with one, by
+    most slack (:meth:`slack`).
 
     Differences from the literature: EDF orders by one deadline per job; here each
     token has one (TTFT, then TPOT per token), and late jobs are delayed, not dropped,
@@ -97,8 +98,25 @@ class EDFScheduler(OrderedScheduler):
     def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
         self.step_s += 0.2 * (feedback.duration_s - self.step_s)
 
+    def slack(self, request: RequestView, now: float) -> float:
+        """Seconds a running request is ahead of its objectives: of its first token's
+        due time before it has one, else of ``first token + tpot * tokens so far`` (its
+        mean TPOT objective), so a stall costs it least."""
+        first = request.first_token_time
+        if first is None:
+            return self.due(request) - now
+        tpot = request.tpot_slo_ms / 1e3 if request.tpot_slo_ms is not None else self.default_tpot_s
+        return first + tpot * request.num_output_tokens - now
+
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
-        return sorted(reversed(state.running), key=lambda r: self.key(r, state), reverse=True)
+        """Requests without a TPOT objective first (a stall misses nothing), those that
+        have not streamed before those that have, newest admission first (the cheapest
+        to recompute); then those with one, by most slack."""
+        def order(r: RequestView) -> tuple[bool, bool, float]:
+            if r.tpot_slo_ms is None:
+                return (False, r.first_token_time is not None, 0.0)
+            return (True, r.first_token_time is not None, -self.slack(r, state.now))
+        return sorted(reversed(state.running), key=order)
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         decision = super().schedule(state)

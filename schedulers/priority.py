@@ -41,7 +41,10 @@ class PriorityScheduler(OrderedScheduler):
       admitted under ``low_share`` are exempt until they finish (else the share would
       be preempted away). Victims are recomputed later (vllm-project/vllm#40004).
     * Under memory pressure the victim is the lowest-priority running request, then the
-      latest arrival (vLLM V1's choice), also when the engine asks (``choose_victim``).
+      latest arrival (vLLM V1's choice), also when the engine asks (``choose_victim``);
+      the room it frees goes in the same step to waiting requests of a strictly better
+      priority, if any (so a high-priority request does not wait out the lower ones'
+      growth).
 
     Differences from vLLM: vLLM V1 has no starvation guard; its proposed aging
     (vllm-project/vllm#20608) is replaced by ``low_share``, which keeps the order of
@@ -110,25 +113,36 @@ class PriorityScheduler(OrderedScheduler):
         return None
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
-        preempt = state.preempt_for_growth(self.victims(state))
-        if preempt:
-            return SchedulerOutput(preempt=preempt)
         reserve = int(self.watermark * state.num_total_blocks)
         admission = state.admission()
+        growth = state.preempt_for_growth(self.victims(state))
+        if growth:  # the victims' room goes only to requests of a better priority
+            running = {r.request_id: r for r in state.running}
+            worst = min(running[v].priority for v in growth)
+            for victim in growth:
+                admission.release(running[victim])
+            better = [r for r in self.order(state) if r.priority < worst]
+            return SchedulerOutput(admit=admission.fill(better, reserve), preempt=growth)
         head = self._admissions(list(self.order(state)), admission, reserve)
         if head is None:
             return SchedulerOutput(admit=admission.admitted)
-        victims = [r for r in self.victims(state)
-                   if r.priority > head.priority and r.request_id not in self.protected]
+        victims = [r for r in self.victims(state) if r.request_id not in self.protected]
+        admitted = set(admission.admitted)
+        waiting = [r for r in self.order(state) if r.request_id not in admitted]
         chosen: list[str] = []
-        for victim in victims:
-            if admission.fits(head, reserve):
+        for request in waiting:  # preempt for each in order, while lower priorities run
+            saved = (admission.slots, admission.budget, admission.free_blocks)
+            taken: list[RequestView] = []
+            while not admission.fits(request, reserve) and victims \
+                    and victims[0].priority > request.priority:
+                taken.append(victims.pop(0))
+                admission.release(taken[-1])
+            if not admission.fits(request, reserve):
+                admission.slots, admission.budget, admission.free_blocks = saved
+                victims[:0] = taken
                 break
-            chosen.append(victim.request_id)
-            admission.release(victim)
-        if not chosen or not admission.fits(head, reserve):
-            return SchedulerOutput(admit=admission.admitted)
-        admission.admit(head)
-        if any(r.priority > head.priority for r in state.waiting):
-            self.contested += 1
+            admission.admit(request)
+            chosen += [v.request_id for v in taken]
+            if any(r.priority > request.priority for r in state.waiting):
+                self.contested += 1
         return SchedulerOutput(admit=admission.admitted, preempt=chosen)

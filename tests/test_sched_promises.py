@@ -31,14 +31,15 @@ def mean(values: list[float]) -> float:
 
 # -- vtc -------------------------------------------------------------------------------
 
-def flood(weights: dict[str, float] | None = None) -> list[WorkloadRequest]:
-    """Tenant heavy alone at 2x capacity (8 req/s; 64-token outputs, capacity about 4
-    req/s: fcfs finishes 4.0 req/s over the run), tenant light at 1 req/s, 600 requests
-    in all (75 s of overload, 15x the 5 s any counter gap takes to close)."""
-    items = [WorkloadRequest(f"h{i:03d}", round(i / 8, 6), 32, 64, tenant="heavy")
-             for i in range(530)]
-    items += [WorkloadRequest(f"l{i:02d}", round(0.5 + i, 6), 32, 64, tenant="light")
-              for i in range(70)]
+def flood() -> list[WorkloadRequest]:
+    """Tenant heavy alone at 2x capacity: 12.5 req/s of 64-token outputs, where 8 slots
+    of 20 ms steps finish 6.25 req/s (fcfs's saturated throughput); tenant light sends
+    bursts of 10 every 4 s, so both are often backlogged together. 600 requests, 40 s:
+    more than 10x the 1.3 s a request runs (VTC has no aging window)."""
+    items = [WorkloadRequest(f"h{i:03d}", round(i * 0.08, 6), 32, 64, tenant="heavy")
+             for i in range(500)]
+    items += [WorkloadRequest(f"l{i:03d}", round(0.5 + 4 * (i // 10), 6), 32, 64,
+                              tenant="light") for i in range(100)]
     return items
 
 
@@ -73,7 +74,7 @@ async def test_vtc_service_gap_between_backlogged_tenants_stays_within_theorem_4
             span.clear()
 
     result = await simulate(flood(), policy, CONFIG, on_step=check)
-    assert both_steps > 50  # the light tenant was backlogged for a while
+    assert both_steps > 500  # both backlogged for a good part of the run
     assert widest <= bound
     assert len(result.finished) == 600
 
@@ -150,7 +151,7 @@ async def test_priority_keeps_high_fast_and_gives_low_its_share_under_sustained_
     loaded = await simulate(priority_mix(n=1500, rate=7), policy, CONFIG, on_step=watch)
     high_idle = mean(first_token_waits(idle, 0))
     high = mean(first_token_waits(loaded, 0))
-    assert high <= 2.5 * high_idle  # measured 0.051 s against 0.024 s idle
+    assert high <= 2 * high_idle  # measured 0.045 s against 0.024 s idle
     assert mean(first_token_waits(loaded, 1)) > 10 * high  # the overload is real
     assert abs(policy.shared / policy.contested - 0.1) <= 0.05
     assert len(contested) > 50 and abs(mean([float(c) for c in contested]) - 0.1) <= 0.05
