@@ -168,7 +168,7 @@ class VTCScheduler(OrderedScheduler):
         request = queues[tenant][-1]
         load = Counter(r.tenant for r in state.running)
         victims = [r for r in self.victims(state) if load[r.tenant] > load[tenant] + 1
-                   and self.counter(r.tenant) > self.counter(tenant)]
+                   and self.counter(r.tenant) >= self.counter(tenant)]
         if not victims:
             return SchedulerOutput(admit=admission.admitted)
         admission.release(victims[0])
