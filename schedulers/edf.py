@@ -34,7 +34,8 @@ class EDFScheduler(OrderedScheduler):
     With ``shed_late`` a late request that carries a TTFT objective or a deadline is
     shed with a reason (HTTP 503 ``request_shed``) instead. A request that has streamed
     tokens (one preempted and back in the queue) is never shed and never late: it
-    resumes by its next token's due time. Under memory pressure the victims are
+    resumes before any request that has not started, by its next token's due time (so
+    new requests do not pile preempted streams up under memory pressure). Under memory pressure the victims are
     requests without a TPOT objective first (newest first), then those with one, by
     most slack (:meth:`slack`).
 
@@ -89,11 +90,11 @@ class EDFScheduler(OrderedScheduler):
         due time (due before now plus one step)."""
         return request.num_output_tokens == 0 and self.due(request) < state.now + self.step_s
 
-    def key(self, request: RequestView, state: SchedulerState) -> tuple[float, float]:
+    def key(self, request: RequestView, state: SchedulerState) -> tuple[bool, float, float]:
         due = self.due(request)
         if self.late(request, state):
             due += self.late_delay_s
-        return (due, request.arrival_time)
+        return (request.num_output_tokens == 0, due, request.arrival_time)
 
     def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
         self.step_s += 0.2 * (feedback.duration_s - self.step_s)
