@@ -35,9 +35,9 @@ class EDFScheduler(OrderedScheduler):
     shed with a reason (HTTP 503 ``request_shed``) instead. A request that has streamed
     tokens (one preempted and back in the queue) is never shed and never late: it
     resumes before any request that has not started, by its next token's due time (so
-    new requests do not pile preempted streams up under memory pressure). Under memory pressure the victims are
-    requests without a TPOT objective first (newest first), then those with one, by
-    most slack (:meth:`slack`).
+    new requests do not pile preempted streams up under memory pressure). Under memory
+    pressure the victims are requests without a TPOT objective first (newest first),
+    then those with one, by most slack (:meth:`slack`).
 
     Differences from the literature: EDF orders by one deadline per job; here each
     token has one (TTFT, then TPOT per token), and late jobs are delayed, not dropped,
