@@ -50,9 +50,12 @@ class VTCScheduler(OrderedScheduler):
 
     ``preempt`` defaults to True, as the floors decide: without it a light tenant's
     request waits for the next slot a heavy tenant's request frees (light mean TTFT
-    0.97 s against 0.05 s alone in ``tests/test_sched_policies.py``), with it the
-    next step. The cost: recomputing the victims (two-tenants, n=600, rate 8, 8 slots,
-    64 KV blocks, 20 ms steps: see the README's figures).
+    0.97 s against 0.05 s alone in ``tests/test_sched_policies.py``), with it the next
+    step. The cost, ``aioserve simulate --slots 8 --kv-blocks 64 --step-ms 20`` with
+    ``two-tenants:n=600,rate=8``: 43 preemptions, 2,090 recomputed tokens (light mean
+    TTFT 0.046 s; 0.160 s when preempting only for a tenant holding no slot); with
+    ``light=0.5`` (balanced tenants, which fcfs already serves fairly): 211 preemptions,
+    9,154 recomputed tokens, for no gain.
 
     Args:
         prompt_weight: service per prompt token (the paper's w_p, default 1).
