@@ -193,3 +193,29 @@ async def test_mlfq_pauses_all_but_its_batch_admissions_included():
                             on_step=lambda core, f: rows.append(len(f.request_ids)))
     assert max(rows) == 2 and result.preemptions == 0
     assert all(r.num_output_tokens == 30 for r in result.finished.values())
+
+
+def test_edf_due_time_is_the_next_tokens():
+    policy = EDFScheduler(default_ttft_ms=10_000, default_tpot_ms=200)
+    request = Request("r", [5] * 4, SamplingParams(), 1.0)
+    request.meta = type(request.meta)(ttft_slo_ms=500, tpot_slo_ms=50)
+    assert policy.due(request.view) == 1.5  # the first token
+    request.output_token_ids = [7, 7, 7]
+    request.metrics.first_token_time, request.metrics.last_token_time = 1.4, 2.0
+    assert policy.due(request.view) == 2.05  # the last token's time + TPOT, not the first's
+    plain = Request("p", [5] * 4, SamplingParams(), 1.0)
+    assert policy.due(plain.view) == 11.0  # best effort: the default TTFT ages it
+    plain.metrics.first_token_time = plain.metrics.last_token_time = 3.0
+    assert policy.due(plain.view) == 3.2
+
+
+def test_edf_slack_check_delays_what_cannot_be_on_time():
+    policy = EDFScheduler(late_delay_s=5.0)
+    policy.step_s = 0.1
+    hopeless = Request("h", [5] * 4, SamplingParams(), 0.0)
+    hopeless.meta = type(hopeless.meta)(ttft_slo_ms=1050)  # due 1.05, next step ends 1.1
+    fresh = Request("f", [5] * 4, SamplingParams(), 1.0)
+    fresh.meta = type(fresh.meta)(ttft_slo_ms=3000)
+    state = SchedulerState((hopeless.view, fresh.view), (), 8, 8, 4, 4, 64, 1.0, 0)
+    assert policy.late(hopeless.view, state) and not policy.late(fresh.view, state)
+    assert [r.request_id for r in policy.order(state)] == ["f", "h"]
