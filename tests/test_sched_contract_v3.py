@@ -15,6 +15,7 @@ from aioserve.scheduling import (
     SchedulerState,
     StepFeedback,
 )
+from aioserve.scheduling.registry import params_by_policy
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest
 
@@ -94,6 +95,13 @@ def test_config_keyed_by_spec_or_name():
     assert keyed == {"fcfs": None, "schedulers.vtc:VTCScheduler": {"preempt": False}}
     shared = policy_params('{"watermark": 0.05}', names)
     assert shared == dict.fromkeys(names, {"watermark": 0.05})
+
+
+def test_config_keyed_by_the_one_policy_of_a_command():
+    assert params_by_policy(["vtc"], {"vtc": {"preempt": False}}) == {"vtc": {"preempt": False}}
+    weights = {"weights": {"a": 3}}  # a parameter whose value is an object
+    assert params_by_policy(["vtc"], weights) == {"vtc": weights}
+    assert params_by_policy(["fcfs", "vtc"], weights) == {"fcfs": weights, "vtc": weights}
 
 
 def test_config_key_that_names_no_policy_says_which_exist():

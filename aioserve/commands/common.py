@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from aioserve.config import EngineConfig
 from aioserve.memory_size import parse_memory
 from aioserve.runners.attention import registry as attention_registry
-from aioserve.scheduling.registry import load_scheduler
+from aioserve.scheduling.registry import load_scheduler, params_by_policy
 
 if TYPE_CHECKING:
     #: What ``ArgumentParser.add_subparsers`` returns; each command's ``add_parser`` takes it.
@@ -121,6 +121,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise ValueError(f"--kv-cache-memory: {exc}") from None
     params = scheduler_params(args.scheduler_config)
     try:  # refuse a bad policy or parameter now, before the model loads
+        params = params_by_policy([args.scheduler], params)[args.scheduler]
         load_scheduler(args.scheduler, params)
     except ValueError as exc:
         raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None

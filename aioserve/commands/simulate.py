@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.common import quiet_loading, scheduler_params
 from aioserve.commands.simulate_options import add_options, engine_config, sim_config
-from aioserve.scheduling.registry import parameter_names, scheduler_name
+from aioserve.scheduling.registry import params_by_policy
 from aioserve.sim.reports.compare import format_comparison, plot_comparison, write_comparison_html
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.reports.replay import FrameRecorder, write_html
@@ -38,31 +38,13 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """Each policy's parameters: ``--scheduler-config`` applies to every policy, or, as
-    an object keyed by the policies (each named by its spec or its ``name``), to each
-    its own. With several policies, an object whose values are all objects is keyed
-    unless every key is a parameter one of the policies takes.
+    """Each policy's parameters from ``--scheduler-config`` (see
+    :func:`~aioserve.scheduling.registry.params_by_policy`).
 
     Raises:
-        ValueError: not a JSON object, or a key that names none of the policies (the
-            message lists them).
+        ValueError: not a JSON object, or a key that names none of the policies.
     """
-    params = scheduler_params(text)
-    if not params or len(names) < 2 or not all(isinstance(v, dict) for v in params.values()):
-        return dict.fromkeys(names, params)
-    aliases = {alias: spec for spec in names for alias in (spec, scheduler_name(spec))}
-    taken = {p for spec in names for p in parameter_names(spec)}
-    if not set(params) <= set(aliases) and set(params) <= taken:
-        return dict.fromkeys(names, params)
-    unknown = sorted(set(params) - set(aliases))
-    if unknown:
-        raise ValueError(f"--scheduler-config: {unknown[0]!r} names none of the policies "
-                         f"of this run ({', '.join(names)}); key it by a policy's spec or "
-                         "name, or give one object of parameters for every policy")
-    keyed: dict[str, dict[str, Any] | None] = dict.fromkeys(names)
-    for key, value in params.items():
-        keyed[aliases[key]] = value
-    return keyed
+    return params_by_policy(names, scheduler_params(text))
 
 
 async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest],
