@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from aioserve.kv_cache import BlockManager
 from aioserve.request import FinishReason, Request, RequestStatus
-from aioserve.scheduling import RequestView, Scheduler
+from aioserve.scheduling import RequestView, Scheduler, SchedulerState
 from aioserve.scheduling.guard import PolicyGuard
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class EngineQueues:
     def __init__(self, scheduler: Scheduler, blocks: BlockManager,
                  clock: Callable[[], float]) -> None:
         self.scheduler = scheduler
-        self.guard = PolicyGuard(scheduler)
+        self.guard = PolicyGuard(scheduler, self.snapshot)
         self.blocks = blocks
         self.clock = clock
         self.waiting: deque[Request] = deque()
@@ -60,6 +60,10 @@ class EngineQueues:
         self._new_blocks: dict[str, list[int]] = {}
         self._slots: set[str] = set()  # requests the runner holds state for
         self._finishing: set[str] = set()  # their step in flight samples their last token
+
+    def snapshot(self) -> SchedulerState:
+        """The read-only view a policy decides on (made by the engine core)."""
+        raise NotImplementedError
 
     @property
     def has_work(self) -> bool:
@@ -142,6 +146,7 @@ class EngineQueues:
         request.metrics.num_preemptions += 1
         self.waiting.appendleft(request)
         self.num_preemptions += 1
+        self.guard.on_preempt(request.view)
         self._release(request)
 
     def _release(self, request: Request) -> None:
@@ -162,7 +167,7 @@ class EngineQueues:
         if self.has_work:
             raise RuntimeError("the policy can only change while the engine is idle")
         self.scheduler = scheduler
-        self.guard = PolicyGuard(scheduler)
+        self.guard = PolicyGuard(scheduler, self.snapshot)
 
     def fail(self, request_ids: list[str]) -> list[Request]:
         """End the given requests with ``error`` (after a failed step); returns them."""

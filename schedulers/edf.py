@@ -1,67 +1,132 @@
 """Earliest deadline first, goodput-aware: requests that can still meet their
-service-level objective go first; those that cannot wait, or are shed."""
+service-level objective go first; those that cannot wait longer, or are shed."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import ClassVar
 
-from aioserve.scheduling import OrderedScheduler, RequestView, SchedulerOutput, SchedulerState
-
-
-def due(request: RequestView) -> float:
-    """The time (engine clock, seconds) by which the request's next objective falls:
-    its first token by ``arrival + ttft_slo_ms`` while it has none; after that, its
-    tokens so far by ``first token + tpot_slo_ms`` each; else its ``deadline``; else
-    never (``inf``)."""
-    first = request.first_token_time
-    if first is None and request.ttft_slo_ms is not None:
-        return request.arrival_time + request.ttft_slo_ms / 1e3
-    if first is not None and request.tpot_slo_ms is not None:
-        return first + request.tpot_slo_ms / 1e3 * max(request.num_output_tokens - 1, 0)
-    return request.deadline if request.deadline is not None else math.inf
+from aioserve.scheduling import (
+    OrderedScheduler,
+    RequestView,
+    SchedulerOutput,
+    SchedulerState,
+    StepFeedback,
+)
 
 
 class EDFScheduler(OrderedScheduler):
-    """Admit by earliest :func:`due` time (Liu and Layland's EDF), ties by arrival;
-    requests without objectives come after every request with one, in arrival order.
+    """Admit by earliest due time of the *next* token (Liu and Layland's EDF), ties by
+    arrival.
+
+    :meth:`due`: before its first token, ``arrival + ttft_slo_ms`` (else its
+    ``deadline``, else ``arrival + default_ttft_ms``); after it, ``last token time +
+    tpot_slo_ms`` (else ``+ default_tpot_ms``). The defaults are a best-effort
+    objective: a request without objectives ages like any other and is not starved.
 
     Under overload plain EDF serves requests that will miss anyway and makes the next
     ones miss too (the domino effect); goodput (DistServe, vLLM's serving benchmark:
     requests that meet their objectives, per second) is what counts. So a waiting
-    request whose due time has already passed is late: it goes after every request that
-    can still be on time, and with ``shed_late`` it is shed with a reason (HTTP 503
-    ``request_shed``) instead of taking a slot. Under memory pressure the victim is the
-    request due last (late ones first).
+    request that has not streamed and cannot meet its first-token due time any more
+    (the slack check: due before now plus one step, the mean of recent steps) is late:
+    it is ordered as if due ``late_delay_s`` later, behind the requests that can still
+    be on time, but still aging (its wait stays bounded under sustained overload).
+    With ``shed_late`` a late request that carries a TTFT objective or a deadline is
+    shed with a reason (HTTP 503 ``request_shed``) instead. A request that has streamed
+    tokens (one preempted and back in the queue) is never shed and never late: it
+    resumes before any request that has not started, by its next token's due time (so
+    new requests do not pile preempted streams up under memory pressure). Under memory
+    pressure the victims are requests without a TPOT objective first (newest first),
+    then those with one, by most slack (:meth:`slack`).
+
+    Differences from the literature: EDF orders by one deadline per job; here each
+    token has one (TTFT, then TPOT per token), and late jobs are delayed, not dropped,
+    unless ``shed_late``.
 
     Args:
-        shed_late: shed late waiting requests instead of serving them last (admission
-            control; default False).
+        shed_late: shed late waiting requests with an objective instead of serving them
+            later (admission control; default False).
+        default_ttft_ms: first-token objective of a request without one (default 10 s).
+        default_tpot_ms: per-token objective of a request without one (default 200).
+        late_delay_s: how much later than its due time a late request is ordered
+            (default 5 s).
         watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
-        ValueError: a bad watermark.
+        ValueError: a default or the delay not > 0 (>= 0 for the delay), or a bad
+            watermark.
     """
 
     name: ClassVar[str] = "edf"
 
-    def __init__(self, shed_late: bool = False, watermark: float = 0.01) -> None:
+    def __init__(self, shed_late: bool = False, default_ttft_ms: float = 10_000.0,
+                 default_tpot_ms: float = 200.0, late_delay_s: float = 5.0,
+                 watermark: float = 0.01) -> None:
         super().__init__(watermark)
+        if not (default_ttft_ms > 0 and default_tpot_ms > 0):
+            raise ValueError("default_ttft_ms and default_tpot_ms must be > 0")
+        if not late_delay_s >= 0:
+            raise ValueError(f"late_delay_s must be >= 0, got {late_delay_s!r}")
         self.shed_late = shed_late
+        self.default_ttft_s = default_ttft_ms / 1e3
+        self.default_tpot_s = default_tpot_ms / 1e3
+        self.late_delay_s = late_delay_s
+        self.step_s = 0.0  # mean step time, recent steps weighing most
+
+    def due(self, request: RequestView) -> float:
+        """When the request's next token is due (engine clock, seconds)."""
+        last = request.last_token_time
+        if last is None:
+            if request.ttft_slo_ms is not None:
+                return request.arrival_time + request.ttft_slo_ms / 1e3
+            if request.deadline is not None:
+                return request.deadline
+            return request.arrival_time + self.default_ttft_s
+        tpot = request.tpot_slo_ms / 1e3 if request.tpot_slo_ms is not None else self.default_tpot_s
+        return last + tpot
+
+    def late(self, request: RequestView, state: SchedulerState) -> bool:
+        """Whether a request that has not streamed can no longer meet its first token's
+        due time (due before now plus one step)."""
+        return request.num_output_tokens == 0 and self.due(request) < state.now + self.step_s
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[bool, float, float]:
-        deadline = due(request)
-        return (deadline < state.now, deadline, request.arrival_time)
+        due = self.due(request)
+        if self.late(request, state):
+            due += self.late_delay_s
+        return (request.num_output_tokens == 0, due, request.arrival_time)
+
+    def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
+        self.step_s += 0.2 * (feedback.duration_s - self.step_s)
+
+    def slack(self, request: RequestView, now: float) -> float:
+        """Seconds a running request is ahead of its objectives: of its first token's
+        due time before it has one, else of ``first token + tpot * tokens so far`` (its
+        mean TPOT objective), so a stall costs it least."""
+        first = request.first_token_time
+        if first is None:
+            return self.due(request) - now
+        tpot = request.tpot_slo_ms / 1e3 if request.tpot_slo_ms is not None else self.default_tpot_s
+        return first + tpot * request.num_output_tokens - now
 
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
-        return sorted(reversed(state.running), key=lambda r: self.key(r, state), reverse=True)
+        """Requests without a TPOT objective first (a stall misses nothing), those that
+        have not streamed before those that have, newest admission first (the cheapest
+        to recompute); then those with one, by most slack."""
+        def order(r: RequestView) -> tuple[bool, bool, float]:
+            if r.tpot_slo_ms is None:
+                return (False, r.first_token_time is not None, 0.0)
+            return (True, r.first_token_time is not None, -self.slack(r, state.now))
+        return sorted(reversed(state.running), key=order)
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         decision = super().schedule(state)
         if not self.shed_late or decision.preempt:
             return decision
         admitted = set(decision.admit)
-        late = {r.request_id: f"cannot meet its objective: due {state.now - due(r):.3f} s ago"
-                for r in state.waiting if r.request_id not in admitted and due(r) < state.now}
+        late = {r.request_id: "cannot meet its objective: due "
+                f"{state.now - self.due(r):.3f} s ago" if self.due(r) <= state.now else
+                "cannot meet its objective: due in less than a step"
+                for r in state.waiting if r.request_id not in admitted
+                and (r.ttft_slo_ms is not None or r.deadline is not None) and self.late(r, state)}
         return SchedulerOutput(admit=decision.admit, shed=late) if late else decision

@@ -16,64 +16,85 @@ from aioserve.scheduling import (
 
 
 class MLFQScheduler(OrderedScheduler):
-    """Levels 0 .. ``levels - 1``; level i's quantum is ``quantum * 2**i`` output tokens.
-    A request joins the level whose quantum first covers its prompt (skip-join: a long
-    prompt does not enter the top queue) and drops a level each time its service at
-    its level reaches the level's quantum, so long requests sink and short ones finish
-    at the top, without knowing any length beforehand.
+    """Levels 0 .. ``levels - 1``; level i's quantum is ``quantum * 2**i`` iterations (one
+    iteration: one decode step, one output token). Skip-join: a request joins the first
+    level whose quantum covers the cost of its first iteration, its prefill, counted in
+    the same unit: ``num_prompt_tokens / prefill_tokens_per_iteration`` iterations (at
+    least one), so only a prompt whose prefill costs more than level 0's quantum skips
+    it. It drops a level each time its output tokens at its level reach the level's
+    quantum, so long requests sink and short ones finish at the top, without knowing any
+    length beforehand. A request not served for ``promote_after_s`` goes back to level 0
+    (FastServe's periodic promotion against starvation).
 
-    Token-level preemption with the KV kept: with ``batch_size`` below the engine's
-    slots, each step runs only the best ``batch_size`` running requests by (level,
-    arrival) and pauses the others (slot and KV blocks kept, as FastServe keeps its job
-    pool in memory: serve with ``--max-num-seqs`` above ``batch_size``). With ``evict``,
-    a waiting request of a better level than the worst running one also preempts it
-    when no slot is free (recomputed later: costly where FastServe swaps). Starvation: a
-    request not served for ``promote_after_s`` goes back to level 0 (FastServe's
-    periodic promotion).
+    Preemption (on by default, ``evict``): a waiting request of a better level than the
+    worst running one preempts it when no slot is free, worst first; the victim keeps
+    its level and is recomputed when readmitted. Token-level pausing with the KV kept:
+    with ``batch_size``, each step computes only the best ``batch_size`` requests by
+    (level, arrival), running and newly admitted together, and pauses the other running
+    ones (slot and KV blocks kept, as FastServe keeps its job pool in memory: serve
+    with ``--max-num-seqs`` above ``batch_size``).
+
+    Differences from FastServe: it swaps preempted jobs' KV to host memory where this
+    recomputes them (costly under a profile that charges prefill; free in the flat
+    timing); its skip-join compares measured first-iteration time with the quantum,
+    this a token ratio (``prefill_tokens_per_iteration``, set it from a profile:
+    prefill tokens per second over steps per second).
 
     Args:
         levels: number of queues (>= 1; default 5).
-        quantum: output tokens of level 0's quantum (>= 1; default 8).
-        batch_size: most requests computed per step (None: all running ones).
-        evict: preempt a worse-level running request for a better-level waiting one
-            when no slot is free (default False).
+        quantum: iterations (output tokens) of level 0's quantum (>= 1; default 16).
+        prefill_tokens_per_iteration: prompt tokens whose prefill costs one iteration
+            (>= 1; default 512).
+        batch_size: most requests computed per step, admissions included (None: no
+            pausing).
+        evict: preempt worse-level running requests for a better-level waiting one
+            when no slot is free (default True).
         promote_after_s: seconds without service after which a request returns to
             level 0 (default 5).
         watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
-        ValueError: levels, quantum or batch_size below 1, a negative promotion time.
+        ValueError: levels, quantum, prefill_tokens_per_iteration or batch_size below 1,
+            a negative promotion time.
     """
 
     name: ClassVar[str] = "mlfq"
 
-    def __init__(self, levels: int = 5, quantum: int = 8, batch_size: int | None = None,
-                 evict: bool = False, promote_after_s: float = 5.0,
+    def __init__(self, levels: int = 5, quantum: int = 16,
+                 prefill_tokens_per_iteration: int = 512, batch_size: int | None = None,
+                 evict: bool = True, promote_after_s: float = 5.0,
                  watermark: float = 0.01) -> None:
         super().__init__(watermark)
-        if levels < 1 or quantum < 1 or (batch_size is not None and batch_size < 1):
-            raise ValueError("levels, quantum and batch_size must be >= 1")
+        if min(levels, quantum, prefill_tokens_per_iteration, batch_size or 1) < 1:
+            raise ValueError(
+                "levels, quantum, prefill_tokens_per_iteration and batch_size must be >= 1")
         if not promote_after_s >= 0:
             raise ValueError(f"promote_after_s must be >= 0, got {promote_after_s!r}")
         self.levels, self.quantum, self.batch_size = levels, quantum, batch_size
+        self.prefill_tokens_per_iteration = prefill_tokens_per_iteration
         self.evict, self.promote_after_s = evict, promote_after_s
         self.level: dict[str, int] = {}
         self.served: dict[str, int] = {}  # output tokens at its current level
         self.last_served: dict[str, float] = {}
 
-    def on_arrival(self, request: RequestView) -> None:
+    def join_level(self, request: RequestView) -> int:
+        """Skip-join: the first level whose quantum covers the prefill's iterations."""
+        cost = max(1.0, request.num_prompt_tokens / self.prefill_tokens_per_iteration)
         level = 0
-        while level < self.levels - 1 and self.quantum << level < request.num_prompt_tokens:
+        while level < self.levels - 1 and self.quantum << level < cost:
             level += 1
-        self.level[request.request_id] = level
+        return level
+
+    def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
+        self.level[request.request_id] = self.join_level(request)
         self.served[request.request_id] = 0
         self.last_served[request.request_id] = request.arrival_time
 
-    def on_finish(self, request: RequestView) -> None:
+    def on_finish(self, request: RequestView, state: SchedulerState) -> None:
         for table in (self.level, self.served, self.last_served):
             table.pop(request.request_id, None)
 
-    def on_step(self, feedback: StepFeedback) -> None:
+    def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
         for request_id, emitted in zip(feedback.request_ids, feedback.num_emitted_tokens):
             if request_id not in self.level:
                 continue
@@ -98,19 +119,34 @@ class MLFQScheduler(OrderedScheduler):
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         self.promote(state)
-        decision = super().schedule(state)
-        if decision.preempt:
-            return decision
+        preempt = state.preempt_for_growth(self.victims(state))
+        if preempt:
+            return SchedulerOutput(preempt=preempt)
+        reserve = int(self.watermark * state.num_total_blocks)
         running = sorted(state.running, key=lambda r: self.key(r, state))
-        preempt: list[str] = []
-        waiting = self.order(state)
-        full = len(running) >= state.max_num_seqs
-        if self.evict and waiting and not decision.admit and full:
-            head, worst = waiting[0], running[-1]
-            if self.key(head, state) < self.key(worst, state):
-                preempt.append(worst.request_id)  # its slot goes to the better level next step
-                running.pop()
+        waiting = list(self.order(state))
         pause: list[str] = []
+        room = len(waiting)
         if self.batch_size is not None:
-            pause = [r.request_id for r in running[self.batch_size:]]
-        return SchedulerOutput(admit=decision.admit, preempt=preempt, pause=pause)
+            best = sorted(running + waiting, key=lambda r: self.key(r, state))
+            chosen = {r.request_id for r in best[:self.batch_size]}
+            pause = [r.request_id for r in running if r.request_id not in chosen]
+            room = self.batch_size - (len(running) - len(pause))
+        admission = state.admission(pause)
+        for request in waiting[:max(room, 0)]:
+            if not admission.fits(request, reserve):
+                break
+            admission.admit(request)
+        preempted: list[str] = []
+        left = [r for r in waiting if r.request_id not in set(admission.admitted)]
+        computed = [r for r in running if r.request_id not in set(pause)]
+        if self.evict and left and admission.slots <= 0 and room > len(admission.admitted):
+            head = left[0]
+            while computed and self.key(head, state) < self.key(computed[-1], state):
+                victim = computed.pop()
+                preempted.append(victim.request_id)
+                admission.release(victim)
+                if admission.fits(head, reserve):
+                    admission.admit(head)
+                    break
+        return SchedulerOutput(admit=admission.admitted, preempt=preempted, pause=pause)

@@ -11,7 +11,7 @@ from aioserve.config import EngineConfig
 from aioserve.memory_size import parse_memory
 from aioserve.model_path import check_model_path
 from aioserve.runners.attention import registry as attention_registry
-from aioserve.scheduling.registry import load_scheduler
+from aioserve.scheduling.registry import load_scheduler, params_by_policy
 
 if TYPE_CHECKING:
     #: What ``ArgumentParser.add_subparsers`` returns; each command's ``add_parser`` takes it.
@@ -188,15 +188,18 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         budget = parse_memory(args.kv_cache_memory)
     except ValueError as exc:
         raise ValueError(f"--kv-cache-memory: {exc}") from None
-    params = scheduler_params(args.scheduler_config)
-    check_scheduler(args.scheduler, params)
+    try:  # one object of parameters, or keyed by the policy's spec or name
+        params = params_by_policy([args.scheduler], scheduler_params(args.scheduler_config))
+    except ValueError as exc:  # an unknown policy
+        raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
+    check_scheduler(args.scheduler, params[args.scheduler])
     check_model(args.model)
     try:
         return EngineConfig(
             model=args.model,
             tokenizer=args.tokenizer,
             scheduler=args.scheduler,
-            scheduler_config=params,
+            scheduler_config=params[args.scheduler],
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aioserve.commands.common import check_scheduler, scheduler_params
 from aioserve.commands.simulate_options import add_options, engine_config, sim_config
 from aioserve.config import EngineConfig
+from aioserve.scheduling.registry import params_by_policy
 from aioserve.sim.reports.compare import format_comparison, plot_comparison, write_comparison_html
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.reports.replay import FrameRecorder, write_html
@@ -38,17 +39,13 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """Each policy's parameters: ``--scheduler-config`` applies to every policy, or, as
-    an object keyed by policy names, to each its own.
+    """Each policy's parameters from ``--scheduler-config`` (see
+    :func:`~aioserve.scheduling.registry.params_by_policy`).
 
     Raises:
-        ValueError: not a JSON object.
+        ValueError: not a JSON object, or a key that names none of the policies.
     """
-    params = scheduler_params(text)
-    if params and len(names) > 1 and set(params) <= set(names) and all(
-            isinstance(v, dict) for v in params.values()):
-        return {name: params.get(name) for name in names}
-    return dict.fromkeys(names, params)
+    return params_by_policy(names, scheduler_params(text))
 
 
 async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], names: list[str],

@@ -1,4 +1,4 @@
-"""The scheduler plugin contract (version 2): a read-only view of the engine in, a
+"""The scheduler plugin contract (version 3): a read-only view of the engine in, a
 decision out, feedback after every step.
 
 A policy decides; the engine owns every queue and block and checks each decision

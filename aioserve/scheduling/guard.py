@@ -1,12 +1,15 @@
 """PolicyGuard: the engine's only way to call a policy. It keeps a faulty policy's
 failure to itself: a ``schedule`` that raises or returns something malformed is
 replaced, for that step, by the FCFS decision; a hook that raises is skipped. Each
-failure is logged (the traceback once per method) and counted."""
+failure is logged (the traceback once per method) and counted. Hooks get the engine's
+state snapshot when their signature takes it (contract version 3), and not otherwise
+(versions 1 and 2)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from aioserve.scheduling.decision import SchedulerOutput
 from aioserve.scheduling.feedback import StepFeedback
@@ -15,6 +18,35 @@ from aioserve.scheduling.state import SchedulerState
 from aioserve.scheduling.view import RequestView
 
 logger = logging.getLogger(__name__)
+
+
+#: The policy's hooks the guard calls (``choose_victim`` apart).
+HOOKS = ("on_arrival", "on_finish", "on_preempt", "on_step")
+
+
+def _no_snapshot() -> SchedulerState:
+    raise RuntimeError("this engine gives its policy's hooks no state snapshot")
+
+
+def _overrides(policy: object, name: str) -> bool:
+    """Whether the policy's class defines hook ``name`` other than the base's no-op."""
+    hook = getattr(type(policy), name, None)
+    return hook is not None and hook is not getattr(Scheduler, name)
+
+
+def _takes_state(policy: object, name: str) -> bool:
+    """Whether the policy's hook ``name`` takes the state snapshot (contract version 3:
+    a second positional parameter, or one named ``state``); hooks of versions 1 and 2
+    take only the event."""
+    hook = getattr(policy, name, None)
+    if hook is None:
+        return False
+    try:
+        parameters = list(inspect.signature(hook).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
 def _ids(values: object) -> bool:
@@ -44,6 +76,8 @@ class PolicyGuard:
 
     Args:
         policy: the scheduling policy.
+        snapshot: makes the :class:`SchedulerState` handed to hooks that take one
+            (the engine's ``snapshot``).
 
     Attributes:
         failures: calls that raised or returned a malformed decision, over the
@@ -52,13 +86,16 @@ class PolicyGuard:
             then).
     """
 
-    def __init__(self, policy: Scheduler) -> None:
+    def __init__(self, policy: Scheduler,
+                 snapshot: Callable[[], SchedulerState] | None = None) -> None:
         self.policy = policy
+        self.snapshot = snapshot or _no_snapshot
         self.fallback = OrderedScheduler()
         self.failures = 0
         self._logged: set[str] = set()
-        hook = getattr(type(policy), "on_step", None)
-        self.wants_steps = hook is not None and hook is not Scheduler.on_step
+        self._overrides = {name: _overrides(policy, name) for name in HOOKS}
+        self._takes_state = {name: _takes_state(policy, name) for name in HOOKS}
+        self.wants_steps = self._overrides["on_step"]
 
     def _failed(self, method: str, error: str, exc: BaseException | None = None) -> None:
         self.failures += 1
@@ -81,26 +118,39 @@ class PolicyGuard:
             return self.fallback.schedule(state)
         return decision
 
+    def _call(self, method: str, event: object) -> None:
+        """Call the policy's hook ``method`` with ``event`` (and a fresh snapshot when
+        the hook takes one); a raise is logged, counted and skipped."""
+        hook = getattr(self.policy, method, None)
+        if hook is None:
+            return
+        try:
+            if self._takes_state[method]:
+                hook(event, self.snapshot())
+            else:
+                hook(event)
+        except Exception as exc:
+            self._failed(method, f"{type(exc).__name__}: {exc}", exc)
+
     def on_arrival(self, request: RequestView) -> None:
         """The policy's ``on_arrival``; a raise is logged, counted and skipped."""
-        try:
-            self.policy.on_arrival(request)
-        except Exception as exc:
-            self._failed("on_arrival", f"{type(exc).__name__}: {exc}", exc)
+        if self._overrides["on_arrival"]:
+            self._call("on_arrival", request)
 
     def on_finish(self, request: RequestView) -> None:
         """The policy's ``on_finish``; a raise is logged, counted and skipped."""
-        try:
-            self.policy.on_finish(request)
-        except Exception as exc:
-            self._failed("on_finish", f"{type(exc).__name__}: {exc}", exc)
+        if self._overrides["on_finish"]:
+            self._call("on_finish", request)
+
+    def on_preempt(self, request: RequestView) -> None:
+        """The policy's ``on_preempt`` (contract version 3); a raise is logged, counted
+        and skipped."""
+        if self._overrides["on_preempt"]:
+            self._call("on_preempt", request)
 
     def on_step(self, feedback: StepFeedback) -> None:
         """The policy's ``on_step``; a raise is logged, counted and skipped."""
-        try:
-            self.policy.on_step(feedback)
-        except Exception as exc:
-            self._failed("on_step", f"{type(exc).__name__}: {exc}", exc)
+        self._call("on_step", feedback)
 
     def choose_victim(self, requester: RequestView, candidates: Sequence[RequestView]) -> int:
         """Index into ``candidates`` of the request to preempt (0, the newest, unless

@@ -11,12 +11,14 @@ from aioserve.scheduling.feedback import StepFeedback
 from aioserve.scheduling.state import SchedulerState
 from aioserve.scheduling.view import RequestView
 
-#: The version of the contract this module defines (see docs/schedulers.md).
-CONTRACT_VERSION = 2
+#: The version of the contract this module defines (see docs/schedulers.md). Version 3
+#: added ``on_preempt`` and the state snapshot handed to every hook; policies written for
+#: versions 1 and 2 (hooks without ``state``) load and run unchanged.
+CONTRACT_VERSION = 3
 
 
 class Scheduler:
-    """Base class of scheduling policies (contract version 2).
+    """Base class of scheduling policies (contract version 3).
 
     A policy decides; the engine owns every queue and block and checks every decision.
     Subclasses set ``name`` and implement :meth:`schedule`; the hooks are optional. A
@@ -24,6 +26,18 @@ class Scheduler:
     ``EngineConfig.scheduler_config`` (JSON), so give each one a default. Any method
     that raises is contained: the engine logs it, counts it and goes on (a failed
     :meth:`schedule` is replaced by the FCFS decision for that step).
+
+    Every hook receives ``state``: a snapshot of the engine taken when the hook is
+    called, after the event it reports (the request is already in the waiting queue, out
+    of the engine, or back in the waiting queue): the state the next :meth:`schedule`
+    sees unless other events come first. A hook written without the ``state`` parameter
+    (contract versions 1 and 2) is called without it, and no snapshot is built for it.
+
+    Timing: the engine schedules one step ahead, so :meth:`schedule` for step N+1 runs
+    before step N's :meth:`on_step`; service counted only in :meth:`on_step` is one
+    step late, and a policy that orders by it admits the same client twice. Charge
+    what an admission will cost when you admit (in :meth:`schedule`), and use
+    :meth:`on_step` for what only the step can tell (tokens emitted, time taken).
     """
 
     name: ClassVar[str] = ""
@@ -34,15 +48,21 @@ class Scheduler:
         or shed, and how much each may prefill this step."""
         raise NotImplementedError
 
-    def on_arrival(self, request: RequestView) -> None:
+    def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
         """A request joined the waiting queue (hook; default does nothing)."""
 
-    def on_finish(self, request: RequestView) -> None:
+    def on_finish(self, request: RequestView, state: SchedulerState) -> None:
         """A request finished, for any reason (hook; default does nothing)."""
 
-    def on_step(self, feedback: StepFeedback) -> None:
+    def on_preempt(self, request: RequestView, state: SchedulerState) -> None:
+        """A running request was preempted (by the policy's decision or for another's
+        KV growth): its blocks are freed and it is back at the head of the waiting
+        queue, to be recomputed when readmitted (hook; default does nothing)."""
+
+    def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
         """A step finished: per request, tokens computed and emitted; the step's time.
-        Called only when a policy overrides it (hook; default does nothing)."""
+        Arrives after the next step was scheduled (one step late, see above). Called
+        only when a policy overrides it (hook; default does nothing)."""
 
     def choose_victim(
         self, requester: RequestView, candidates: Sequence[RequestView]

@@ -54,6 +54,56 @@ def _load_class(spec: str) -> Any:
     return matches[0].load()
 
 
+def scheduler_name(spec: str) -> str:
+    """The ``name`` of the policy a spec loads (the spec itself when it has none or
+    cannot be loaded)."""
+    try:
+        name = getattr(_load_class(spec), "name", "")
+    except ValueError:
+        return spec
+    return name if isinstance(name, str) and name else spec
+
+
+def parameter_names(spec: str) -> list[str]:
+    """The constructor parameters of the policy a spec loads (none when it cannot be
+    loaded)."""
+    try:
+        signature = inspect.signature(_load_class(spec))
+    except (ValueError, TypeError):
+        return []
+    return [n for n, p in signature.parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def params_by_policy(specs: list[str], params: Mapping[str, Any] | None
+                     ) -> dict[str, dict[str, Any] | None]:
+    """Each policy's parameters from one ``--scheduler-config`` object: the object for
+    every policy, or, keyed by the policies (each named by its spec or its ``name``),
+    each its own. An object whose values are all objects is keyed when its keys name
+    the policies; with several policies also when they do not, unless every key is a
+    parameter one of them takes (then it applies to every policy).
+
+    Raises:
+        ValueError: with several policies, a key that names none of them (the message
+            lists them).
+    """
+    if not params or not all(isinstance(v, dict) for v in params.values()):
+        return dict.fromkeys(specs, dict(params) if params else None)
+    aliases = {alias: spec for spec in specs for alias in (spec, scheduler_name(spec))}
+    if not set(params) <= set(aliases):
+        taken = {name for spec in specs for name in parameter_names(spec)}
+        if len(specs) < 2 or set(params) <= taken:
+            return dict.fromkeys(specs, dict(params))
+        unknown = sorted(set(params) - set(aliases))
+        raise ValueError(f"--scheduler-config: {unknown[0]!r} names none of the policies "
+                         f"of this run ({', '.join(specs)}); key it by a policy's spec or "
+                         "name, or give one object of parameters for every policy")
+    keyed: dict[str, dict[str, Any] | None] = dict.fromkeys(specs)
+    for key, value in params.items():
+        keyed[aliases[key]] = value
+    return keyed
+
+
 def _check_parameters(spec: str, cls: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     """``params`` checked against ``cls``'s constructor: names it takes, values of the
     annotated types (validated by pydantic; JSON numbers become floats where a float

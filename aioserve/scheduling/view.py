@@ -145,6 +145,11 @@ class RequestView:
         return self._request.metrics.first_token_time
 
     @property
+    def last_token_time(self) -> float | None:
+        """When its latest output token came back, or None."""
+        return self._request.metrics.last_token_time
+
+    @property
     def num_preemptions(self) -> int:
         """Times it was preempted (its KV freed, recomputed on readmission)."""
         return self._request.metrics.num_preemptions
