@@ -54,7 +54,8 @@ def test_policies_lists_built_in_and_third_party_policies_without_torch(tmp_path
     assert ("  depth: int = 3  how many requests to look at (continued on a second line)."
             in out.splitlines())
     assert "vtc  (schedulers.vtc:VTCScheduler)" in out
-    assert "  preempt: bool = true  preempt for the least-served tenant (default True)." in out
+    assert ("  preempt: bool = true  preempt for the least-served waiting tenant (default True)."
+            in out)
     assert "static  (schedulers.static:StaticScheduler)" in out and "(no parameters)" in out
 
 
@@ -68,10 +69,12 @@ def test_policies_names_an_unknown_policy():
 def test_the_configuration_fills_in_defaults_and_keeps_what_a_policy_was_made_with():
     assert configuration_text(policy_configuration(
         load_scheduler("vtc", {"preempt": False}), {"preempt": False})) == (
-        '{"prompt_weight": 1.0, "output_weight": 2.0, "preempt": false, "watermark": 0.01}')
+        '{"prompt_weight": 1.0, "output_weight": 2.0, "weights": null, "preempt": false, '
+        '"watermark": 0.01}')
     made = VTCScheduler(output_weight=3.0, preempt=False)  # in code, no --scheduler-config
     assert policy_configuration(made, None) == {
-        "prompt_weight": 1.0, "output_weight": 3.0, "preempt": False, "watermark": 0.01}
+        "prompt_weight": 1.0, "output_weight": 3.0, "weights": None, "preempt": False,
+        "watermark": 0.01}
     # the predictor object it made from None is not a value to print: the default stands
     assert policy_configuration(MemoryAwareScheduler(watermark=0.9), None) == {
         "predictor": None, "watermark": 0.9}

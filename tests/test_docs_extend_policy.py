@@ -26,7 +26,7 @@ async def test_the_docs_subclass_of_a_built_in_policy_serves_gold_first():
     exec(code, namespace)
     workload = [WorkloadRequest(f"r{i}", 0.0, 4, 4, tenant=tenant)
                 for i, tenant in enumerate(["a", "b", "gold", "a", "gold"])]
-    result = await simulate(workload, namespace["GoldFirst"](max_wait_s=60),
+    result = await simulate(workload, namespace["GoldFirst"](low_share=0.2),
                             SimConfig(slots=1))
     assert first_started(result) == ["r2", "r4", "r0", "r1", "r3"]
 
