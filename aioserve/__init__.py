@@ -12,6 +12,8 @@ Imports (checked by tests/test_import_rules.py):
     never at module level: aioserve.runners.worker, torch, numpy, transformers
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
 from aioserve.errors import EngineError, EngineNotRunningError, RequestShedError
@@ -29,4 +31,7 @@ __all__ = [
     "RequestShedError",
     "SamplingParams",
 ]
-__version__ = "0.1.0"
+try:
+    __version__ = version("aioserve")  # pyproject.toml's, as installed
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"

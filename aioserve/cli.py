@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "aioserve.commands.simulate",
     "aioserve.commands.bench",
     "aioserve.commands.policies",
+    "aioserve.commands.env",
 )
 
 
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``aioserve`` console script; returns the exit status."""
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+        print(f"aioserve {__version__}")  # at once: no command module imported
+        return 0
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)

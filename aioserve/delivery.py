@@ -113,13 +113,16 @@ class Delivery:
         if not request.is_finished:
             core.finish(request, FinishReason.ERROR)
 
-    def fail(self, core: EngineCore, request_ids: list[str], error: EngineError) -> None:
-        """End the given requests (a failed step) with ``error``."""
-        for request_id in request_ids:
-            stream = self.streams.get(request_id)
-            if stream is not None:
+    def fail(self, core: EngineCore, requests: list[Request], error: EngineError) -> None:
+        """End the given requests (a failed step, a drain) with ``error``. It acts on
+        these requests and their own streams only, never on the ids: a request that
+        was aborted and whose id a new request took meanwhile ends alone (already
+        ended), and the new request's stream goes on."""
+        for request in requests:
+            stream = self.streams.get(request.request_id)
+            if stream is not None and stream.request is request:
                 stream.push_error(error)
-        core.fail(request_ids)  # their streams are closed: flush_finished skips them
+        core.fail(requests)  # their streams are closed: flush_finished skips them
 
     def end_all(self, error: EngineError) -> None:
         """End every open stream with ``error`` (the engine stopped)."""

@@ -136,8 +136,7 @@ class AsyncEngine(EngineReadouts):
         if core is None:
             return
         error = EngineNotRunningError("the server is shutting down")
-        never_started = [r.request_id for r in core.waiting
-                         if r.metrics.first_scheduled_time is None]
+        never_started = [r for r in core.waiting if r.metrics.first_scheduled_time is None]
         self._delivery.fail(core, never_started, error)
 
     async def wait_idle(self, timeout: float) -> bool:

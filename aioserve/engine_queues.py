@@ -169,9 +169,9 @@ class EngineQueues:
         self.scheduler = scheduler
         self.guard = PolicyGuard(scheduler, self.snapshot)
 
-    def fail(self, request_ids: list[str]) -> list[Request]:
-        """End the given requests with ``error`` (after a failed step); returns them."""
-        failed = [self.requests[r] for r in request_ids if r in self.requests]
-        for request in failed:
+    def fail(self, requests: list[Request]) -> None:
+        """End the given requests with ``error`` (after a failed step). It acts on these
+        requests themselves, never on their ids: one already finished is left as it is,
+        and so is a request that reused its id meanwhile."""
+        for request in requests:
             self.finish(request, FinishReason.ERROR)
-        return failed

@@ -21,6 +21,7 @@ from aioserve.delivery import Delivery
 from aioserve.engine_core import EngineCore, StepResult
 from aioserve.errors import EngineError
 from aioserve.listeners import ListenerHub
+from aioserve.request import Request
 from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
 
 logger = logging.getLogger(__name__)
@@ -86,14 +87,16 @@ class StepLoop:
                 output = await future
             except Exception as exc:  # the model failed: end this batch, keep serving
                 logger.exception("model step failed")
+                requests = core.oldest_batch_requests()
                 core.abandon(batch)
-                self.fail(batch.request_ids, exc)
+                self.fail(requests, exc)
                 continue
+            requests = core.oldest_batch_requests()
             try:
                 results = core.update(batch, output)
             except Exception as exc:  # a bookkeeping bug: end this batch, keep serving
                 logger.exception("step bookkeeping failed")
-                self.fail(batch.request_ids, exc, "step bookkeeping failed")
+                self.fail(requests, exc, "step bookkeeping failed")
                 continue
             self.fan_out(output, results)
             self.delivery.flush_finished(core)
@@ -148,11 +151,10 @@ class StepLoop:
     def fail_all(self, exc: Exception) -> None:
         """End every running and waiting request with ``exc`` (the policy failed)."""
         core = self.core
-        ids = [r.request_id for r in (*core.running, *core.waiting)]
-        self.fail(ids, exc, "scheduler failed")
+        self.fail([*core.running, *core.waiting], exc, "scheduler failed")
 
-    def fail(self, request_ids: list[str], exc: Exception, what: str = "model step failed",
+    def fail(self, requests: list[Request], exc: Exception, what: str = "model step failed",
              ) -> None:
         """End the given requests with an EngineError saying ``what`` failed."""
         error = EngineError(f"{what}: {type(exc).__name__}: {exc}")
-        self.delivery.fail(self.core, request_ids, error)
+        self.delivery.fail(self.core, requests, error)

@@ -7,20 +7,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from aioserve.runners.cpu.cpu_info import cpu_flags_line
+
 #: oneDNN's ISA levels this suite tells apart, lowest first.
 LEVELS = ("sse41", "avx", "avx2", "avx512")
 
 
 def cpu_level() -> str:
     """The best of :data:`LEVELS` the CPU has (``avx2`` where /proc/cpuinfo is absent)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
+    if not Path("/proc/cpuinfo").exists():
         return "avx2"
-    flags = set()
-    for line in cpuinfo.read_text(errors="replace").splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
+    flags = set(cpu_flags_line().split(":", 1)[-1].split())
     for level, flag in (("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx")):
         if flag in flags:
             return level

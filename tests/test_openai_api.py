@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import aiohttp
@@ -153,7 +154,25 @@ async def test_chat_without_any_template_is_a_400_that_says_so(model_dir):
         assert "chat template" in info.value.body["message"]
         assert info.value.body["param"] == "messages"
         models = await client(server).models.list()
-        assert [m.id for m in models.data] == [model_dir]  # default name: the model path
+        # default name: the model path made absolute
+        assert [m.id for m in models.data] == [os.path.abspath(model_dir)]
+
+
+async def test_a_symlinked_model_directory_is_served_under_the_link_made_absolute(
+        model_dir, tmp_path, monkeypatch):
+    """``--model ./linked/`` (a symbolic link to the model) is served as
+    ``$PWD/linked``: the path the user gave, never the link's target."""
+    (tmp_path / "linked").symlink_to(os.path.abspath(model_dir), target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    name = os.path.join(os.getcwd(), "linked")
+    assert os.path.realpath(name) != name
+    engine = AsyncEngine(EngineConfig(model="./linked/", num_kv_blocks=16))
+    async with serve(engine) as server:
+        models = await client(server).models.list()
+        assert [m.id for m in models.data] == [name]
+        result = await client(server).completions.create(model=name, prompt=PROMPT,
+                                                         max_tokens=2, temperature=0)
+        assert result.model == name
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])

@@ -13,9 +13,11 @@ import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scripted_runner import ScriptedRunner
 from server_support import base_url, idle, scripted_engine, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
+from aioserve.runners.base import RunnerOutput, ScheduledBatch
 
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time"
 
@@ -121,6 +123,53 @@ async def test_release_of_an_ended_stream_never_touches_a_request_that_took_its_
             outputs.append(await new.queue.get())
         assert [t for out in outputs for t in out.token_ids] == [5, 6, 7]
         engine.release(new)
+        await wait_until(lambda: idle(engine))
+        assert not engine._delivery.streams
+
+
+class GatedRunner(ScriptedRunner):
+    """A ScriptedRunner whose step ``fail_on_step`` waits for :attr:`gate` (telling
+    :attr:`reached` that it started) and then fails."""
+
+    def __init__(self, script: list[int], fail_on_step: int) -> None:
+        super().__init__(script, fail_on_step=fail_on_step)
+        self.reached = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def step(self, batch: ScheduledBatch) -> RunnerOutput:
+        if self.steps == self.fail_on_step:
+            self.reached.set()
+            await self.gate.wait()
+        return await super().step(batch)
+
+
+async def test_a_failed_step_never_ends_a_request_that_took_an_aborted_ids_place():
+    """Step 1 runs X and Y; while it runs, X is aborted and a new X takes the id; the
+    step then fails: Y ends with the step's error, the new X is not touched (it was
+    not in the step) and gets its whole answer."""
+    runner = GatedRunner([5, 6, 7], fail_on_step=1)
+    engine = AsyncEngine(EngineConfig(model="scripted"), runner=runner, tokenizer=None)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    async with engine:
+        old = engine.add_request([1, 2], params, request_id="X")
+        mate = engine.add_request([1, 2], params, request_id="Y")
+        await asyncio.wait_for(runner.reached.wait(), 60)
+        engine.abort("X")
+        new = engine.add_request([1, 2], params, request_id="X")
+        runner.gate.set()
+        mate_items = [await mate.queue.get()]
+        while not isinstance(mate_items[-1], BaseException):
+            mate_items.append(await mate.queue.get())
+        assert "model step failed" in str(mate_items[-1])
+        outputs = []
+        while not outputs or not outputs[-1].finished:
+            item = await new.queue.get()
+            assert not isinstance(item, BaseException), item
+            outputs.append(item)
+        assert [t for out in outputs for t in out.token_ids] == [5, 6, 7]
+        assert outputs[-1].finish_reason == "length"
+        for stream in (old, mate, new):
+            engine.release(stream)
         await wait_until(lambda: idle(engine))
         assert not engine._delivery.streams
 

@@ -6,8 +6,9 @@ What the padding measures (MKL's row groups, ATen's vector width, the threads' s
 differs between machines, so the checks also run in subprocesses under every ATen
 CPU capability this CPU has below its own (``ATEN_CPU_CAPABILITY=default``, ``avx2``
 on an AVX-512 machine) and under MKL's reproducibility mode ``MKL_CBWR=AVX2`` (another
-small-row kernel); under ``MKL_CBWR=COMPATIBLE`` no count is exact and the runner
-says so. Issue 26, item 6."""
+small-row kernel); under ``MKL_CBWR=COMPATIBLE``, and under ``MKL_CBWR=AVX2`` on an
+AVX-512 CPU, no count is exact: the runner packs its linear layers (decode steps stay
+exact) and says what stays inexact. Issues 26 (item 6) and 34 (item 1)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from isa_support import cpu_level
 
 from aioserve.config import EngineConfig
 from aioserve.runners.cpu.row_padding import (
@@ -29,6 +31,7 @@ from aioserve.runners.cpu.row_padding import (
     elementwise_chunk,
     probe_row_padding,
 )
+from aioserve.runners.worker.setup import PREFILL_ATTENTION_ON_MKL
 from aioserve.runners.worker.torch_runner import TorchRunner
 
 TESTS = Path(__file__).resolve().parent
@@ -97,8 +100,9 @@ def test_padded_steps_split_elementwise_ops_on_chunk_boundaries(threads):
         torch.set_num_threads(saved)
 
 
-def decode_differences(model_dir: str, forward: str) -> dict[int, list[int]]:
-    """Batch sizes -> the rows whose decode logits differ from the same row alone."""
+def decode_differences(model_dir: str, forward: str) -> tuple[dict[int, list[int]], str]:
+    """Batch sizes -> the rows whose decode logits differ from the same row alone; and
+    the runner's reason for not being exact ("" where it is)."""
     runner = TorchRunner(EngineConfig(model=model_dir, forward=forward, num_kv_blocks=128,
                                       device="cpu"))
     rng = np.random.default_rng(3)
@@ -126,25 +130,28 @@ def decode_differences(model_dir: str, forward: str) -> dict[int, list[int]]:
                     for size in (2, 3, 5, 6, 7, 9, 11, 13)}
 
     try:
-        assert runner.row_padding.exact
         same = runner._executor.submit(run).result()
     finally:
         runner.close()
     return {size: [i for i, ok in enumerate(rows) if not ok]
-            for size, rows in same.items() if not all(rows)}
+            for size, rows in same.items() if not all(rows)}, runner.row_padding.reason
 
 
 @pytest.mark.parametrize("forward", ["transformers", "lean-llama"])
 def test_decode_logits_alone_equal_logits_in_every_batch_size(model_dir, forward):
     """Contexts of 5-99 tokens, so a sequence alone attends one to seven blocks and in
     a batch as many as its longest batch-mate."""
-    differing = decode_differences(model_dir, forward)
+    differing, reason = decode_differences(model_dir, forward)
+    assert reason == ""
     assert not differing, differing
 
 
-def prefill_differences(model_dir: str) -> dict[int, list[int]]:
-    """Prompt counts -> the prompts whose last logits differ from the same prompt alone."""
-    runner = TorchRunner(EngineConfig(model=model_dir, num_kv_blocks=128, device="cpu"))
+def prefill_differences(model_dir: str) -> tuple[dict[int, list[int]], str]:
+    """Prompt counts -> the prompts whose last logits differ from the same prompt alone
+    (transformers' forward); and the runner's reason for not being exact ("" where it
+    is)."""
+    runner = TorchRunner(EngineConfig(model=model_dir, forward="transformers",
+                                      num_kv_blocks=128, device="cpu"))
     rng = np.random.default_rng(5)
     lengths = rng.integers(5, 60, 8).astype(np.int64)
     tables = np.arange(4, 4 + 8 * 4, dtype=np.int64).reshape(8, 4)
@@ -163,8 +170,7 @@ def prefill_differences(model_dir: str) -> dict[int, list[int]]:
                            if not torch.equal(row, alone[i])] for size in (2, 3, 5, 8)}
 
     try:
-        assert runner.row_padding.exact
-        return runner._executor.submit(run).result()
+        return runner._executor.submit(run).result(), runner.row_padding.reason
     finally:
         runner.close()
 
@@ -173,7 +179,8 @@ def test_prompt_logits_alone_equal_logits_beside_other_prompts(model_dir):
     """Prefill steps of 1-8 prompts (5-59 tokens each; 8 prompts are 267 tokens, whose
     SiLU over 172 columns the threads split): each prompt's last logits are the same
     bits alone and packed with the others."""
-    differing = prefill_differences(model_dir)
+    differing, reason = prefill_differences(model_dir)
+    assert reason == ""
     assert not any(differing.values()), differing
 
 
@@ -188,10 +195,12 @@ CHECK = """
 import json, sys, torch
 import test_row_padding as t
 model = sys.argv[1]
+decode = {f: t.decode_differences(model, f) for f in ("transformers", "lean-llama")}
+prefill, reason = t.prefill_differences(model)
 print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(),
-                  "decode": {f: t.decode_differences(model, f)
-                             for f in ("transformers", "lean-llama")},
-                  "prefill": t.prefill_differences(model)}))
+                  "decode": {f: differing for f, (differing, _) in decode.items()},
+                  "prefill": prefill,
+                  "reasons": sorted({reason, *(r for _, r in decode.values())})}))
 """
 
 
@@ -207,7 +216,13 @@ def run_check(model_dir: str, code: str, **env: str) -> subprocess.CompletedProc
                                      "MKL_CBWR=AVX2"])
 def test_logits_stay_exact_under_other_isas_and_kernels(model_dir, setting):
     """The same checks with ATen's loops of another vector width (or scalar), or MKL on
-    its reproducible AVX2 path (whose small-row kernels differ from its default's)."""
+    its reproducible AVX2 path (whose small-row kernels differ from its default's).
+
+    On an AVX-512 CPU, MKL's AVX2 path computes calls of different sizes with different
+    kernels, so no row padding makes its products exact (row_padding.py): the runner
+    packs its linear layers, and decode steps are exact as everywhere, but attention
+    over a prefill step's prompts still runs on MKL; there, and only there, the runner
+    says so (its reason) and a prompt's first logits may differ beside other prompts."""
     name, value = setting.split("=")
     result = run_check(model_dir, CHECK, **{name: value})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -215,17 +230,34 @@ def test_logits_stay_exact_under_other_isas_and_kernels(model_dir, setting):
     if name == "ATEN_CPU_CAPABILITY":
         assert report["capability"].lower() == value
     assert report["decode"] == {"transformers": {}, "lean-llama": {}}, report
-    assert not any(report["prefill"].values()), report
+    if name == "MKL_CBWR" and cpu_level() == "avx512":
+        assert report["reasons"] == [PREFILL_ATTENTION_ON_MKL], report
+    else:
+        assert report["reasons"] == [""], report
+        assert not any(report["prefill"].values()), report
 
 
 def test_a_machine_where_no_count_is_exact_is_said_not_hidden(model_dir):
     """With ``MKL_CBWR=COMPATIBLE`` no row count gives MKL's rows their bits in a large
-    call: the runner's padding reports it (``exact`` False) and logs a warning."""
+    call: the probe says so (``exact`` False, its reason); the runner then packs its
+    linear layers and says, with a warning, what stays inexact (prefill attention)."""
     code = ("import sys, torch\n"
+            "from aioserve.config import EngineConfig\n"
             "from aioserve.runners.cpu.row_padding import probe_row_padding\n"
+            "from aioserve.runners.worker.torch_runner import TorchRunner\n"
             "weights = [torch.randn(172, 64), torch.randn(64, 172)]\n"
-            "print(probe_row_padding(weights).exact, probe_row_padding(weights[:1]).exact)\n")
+            "table = probe_row_padding(weights)\n"
+            "print(table.exact, probe_row_padding(weights[:1]).exact)\n"
+            "print(table.reason)\n"
+            "runner = TorchRunner(EngineConfig(model=sys.argv[1], num_kv_blocks=16))\n"
+            "print(runner.row_padding.exact, type(runner.model.lm_head).__name__)\n"
+            "print(runner.row_padding.reason)\n"
+            "runner.close()\n")
     result = run_check(model_dir, code, MKL_CBWR="COMPATIBLE")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["False", "False"]
-    assert "row padding: some step sizes give rows other bits than alone" in result.stderr
+    lines = result.stdout.strip().splitlines()[-4:]
+    assert lines[0] == "False False"
+    assert lines[1].startswith("some step sizes give rows other bits than alone on this "
+                               "machine (MKL's products")
+    assert lines[2:] == ["False PackedLinear", PREFILL_ATTENTION_ON_MKL]
+    assert f"row padding: {PREFILL_ATTENTION_ON_MKL}" in result.stderr

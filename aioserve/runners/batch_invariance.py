@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aioserve.runners.cpu.row_padding import RowPadding, probe_row_padding
+from aioserve.runners.cpu.row_padding import LinearProduct, RowPadding, probe_row_padding
 
 __all__ = ["MIN_CONTEXT_WIDTH", "BatchInvariance"]
 
@@ -65,11 +65,13 @@ class BatchInvariance:
         """Fewest key columns (tokens) an attention group spans: 32 on, 1 off."""
         return MIN_CONTEXT_WIDTH if self.enabled else 1
 
-    def row_padding(self, weights: Iterable[torch.Tensor], device: torch.device,
-                    widths: Iterable[int] = ()) -> RowPadding:
-        """How a step's rows are padded: probed from the model's plain linear ``weights``
-        and the elementwise ``widths`` (the rotary tables' head width) on the CPU when
-        on; no padding when off or off the CPU."""
+    def row_padding(self, weights: Iterable[torch.Tensor | LinearProduct],
+                    device: torch.device, widths: Iterable[int] = ()) -> RowPadding:
+        """How a step's rows are padded: probed from the model's linear ``weights`` (plain
+        weights, or packed layers' products: see
+        :func:`~aioserve.runners.cpu.row_padding.probe_row_padding`) and the elementwise
+        ``widths`` (the rotary tables' head width) on the CPU when on; no padding when
+        off or off the CPU."""
         if not self.enabled or device.type != "cpu":
             return RowPadding([])
         return probe_row_padding(weights, widths=widths)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,11 +69,12 @@ CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("server_config", ServerConfig)
 
 def default_model_name(model: str) -> str:
     """The name a model is served under when none is given: a local directory's
-    absolute path (``../shared/models/stories260K-hf`` -> ``/work/shared/models/
-    stories260K-hf``: one name from any working directory, and still the path, as vLLM
-    serves it), a hub id as it is (``HuggingFaceTB/SmolLM2-135M``)."""
-    path = Path(model).expanduser()
-    return str(path.resolve()) if path.is_dir() else model
+    absolute path as the user gave it (``../shared/models/stories260K-hf`` ->
+    ``/work/shared/models/stories260K-hf``: one name from any working directory, and
+    still the path, as vLLM serves it; normalised, symbolic links kept, never replaced
+    by their targets), a hub id as it is (``HuggingFaceTB/SmolLM2-135M``)."""
+    path = os.path.expanduser(model)
+    return os.path.abspath(path) if os.path.isdir(path) else model
 
 
 def served_model_name(app: web.Application) -> str:

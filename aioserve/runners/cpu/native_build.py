@@ -41,6 +41,7 @@ from aioserve.runners.cpu.build_lock import (
     take_lock,
     wait_for_build_lock,
 )
+from aioserve.runners.cpu.cpu_info import cpu_flags_line
 
 __all__ = ["BuildFolder", "STALE_LOCK_S", "build", "build_in_background", "environment_key",
            "wait_for_build_lock"]
@@ -53,15 +54,6 @@ SOURCES = [CSRC / name for name in ("decode_attention.cpp", "greedy_tokens.cpp",
                                     "panel_linear.cpp", "rope_and_cache.cpp")]
 HEADERS = [CSRC / "vec8.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-
-
-def _cpu_flags() -> str:
-    """The CPU's instruction-set flags (the kernels are compiled for them)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            return next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return platform.processor()
 
 
 def _compiler() -> str:
@@ -84,7 +76,7 @@ def environment_key(sources: list[Path] | None = None) -> str:
         with contextlib.suppress(OSError):
             digest.update(path.read_bytes())
     for part in (torch.__version__, os.path.realpath(os.path.dirname(torch.__file__)),
-                 os.path.realpath(sys.prefix), sys.version, platform.machine(), _cpu_flags(),
+                 os.path.realpath(sys.prefix), sys.version, platform.machine(), cpu_flags_line(),
                  _compiler(), " ".join(CFLAGS)):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:16]

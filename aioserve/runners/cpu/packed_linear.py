@@ -31,7 +31,7 @@ import torch
 from aioserve.runners.cpu import panel_linear
 from aioserve.runners.cpu.panel_linear import PanelWeight
 
-__all__ = ["PackedLinear", "PackedWeight", "available", "linear_parameters",
+__all__ = ["PackedLinear", "PackedWeight", "available", "can_pack", "linear_parameters",
            "linear_pointwise", "pack_linears", "pack_weight"]
 
 #: Row count oneDNN is told to expect when it picks the packed layout (a decode step).
@@ -41,13 +41,18 @@ EXPECTED_ROWS = 32
 MIN_PARAMETERS = 20_000_000
 
 
-def available(device: torch.device, dtype: torch.dtype, num_parameters: int) -> bool:
-    """Whether packing applies: a float32 model whose linear layers hold at least
-    :data:`MIN_PARAMETERS` parameters, on the CPU, with oneDNN in this torch."""
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model's linear layers can be packed: float32 on the CPU, with oneDNN
+    in this torch."""
     return (device.type == "cpu" and dtype == torch.float32
-            and num_parameters >= MIN_PARAMETERS
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def available(device: torch.device, dtype: torch.dtype, num_parameters: int) -> bool:
+    """Whether packing applies for speed: :func:`can_pack`, and the linear layers hold
+    at least :data:`MIN_PARAMETERS` parameters."""
+    return num_parameters >= MIN_PARAMETERS and can_pack(device, dtype)
 
 
 def linear_parameters(model: torch.nn.Module) -> int:

@@ -21,24 +21,35 @@ chunk for every width an elementwise op runs over (the linear outputs', the head
 width); at each step, the count also grows until every thread's range of such an op
 ends on a chunk boundary (:meth:`RowPadding.padded`, at the step's thread count). The
 runner pads a step's tokens (and the rows it keeps for the logits) up to that count
-with throw-away rows. Where no count is exact (e.g. ``MKL_CBWR=COMPATIBLE``), the
-table says so (:attr:`RowPadding.exact` False) and a warning is logged. oneDNN's
-packed products (big models, :mod:`~aioserve.runners.cpu.packed_linear`) need none:
-their rows measured the same at every count, and no padding is done.
+with throw-away rows. Where no count is exact, the table says so
+(:attr:`RowPadding.exact` False, with its :attr:`~RowPadding.reason`): under
+``MKL_CBWR=COMPATIBLE``, and under MKL's AVX2 code path on an AVX-512 CPU
+(``MKL_CBWR=AVX2`` or ``MKL_ENABLE_INSTRUCTIONS=AVX2``), which computes small, middle
+and large calls with different kernels (on the test model's 172 x 64 weight, at 2
+threads, rows of calls of up to 32, 33-175 and 176+ rows each agree only among
+themselves; measured on a Xeon with AVX-512 and AMX), so no padding short of 176 rows
+makes a one-row step exact. The runner then takes its products off MKL
+(:func:`~aioserve.runners.worker.setup.exact_row_padding`), or, where that fails too,
+logs a warning. oneDNN's packed products (big models,
+:mod:`~aioserve.runners.cpu.packed_linear`) need no row padding: their rows measured
+the same at every count (big models: not probed, nothing padded; packed layers passed
+to :func:`probe_row_padding` are measured like plain weights).
 """
 
 from __future__ import annotations
 
-import logging
+import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["GRAIN_SIZE", "PROBE_ROWS", "RowPadding", "elementwise_chunk", "probe_row_padding"]
+from aioserve.runners.cpu.packed_linear import PackedLinear, linear_pointwise
 
-logger = logging.getLogger(__name__)
+__all__ = ["GRAIN_SIZE", "PROBE_ROWS", "LinearProduct", "RowPadding", "elementwise_chunk",
+           "probe_row_padding"]
 
 #: Row counts probed one by one (beyond, multiples of the period are checked).
 PROBE_ROWS = 64
@@ -58,15 +69,17 @@ class RowPadding:
         chunk: floats per step of ATen's vectorised loops (1: no tail effect).
         exact: whether every count was made exact (False: the probe found counts it
             could not fix; logits may then depend on batch-mates in the last bits).
+        reason: why not, where ``exact`` is False ("" otherwise).
     """
 
     def __init__(self, targets: list[int], multiple: int = 1, widths: Iterable[int] = (),
-                 chunk: int = 1, exact: bool = True) -> None:
+                 chunk: int = 1, exact: bool = True, reason: str = "") -> None:
         self.targets = targets
         self.multiple = multiple
         self.widths = tuple(sorted(set(widths)))
         self.chunk = chunk
         self.exact = exact
+        self.reason = reason
 
     def padded(self, rows: int) -> int:
         """The row count ``rows`` rows are computed as, at the calling thread's
@@ -118,43 +131,82 @@ def elementwise_chunk() -> int:
     return 512
 
 
-def _row_exact_counts(weight: torch.Tensor, counts: Iterable[int],
+@dataclass(frozen=True)
+class LinearProduct:
+    """A product the probe measures: ``run(rows [n, in]) -> [n, out]``."""
+
+    out_features: int
+    in_features: int
+    dtype: torch.dtype
+    device: torch.device
+    run: Callable[[torch.Tensor], torch.Tensor]
+    packed: bool
+
+    @classmethod
+    def of(cls, layer: torch.Tensor | PackedLinear) -> LinearProduct:
+        """A plain weight ``[out, in]`` through ``F.linear`` (MKL's), or a packed layer's
+        product (its packed weight taken now: a later ``release`` does not stop it).
+
+        Raises:
+            ValueError: the packed layer's weight was already released.
+        """
+        if isinstance(layer, PackedLinear):
+            weight, packed, bias = layer.weight, layer.packed, layer.bias
+            if packed is None:
+                raise ValueError("a packed layer whose packed weight was released")
+            run = functools.partial(linear_pointwise, packed=packed, bias=bias)
+        else:
+            weight = layer
+            run = functools.partial(F.linear, weight=weight)
+        return cls(int(weight.shape[0]), int(weight.shape[1]), weight.dtype, weight.device,
+                   run, isinstance(layer, PackedLinear))
+
+
+def _probe_rows(product: LinearProduct, max_rows: int) -> torch.Tensor:
+    """``4 x max_rows`` seeded random rows for ``product``."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    rows = torch.randn(4 * max_rows, product.in_features, generator=generator)
+    return rows.to(device=product.device, dtype=product.dtype)
+
+
+def _row_exact_counts(product: Callable[[torch.Tensor], torch.Tensor], counts: Iterable[int],
                       rows: torch.Tensor) -> dict[int, bool]:
-    """``exact[m]``: every row of an ``m``-row product with ``weight`` ``[out, in]``
-    equals the same row of the product of all of ``rows``."""
-    reference = F.linear(rows, weight)
-    return {m: torch.equal(F.linear(rows[:m], weight), reference[:m]) for m in counts}
+    """``exact[m]``: every row of ``product`` over the first ``m`` of ``rows`` equals the
+    same row of the product of all of ``rows``."""
+    reference = product(rows)
+    return {m: torch.equal(product(rows[:m]), reference[:m]) for m in counts}
 
 
-def probe_row_padding(weights: Iterable[torch.Tensor], max_rows: int = PROBE_ROWS,
-                      widths: Iterable[int] = ()) -> RowPadding:
+def probe_row_padding(weights: Iterable[torch.Tensor | LinearProduct],
+                      max_rows: int = PROBE_ROWS, widths: Iterable[int] = ()) -> RowPadding:
     """The padding that makes every row of each weight's products, and of the
     elementwise ops over ``[rows, width]`` tensors, independent of the row count.
 
     Args:
-        weights: the model's linear weights ``[out, in]`` (one per distinct shape is
-            enough), on the device and in the dtype the model runs in.
+        weights: the model's linear weights ``[out, in]`` (MKL's products), or the
+            products of its packed layers (:meth:`LinearProduct.of`), one per distinct
+            shape is enough, on the device and in the dtype the model runs in.
         max_rows: counts probed one by one; past it, five counts up to ``4 x max_rows``
             that are multiples of MKL's period are checked.
         widths: widths elementwise ops run over besides the weights' outputs (the
             rotary tables' head width).
     """
-    shapes: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+    shapes: dict[tuple[int, int, torch.dtype, bool], LinearProduct] = {}
     for weight in weights:
-        shapes.setdefault((int(weight.shape[0]), int(weight.shape[1]), weight.dtype), weight)
+        product = weight if isinstance(weight, LinearProduct) else LinearProduct.of(weight)
+        key = (product.out_features, product.in_features, product.dtype, product.packed)
+        shapes.setdefault(key, product)
     if not shapes:  # packed models: their products' rows measured exact, nothing padded
         return RowPadding(list(range(max_rows + 1)))
     chunk = elementwise_chunk()
-    widths = {*widths, *(shape[0] for shape in shapes)}
+    widths = {*widths, *(product.out_features for product in shapes.values())}
     elementwise = math.lcm(1, *(chunk // math.gcd(chunk, w) for w in widths))
     small = range(1, max_rows + 1)
     exact = dict.fromkeys(small, True)
     with torch.inference_mode():
-        for weight in shapes.values():
-            generator = torch.Generator(device="cpu").manual_seed(0)
-            rows = torch.randn(4 * max_rows, weight.shape[1], generator=generator)
-            rows = rows.to(device=weight.device, dtype=weight.dtype)
-            for m, ok in _row_exact_counts(weight, small, rows).items():
+        for product in shapes.values():
+            rows = _probe_rows(product, max_rows)
+            for m, ok in _row_exact_counts(product.run, small, rows).items():
                 exact[m] = exact[m] and ok
         period = next((g for g in range(1, max_rows // 2 + 1)
                        if all(exact[m] for m in range(max_rows // 2 + 1, max_rows + 1)
@@ -163,19 +215,18 @@ def probe_row_padding(weights: Iterable[torch.Tensor], max_rows: int = PROBE_ROW
         large = sorted({-(-int(max_rows * f) // multiple) * multiple
                         for f in (1.01, 1.5, 2.2, 3.1, 3.9)} - {4 * max_rows})
         fixed = period > 0
-        for weight in shapes.values() if fixed else ():
-            generator = torch.Generator(device="cpu").manual_seed(0)
-            rows = torch.randn(4 * max_rows, weight.shape[1], generator=generator)
-            rows = rows.to(device=weight.device, dtype=weight.dtype)
-            fixed = fixed and all(_row_exact_counts(weight, large, rows).values())
+        for product in shapes.values() if fixed else ():
+            rows = _probe_rows(product, max_rows)
+            fixed = fixed and all(_row_exact_counts(product.run, large, rows).values())
     targets = [0]
     for m in small:
         target = next((t for t in range(m, max_rows + 1) if exact[t] and t % multiple == 0),
                       None)
         fixed = fixed and target is not None
         targets.append(target if target is not None else m)
+    reason = ""
     if not fixed:
-        logger.warning("row padding: some step sizes give rows other bits than alone on this "
-                       "machine (MKL's products, chunk %d): a request's logits may depend on "
-                       "its batch-mates in the last bits", chunk)
-    return RowPadding(targets, multiple, widths, chunk, fixed)
+        kinds = sorted({"packed" if product.packed else "MKL's" for product in shapes.values()})
+        reason = (f"some step sizes give rows other bits than alone on this machine "
+                  f"({' and '.join(kinds)} products, chunk {chunk})")
+    return RowPadding(targets, multiple, widths, chunk, fixed, reason)

@@ -14,7 +14,9 @@ from aioserve.config import EngineConfig
 from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.batch_invariance import BatchInvariance
-from aioserve.runners.cpu.row_padding import RowPadding
+from aioserve.runners.cpu import packed_linear
+from aioserve.runners.cpu.packed_linear import PackedLinear
+from aioserve.runners.cpu.row_padding import LinearProduct, RowPadding
 from aioserve.runners.cpu.threads.cpu_budget import affinity_cpus, usable_cpus
 from aioserve.runners.cpu.threads.cpu_load import LoadMeter
 from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor
@@ -22,6 +24,7 @@ from aioserve.runners.model import lean_llama
 from aioserve.runners.model import loader as model_loader
 
 logger = logging.getLogger("aioserve.threads")
+padding_logger = logging.getLogger("aioserve.runners.cpu.row_padding")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -146,14 +149,60 @@ def _candidates(threads: int) -> list[int]:
 
 def padding_probe(
     model: torch.nn.Module, rules: dict[int, LayerRules], invariance: BatchInvariance,
-    device: torch.device,
+    device: torch.device, packed: bool = False,
 ) -> Callable[[], RowPadding]:
     """The row-padding probe of ``model`` under ``invariance``: over its plain linear
-    weights and its layers' rotary widths (``rules``), at the thread count of the call
-    (see :meth:`~aioserve.runners.batch_invariance.BatchInvariance.row_padding`)."""
-    linears = [m.weight for m in model.modules() if type(m) is torch.nn.Linear]
+    weights (with ``packed``, also its packed layers) and its layers' rotary widths
+    (``rules``), at the thread count of the call (see
+    :meth:`~aioserve.runners.batch_invariance.BatchInvariance.row_padding`)."""
+    linears: list[torch.Tensor | LinearProduct] = []
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            linears.append(module.weight)
+        elif packed and isinstance(module, PackedLinear):  # taken now: kept past release
+            linears.append(LinearProduct.of(module))
     widths = {r.k_dim for r in rules.values()}  # rotary tables
     return lambda: invariance.row_padding(linears, device, widths=widths)
+
+
+#: Why a runner whose linear layers had to be packed is not exact (see
+#: :func:`exact_row_padding`).
+PREFILL_ATTENTION_ON_MKL = (
+    "MKL's products depend on a call's size on this machine (its AVX2 path on an AVX-512 "
+    "CPU, or an MKL_CBWR mode): the linear layers run packed and decode steps are exact, "
+    "but attention over a prefill step's prompts runs on MKL, so a prompt's first token "
+    "may differ alone and beside other prompts")
+
+
+def exact_row_padding(
+    model: torch.nn.Module, rules: dict[int, LayerRules], invariance: BatchInvariance,
+    device: torch.device, dtype: torch.dtype,
+) -> tuple[RowPadding, Callable[[], RowPadding]]:
+    """The row padding of ``model`` (see :func:`padding_probe`) and its probe.
+
+    Where no padding makes MKL's rows exact (MKL's AVX2 path on an AVX-512 CPU,
+    ``MKL_CBWR``'s modes: see :mod:`~aioserve.runners.cpu.row_padding`), the linear
+    layers are packed (:mod:`~aioserve.runners.cpu.packed_linear`, whose rows measured
+    the same at every count) and probed again, so decode steps (attention through the
+    compiled kernel) stay exact. Attention over a prefill step's prompts still runs on
+    MKL (``scaled_dot_product_attention``), whose products then depend on the step's
+    prompts: the padding returned says so (``exact`` False, its reason; logged).
+    """
+    probe = padding_probe(model, rules, invariance, device)
+    padding = probe()
+    if not padding.exact and packed_linear.can_pack(device, dtype):
+        count = packed_linear.pack_linears(model)
+        probe = padding_probe(model, rules, invariance, device, packed=True)
+        packed = probe()
+        padding_logger.info("row padding: no padding makes MKL's products exact on this "
+                            "machine: %d linear layers packed (oneDNN or panels)", count)
+        padding = packed if not packed.exact else RowPadding(
+            packed.targets, packed.multiple, packed.widths, packed.chunk, exact=False,
+            reason=PREFILL_ATTENTION_ON_MKL)
+    if not padding.exact:
+        padding_logger.warning("row padding: %s: a request's logits may depend on its "
+                               "batch-mates in the last bits", padding.reason)
+    return padding, probe
 
 
 def thread_governor(

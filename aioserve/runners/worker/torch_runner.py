@@ -30,9 +30,9 @@ from aioserve.runners.worker.setup import (
     context_length,
     cpu_threads,
     eos_token_ids,
+    exact_row_padding,
     free_memory_bytes,
     num_kv_blocks,
-    padding_probe,
     probe_steps,
     resolve_device,
     resolve_dtype,
@@ -112,8 +112,8 @@ class TorchRunner:
         self._kernels = native_kernels.KernelSwitch()
         clock.mark("native kernels")
         # small steps padded so a row's products do not depend on the step (row_padding.py)
-        probe_padding = padding_probe(model, self.layer_rules, self.invariance, self.device)
-        self.row_padding = probe_padding()
+        self.row_padding, probe_padding = exact_row_padding(
+            model, self.layer_rules, self.invariance, self.device, self.dtype)
         clock.mark("row padding probe")
         # CUDA graphs' and row padding's rows write into one scratch block the engine
         # never sees
