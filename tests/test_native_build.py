@@ -110,8 +110,10 @@ def test_a_fresh_environment_serves_at_once_and_builds_in_the_background(tmp_pat
     assert folder.state() == "absent"
 
 
-async def test_kernels_built_meanwhile_switch_in_when_no_request_runs(
-        model_dir, monkeypatch, solo_greedy):
+@pytest.fixture
+def pending_build(monkeypatch):
+    """A background build that reports "building" until the test sets ``state[0] =
+    "ready"``: returns (state, folder)."""
     if not native_kernels.available():
         pytest.skip("the native CPU kernels did not build here")
     gc.collect()  # runners of earlier tests, which would count as busy
@@ -120,6 +122,12 @@ async def test_kernels_built_meanwhile_switch_in_when_no_request_runs(
     monkeypatch.setattr(folder, "state", lambda: state[0])
     monkeypatch.setattr(native_kernels, "_active", False)
     monkeypatch.setattr(native_kernels, "_pending", folder)
+    return state, folder
+
+
+async def test_kernels_built_meanwhile_switch_in_when_no_request_runs(
+        model_dir, pending_build, solo_greedy):
+    state, _ = pending_build
     prompt = [1, *range(40, 60)]  # 21 tokens: one full block for the prefix cache
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
     config = EngineConfig(model=model_dir, device="cpu", num_kv_blocks=64, max_num_seqs=4)
@@ -152,15 +160,8 @@ async def test_kernels_built_meanwhile_switch_in_when_no_request_runs(
 
 
 async def test_an_idle_engine_switches_when_the_build_finishes_and_says_so(
-        model_dir, monkeypatch, caplog):
-    if not native_kernels.available():
-        pytest.skip("the native CPU kernels did not build here")
-    gc.collect()  # runners of earlier tests, which would count as busy
-    state = ["building"]
-    folder = BuildFolder()
-    monkeypatch.setattr(folder, "state", lambda: state[0])
-    monkeypatch.setattr(native_kernels, "_active", False)
-    monkeypatch.setattr(native_kernels, "_pending", folder)
+        model_dir, pending_build, caplog):
+    state, folder = pending_build
     caplog.set_level(logging.INFO, logger="aioserve.runners.cpu.native_kernels")
     config = EngineConfig(model=model_dir, device="cpu", num_kv_blocks=64, max_num_seqs=4)
     async with AsyncEngine(config) as engine:

@@ -140,8 +140,8 @@ async def test_serve_prints_a_summary_and_stats_lines(model_dir):
         assert served.split()[2] == default_model_name(model_dir), served
         scheduler = await wait_for_line(errors, r"^\s+scheduler\s")
         assert scheduler.split(None, 1)[1] == (
-            'vtc {"prompt_weight": 1.0, "output_weight": 2.0, "preempt": false, '
-            '"watermark": 0.01}')
+            'vtc {"prompt_weight": 1.0, "output_weight": 2.0, "weights": null, '
+            '"preempt": false, "watermark": 0.01}')
         body = {"model": served.split()[2], "prompt": "Once upon a time", "max_tokens": 300,
                 "ignore_eos": True}
         headers = {"Authorization": f"Bearer {KEY}"}
