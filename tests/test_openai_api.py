@@ -193,6 +193,10 @@ async def test_the_request_id_is_echoed_in_x_request_id(model_server, path, stre
             async with http.post(url, json=body) as reply:
                 await reply.read()
                 made.append(reply.headers.get("X-Request-Id"))
+        async with http.post(url, json={**body, "max_tokens": -1},
+                             headers={"X-Request-Id": "client-9"}) as refused:
+            await refused.read()
+    assert refused.status == 400 and refused.headers["X-Request-Id"] == "client-9"
     assert given.status == field.status == reply.status == 200
     assert given.headers["X-Request-Id"] == "client-7"
     assert field.headers["X-Request-Id"] == "field-8"

@@ -85,12 +85,13 @@ async def error_middleware(
     """Answer ApiError, aiohttp's HTTP errors and unexpected exceptions as JSON errors.
 
     Successful responses and redirects pass through; a websocket or an SSE stream that
-    has already started is left alone (its handler reports errors in-band).
+    has already started is left alone (its handler reports errors in-band). An error
+    answers the client's ``X-Request-Id`` header, as a success does.
     """
     try:
         return await handler(request)
     except ApiError as exc:
-        return exc.response()
+        response = exc.response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -102,11 +103,14 @@ async def error_middleware(
             )
         body = error_body(exc.status, message, code=_HTTP_CODES.get(exc.status))
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-        return web.json_response(body, status=exc.status, headers=headers)
+        response = web.json_response(body, status=exc.status, headers=headers)
     except (ConnectionError, TimeoutError):  # the client went away; nothing to answer
         raise
     except Exception:
         logger.exception("unhandled error in %s %s", request.method, request.path)
-        return web.json_response(
+        response = web.json_response(
             error_body(500, "internal server error", code="internal_error"), status=500
         )
+    if "X-Request-Id" in request.headers:
+        response.headers["X-Request-Id"] = request.headers["X-Request-Id"]
+    return response
