@@ -271,10 +271,11 @@ class EngineCore(EngineQueues):
         if self.guard.wants_steps:
             self.guard.on_step(feedback)
 
-    def oldest_batch_requests(self) -> list[Request]:
-        """The requests the oldest scheduled batch (the next :meth:`update` or
-        :meth:`abandon`) was scheduled with, in its order."""
-        return [request for request, *_ in self._in_flight[0]]
+    def oldest_batch_record(self) -> list[InFlight]:
+        """The in-flight record of the oldest scheduled batch (the next :meth:`update`
+        or :meth:`abandon`): one ``(request, epoch, count, samples)`` per row, in its
+        order; kept as it is by both, so a failed step's requests can be read from it."""
+        return self._in_flight[0]
 
     def abandon(self, batch: ScheduledBatch) -> None:
         """Forget the oldest scheduled batch, whose step failed (its requests are

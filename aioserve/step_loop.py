@@ -87,16 +87,16 @@ class StepLoop:
                 output = await future
             except Exception as exc:  # the model failed: end this batch, keep serving
                 logger.exception("model step failed")
-                requests = core.oldest_batch_requests()
+                record = core.oldest_batch_record()
                 core.abandon(batch)
-                self.fail(requests, exc)
+                self.fail([row[0] for row in record], exc)
                 continue
-            requests = core.oldest_batch_requests()
+            record = core.oldest_batch_record()  # no copy: read only if update fails
             try:
                 results = core.update(batch, output)
             except Exception as exc:  # a bookkeeping bug: end this batch, keep serving
                 logger.exception("step bookkeeping failed")
-                self.fail(requests, exc, "step bookkeeping failed")
+                self.fail([row[0] for row in record], exc, "step bookkeeping failed")
                 continue
             self.fan_out(output, results)
             self.delivery.flush_finished(core)

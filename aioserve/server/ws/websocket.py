@@ -200,6 +200,10 @@ class Connection:
         with generation.scope:
             try:
                 async for _, out in choices:
+                    if self.running.get(client_id) is not generation:
+                        # a cancel ended it and queued its done while this task was
+                        # already woken (anyio delivers the cancel later): send no more
+                        break
                     if out.token_ids or out.text:
                         token: dict[str, Any] = {"type": "token", "id": client_id,
                                                  "text": out.text, "token_ids": out.token_ids}
