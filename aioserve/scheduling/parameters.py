@@ -75,16 +75,26 @@ def _type_text(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation)
 
 
+def keyword_parameters(cls: Any) -> list[inspect.Parameter]:
+    """The parameters ``cls``'s constructor takes by keyword, in signature order
+    (``*args`` and ``**kwargs`` left out).
+
+    Raises:
+        ValueError, TypeError: no signature can be read (as :func:`inspect.signature`).
+    """
+    return [p for p in inspect.signature(cls).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def policy_parameters(cls: type) -> list[PolicyParameter]:
     """The keyword parameters ``cls``'s constructor takes, in signature order (``*args``
-    and ``**kwargs`` left out)."""
-    signature = inspect.signature(cls)
+    and ``**kwargs`` left out), with their types, defaults and descriptions."""
     owner = next((c for c in cls.__mro__ if "__init__" in vars(c)), cls)
     descriptions = {**_arg_descriptions(owner.__doc__), **_arg_descriptions(cls.__doc__)}
     return [
-        PolicyParameter(name, _type_text(p.annotation), p.default, descriptions.get(name, ""))
-        for name, p in signature.parameters.items()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        PolicyParameter(p.name, _type_text(p.annotation), p.default,
+                        descriptions.get(p.name, ""))
+        for p in keyword_parameters(cls)
     ]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pydantic
 
+from aioserve.scheduling.parameters import keyword_parameters
 from aioserve.scheduling.policy import Scheduler
 
 ENTRY_POINT_GROUP = "aioserve.schedulers"
@@ -68,11 +69,9 @@ def parameter_names(spec: str) -> list[str]:
     """The constructor parameters of the policy a spec loads (none when it cannot be
     loaded)."""
     try:
-        signature = inspect.signature(_load_class(spec))
+        return [p.name for p in keyword_parameters(_load_class(spec))]
     except (ValueError, TypeError):
         return []
-    return [n for n, p in signature.parameters.items()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def params_by_policy(specs: list[str], params: Mapping[str, Any] | None
@@ -108,10 +107,8 @@ def _check_parameters(spec: str, cls: Any, params: Mapping[str, Any]) -> dict[st
     """``params`` checked against ``cls``'s constructor: names it takes, values of the
     annotated types (validated by pydantic; JSON numbers become floats where a float
     is expected)."""
-    signature = inspect.signature(cls)
-    names = [n for n, p in signature.parameters.items()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    names = [p.name for p in keyword_parameters(cls)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values())
     try:
         hints = typing.get_type_hints(cls.__init__)
     except Exception:  # unresolvable annotations: the constructor checks for itself
