@@ -14,11 +14,10 @@ Imports (checked by tests/test_import_rules.py):
     never at module level: torch, numpy, transformers
 """
 
-from aioserve.scheduling.admission import Admission
 from aioserve.scheduling.decision import NO_DECISION, SchedulerOutput
 from aioserve.scheduling.feedback import StepFeedback
 from aioserve.scheduling.policy import CONTRACT_VERSION, OrderedScheduler, Scheduler
-from aioserve.scheduling.state import NO_HIT, PrefixHit, SchedulerState
+from aioserve.scheduling.state import NO_HIT, Admission, PrefixHit, SchedulerState
 from aioserve.scheduling.view import RequestView
 
 __all__ = [
