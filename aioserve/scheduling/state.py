@@ -7,6 +7,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from aioserve.kv_cache import blocks_for_tokens
 from aioserve.scheduling.view import RequestView
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def _raw_demand(requests: Sequence[Request], size: int) -> tuple[int, int]:
     for r in requests:
         total = len(r.prompt_token_ids) + len(r.output_token_ids) + r.num_output_placeholders
         tokens += total - r.num_computed_tokens
-        grow = -(-total // size) - len(r.block_ids)
+        grow = blocks_for_tokens(total, size) - len(r.block_ids)
         if grow > 0:
             blocks += grow
     return tokens, blocks
@@ -117,7 +118,7 @@ class SchedulerState:
                 continue
             total = request.num_tokens + request.num_output_placeholders
             tokens += total - request.num_computed_tokens
-            grow = -(-total // size) - request.num_blocks
+            grow = blocks_for_tokens(total, size) - request.num_blocks
             if grow > 0:
                 blocks += grow
         if not excluding:
@@ -131,7 +132,7 @@ class SchedulerState:
         them out of ``num_free_blocks``."""
         cached, held = self._hit(request)
         total = request.num_computed_tokens + cached + num_new_tokens
-        return max(0, -(-total // self.block_size) - request.num_blocks - held)
+        return max(0, blocks_for_tokens(total, self.block_size) - request.num_blocks - held)
 
     def admission(self, paused: Collection[str] = ()) -> Admission:
         """A fresh budget for admitting waiting requests this step: slots, tokens and

@@ -28,7 +28,7 @@ from typing import Any
 
 from aioserve.delivery import Delivery
 from aioserve.engine_core import EngineCore
-from aioserve.kv_cache import BlockManager
+from aioserve.kv_cache import BlockManager, blocks_for_tokens
 from aioserve.listeners import ListenerHub
 from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
@@ -46,10 +46,6 @@ __all__ = ["SimConfig", "SimResult", "SimulationStalled", "StepHook", "StepRecor
 StepHook = Callable[[EngineCore, StepFeedback], None]
 
 
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
 def _make_core(
     workload: list[WorkloadRequest], scheduler: Scheduler, config: SimConfig
 ) -> tuple[EngineCore, SimulatedRunner]:
@@ -57,7 +53,7 @@ def _make_core(
     max_model_len = config.max_model_len or longest
     kv_blocks = config.kv_blocks
     if kv_blocks is None:
-        kv_blocks = 2 * config.slots * _blocks(longest, config.block_size)
+        kv_blocks = 2 * config.slots * blocks_for_tokens(longest, config.block_size)
     # A request ends by a scripted EOS after its output_len tokens; in the engine's
     # timing, one that asks for exactly that many ends by length instead, as it does on
     # the real engine (where it is replayed with ignore_eos).
@@ -88,7 +84,7 @@ def _make_core(
 def _submit(result: SimResult, item: WorkloadRequest) -> None:
     core = result.core
     kv = core.blocks
-    needed = _blocks(item.prompt_len + item.output_len - 1, kv.block_size)
+    needed = blocks_for_tokens(item.prompt_len + item.output_len - 1, kv.block_size)
     if needed > kv.num_blocks:
         result.rejected[item.id] = (
             f"needs {needed} KV blocks for {item.prompt_len} prompt + {item.output_len} output "
