@@ -69,7 +69,7 @@ async def _one(engine: AsyncEngine, item: WorkloadRequest, at: float, vocab_size
                             length_hint=item.length_hint)
     prompt = item.prompt_token_ids(vocab_size, FIRST_WORD_ID)
     try:
-        stream = engine.add_request(prompt, params, item.id, meta=item.meta(unix_zero))
+        stream = engine.add_request(prompt, params, item.id, meta=item.meta_from(unix_zero))
     except ValueError as exc:
         rejected[item.id] = str(exc)
         return

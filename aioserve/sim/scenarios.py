@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from aioserve.request_meta import RequestMeta
 from aioserve.sim.workloads import (
     WorkloadRequest,
     article_example,
@@ -38,7 +39,7 @@ def two_tenants(n: int = 200, rate: float = 40.0, light: float = 0.1, burst: flo
     prompts 16-64 tokens, outputs 16-128."""
     rng = random.Random(seed)
     return [WorkloadRequest(f"t{i:04d}", t, rng.randint(16, 64), rng.randint(16, 128),
-                            tenant="light" if rng.random() < light else "heavy")
+                            meta=RequestMeta(tenant="light" if rng.random() < light else "heavy"))
             for i, t in enumerate(_arrivals(n, rate, burst, rng))]
 
 
@@ -48,7 +49,7 @@ def priority_mix(n: int = 200, rate: float = 40.0, high: float = 0.1, burst: flo
     prompts 16-64 tokens, outputs 16-128."""
     rng = random.Random(seed)
     return [WorkloadRequest(f"q{i:04d}", t, rng.randint(16, 64), rng.randint(16, 128),
-                            priority=0 if rng.random() < high else 1)
+                            meta=RequestMeta(priority=0 if rng.random() < high else 1))
             for i, t in enumerate(_arrivals(n, rate, burst, rng))]
 
 
@@ -64,8 +65,8 @@ def slo_mix(n: int = 200, rate: float = 40.0, tight_ms: float = 500.0,
         items.append(WorkloadRequest(
             f"s{i:04d}", t, rng.randint(16, 128),
             rng.randint(8, 64) if tight else rng.randint(64, 192),
-            ttft_slo_ms=tight_ms if tight else loose_ms, tpot_slo_ms=tpot_ms,
-            tenant="interactive" if tight else "batch"))
+            meta=RequestMeta(tenant="interactive" if tight else "batch",
+                             ttft_slo_ms=tight_ms if tight else loose_ms, tpot_slo_ms=tpot_ms)))
     return items
 
 

@@ -102,7 +102,7 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
                             ignore_eos=result.config.overlap and item.output_len >= item.limit)
     prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
     request = Request(item.id, prompt, params, item.arrival_s)
-    request.meta = item.meta(None)
+    request.meta = item.meta
     request.deadline = item.deadline_s
     try:
         core.add(request)

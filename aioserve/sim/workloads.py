@@ -12,11 +12,11 @@ import difflib
 import json
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from aioserve.request_meta import RequestMeta
+from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sim.runner import NS_PER_S
 from aioserve.sim.trace_formats import first_line_format, trace_format
 
@@ -44,12 +44,10 @@ class WorkloadRequest:
         max_tokens: the client's output limit (None: ``output_len``, the request asks
             for exactly what it gets). Larger than ``output_len``, the request ends by
             EOS after ``output_len`` tokens, unknown to the engine beforehand.
-        priority: lower is served first (``RequestMeta.priority``).
-        tenant: who sends it (the OpenAI ``user`` field), or None.
-        ttft_slo_ms, tpot_slo_ms: service-level objectives in milliseconds, or None.
+        meta: priority, tenant, objectives and metadata (its ``deadline`` unset: see
+            ``deadline_s``); a workload file's keys of the same names build it.
         deadline_s: when it should be done, seconds on the workload's clock (the clock
             of ``arrival_s``), or None.
-        metadata: free string pairs passed to policies.
     """
 
     id: str
@@ -61,12 +59,8 @@ class WorkloadRequest:
     prefix_group: str | None = None
     prefix_len: int = 0
     max_tokens: int | None = None
-    priority: int = 0
-    tenant: str | None = None
-    ttft_slo_ms: float | None = None
-    tpot_slo_ms: float | None = None
+    meta: RequestMeta = DEFAULT_META
     deadline_s: float | None = None
-    metadata: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1 or self.arrival_s < 0:
@@ -80,25 +74,17 @@ class WorkloadRequest:
             raise ValueError(f"workload request {self.id!r}: max_tokens must be >= output_len")
         if self.deadline_s is not None and not 0 <= self.deadline_s < float("inf"):
             raise ValueError(f"workload request {self.id!r}: deadline_s must be >= 0")
-        try:
-            self.meta(None)
-        except ValueError as exc:
-            raise ValueError(f"workload request {self.id!r}: {exc}") from None
 
     @property
     def limit(self) -> int:
         """The request's ``max_tokens``: the workload's, else ``output_len``."""
         return self.max_tokens if self.max_tokens is not None else self.output_len
 
-    def meta(self, unix_epoch: float | None) -> RequestMeta:
-        """Its :class:`RequestMeta`; the deadline, in Unix seconds, is ``unix_epoch``
-        (the Unix time of the workload's zero) plus ``deadline_s`` (None: no deadline in
-        the meta; the simulator sets the request's deadline on its own clock)."""
-        deadline = None
-        if unix_epoch is not None and self.deadline_s is not None:
-            deadline = unix_epoch + self.deadline_s
-        return RequestMeta(self.priority, self.tenant, self.ttft_slo_ms, self.tpot_slo_ms,
-                           deadline, self.metadata)
+    def meta_from(self, unix_epoch: float) -> RequestMeta:
+        """Its meta with the deadline in Unix seconds, for a run whose zero is ``unix_epoch``."""
+        if self.deadline_s is None:
+            return self.meta
+        return replace(self.meta, deadline=unix_epoch + self.deadline_s)
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
         """The prompt: its group's prefix, then tokens of its own (ids in
@@ -169,6 +155,8 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "metadata": (dict,),
 }
 _REQUIRED = ("id", "arrival_s", "prompt_len", "output_len")
+#: The file's keys that are :class:`RequestMeta` fields (its deadline is ``deadline_s``).
+_META_KEYS = tuple(f.name for f in fields(RequestMeta) if f.name in _FIELDS)
 
 
 def parse_request(item: Any) -> WorkloadRequest:
@@ -198,6 +186,11 @@ def parse_request(item: Any) -> WorkloadRequest:
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             raise ValueError(f"{name} must be of type {types[0].__name__}, got {value!r}")
         kwargs[name] = value
+    meta = {name: kwargs.pop(name) for name in _META_KEYS if name in kwargs}
+    try:
+        kwargs["meta"] = RequestMeta(**meta)
+    except ValueError as exc:
+        raise ValueError(f"workload request {item['id']!r}: {exc}") from None
     return WorkloadRequest(str(item["id"]), **kwargs)
 
 
@@ -252,9 +245,11 @@ def dump_jsonl(requests: list[WorkloadRequest], path: str | Path) -> Path:
     lines = []
     for request in requests:
         row: dict[str, Any] = {"id": request.id}
-        for name in ("arrival_s", "prompt_len", "output_len", *_FIELDS):
-            value = getattr(request, name)
-            if name in _REQUIRED or value != getattr(defaults, name):
+        for name in _FIELDS:
+            owner, default = ((request.meta, DEFAULT_META) if name in _META_KEYS
+                              else (request, defaults))
+            value = getattr(owner, name)
+            if name in _REQUIRED or value != getattr(default, name):
                 row[name] = dict(value) if isinstance(value, Mapping) else value
         lines.append(json.dumps(row))
     path = Path(path)

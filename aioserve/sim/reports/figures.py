@@ -36,8 +36,8 @@ def meets(request: Request, item: WorkloadRequest, ttft_ms: float | None,
     m = request.metrics
     if m.first_token_time is None or m.finished_time is None:
         return False
-    ttft_slo = item.ttft_slo_ms if item.ttft_slo_ms is not None else ttft_ms
-    tpot_slo = item.tpot_slo_ms if item.tpot_slo_ms is not None else tpot_ms
+    ttft_slo = item.meta.ttft_slo_ms if item.meta.ttft_slo_ms is not None else ttft_ms
+    tpot_slo = item.meta.tpot_slo_ms if item.meta.tpot_slo_ms is not None else tpot_ms
     if ttft_slo is not None and (m.first_token_time - item.arrival_s) * 1e3 > ttft_slo:
         return False
     tpot = _tpot(request)
@@ -69,11 +69,11 @@ def backlogged_service(result: SimResult) -> dict[str | None, float]:
     """Each tenant's service (input + 2 x output tokens) in the steps during which
     every tenant had a request waiting."""
     queued: dict[str | None, list[tuple[float, float]]] = defaultdict(list)
-    tenant_of = {w.id: w.tenant for w in result.workload}
+    tenant_of = {w.id: w.meta.tenant for w in result.workload}
     for w in result.workload:
         request = result.finished.get(w.id)
         start = request.metrics.first_scheduled_time if request is not None else None
-        queued[w.tenant].append((w.arrival_s, math.inf if start is None else start))
+        queued[w.meta.tenant].append((w.arrival_s, math.inf if start is None else start))
     service: dict[str | None, float] = dict.fromkeys(queued, 0.0)
     if len(queued) < 2:
         return service
@@ -101,8 +101,8 @@ def policy_figures(result: SimResult, slo_ttft_ms: float | None = None,
     tenants: dict[str | None, list[tuple[Request, WorkloadRequest]]] = defaultdict(list)
     priorities: dict[int, list[tuple[Request, WorkloadRequest]]] = defaultdict(list)
     for pair in done:
-        tenants[pair[1].tenant].append(pair)
-        priorities[pair[1].priority].append(pair)
+        tenants[pair[1].meta.tenant].append(pair)
+        priorities[pair[1].meta.priority].append(pair)
     service = backlogged_service(result)
     return {
         "scheduler": result.scheduler, "finished": len(done),
