@@ -3,7 +3,7 @@ policy, with a bounded share instead of aging)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import ClassVar
 
 from aioserve.scheduling import (
@@ -41,7 +41,7 @@ class PriorityScheduler(OrderedScheduler):
       admitted under ``low_share`` are exempt until they finish (else the share would
       be preempted away). Victims are recomputed later (vllm-project/vllm#40004).
     * Under memory pressure the victim is the lowest-priority running request, then the
-      latest arrival (vLLM V1's choice), also when the engine asks (``choose_victim``);
+      latest arrival (vLLM V1's choice), before a step and when the engine evicts during one;
       the room it frees goes in the same step to waiting requests of a strictly better
       priority, if any (so a high-priority request does not wait out the lower ones'
       growth).
@@ -77,10 +77,6 @@ class PriorityScheduler(OrderedScheduler):
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
         """Lowest priority first, then the latest arrival."""
         return sorted(state.running, key=rank, reverse=True)
-
-    def choose_victim(self, requester: RequestView,
-                      candidates: Sequence[RequestView]) -> str | None:
-        return max(candidates, key=rank).request_id
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
         self.protected.discard(request.request_id)

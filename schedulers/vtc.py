@@ -4,7 +4,7 @@ Large Language Models", OSDI 2024)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 from aioserve.scheduling import (
@@ -129,10 +129,6 @@ class VTCScheduler(OrderedScheduler):
         """The most-served tenant's requests first, newest first."""
         newest_first = list(reversed(state.running))
         return sorted(newest_first, key=lambda r: -self.counter(r.tenant))
-
-    def choose_victim(self, requester: RequestView,
-                      candidates: Sequence[RequestView]) -> str | None:
-        return max(candidates, key=lambda r: self.counter(r.tenant)).request_id
 
     def _admit(self, admission: Admission, request: RequestView) -> None:
         """Admit the request and charge its prompt, once in its life."""

@@ -10,6 +10,7 @@ from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import SchedulerState
+from aioserve.scheduling.guard import PolicyGuard
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import slo_mix
 from aioserve.sim.simulator import SimConfig, simulate
@@ -35,8 +36,8 @@ def test_priority_victims_are_the_lowest_priority_then_the_latest():
     reqs = [running("a", 0, 0.0), running("b", 2, 0.1), running("c", 2, 0.2), running("d", 1, 0.3)]
     state = SchedulerState((), tuple(r.view for r in reqs), 0, 8, 4, 4, 4096, 1.0, 0)
     assert [r.request_id for r in PriorityScheduler().victims(state)] == ["c", "b", "d", "a"]
-    views = [r.view for r in reqs]
-    assert PriorityScheduler().choose_victim(views[0], views) == "c"
+    guard = PolicyGuard(PriorityScheduler(), lambda: state)  # the engine's mid-step choice
+    assert guard.choose_victim(reqs[0].view, [r.view for r in reqs[::-1]]) == 1
 
 
 async def test_high_priority_preempts_lower_priority_at_max_num_seqs():

@@ -1,13 +1,4 @@
-"""The scheduler plugin contract (version 3): a read-only view of the engine in, a
-decision out, feedback after every step.
-
-A policy decides; the engine owns every queue and block and checks each decision
-(unknown ids are ignored, budgets and KV blocks are enforced), so a faulty policy
-cannot corrupt state, and one that raises is contained (:mod:`.guard`). See
-``docs/schedulers.md``.
-
-It never imports the runners, the server or a concrete policy (``schedulers/``): the
-registry finds policies by name.
+"""The scheduler plugin contract (version 4, docs/schedulers.md).
 
 Imports (checked by tests/test_import_rules.py):
     may import: aioserve
