@@ -1,5 +1,4 @@
-"""The dashboard page: one self-contained HTML file (CSS and JavaScript inline, no
-build step), live over ``/ws/stats`` or replaying recorded frames.
+"""The dashboard page: one self-contained HTML file, live over ``/ws/stats`` or replaying frames.
 
 Imports (checked by tests/test_import_rules.py):
     may import: aioserve
