@@ -1,6 +1,4 @@
-"""Workloads that exercise scheduling policies: two tenants (one heavy, one light), a
-priority mix, an SLO mix and heavy-tailed lengths, each a bursty Poisson stream,
-deterministic for a seed. Named ``NAME[:key=value,...]`` on the command line."""
+"""Bursty, seeded workloads that exercise policies (``NAME[:key=value,...]``)."""
 
 from __future__ import annotations
 
@@ -20,8 +18,6 @@ from aioserve.sim.workloads import (
 
 
 def _arrivals(n: int, rate: float, burst: float, rng: random.Random) -> Iterator[float]:
-    """``n`` arrival times: bursts as a Poisson process, each burst a geometric number
-    of requests (mean ``burst``) arriving together, ``rate`` requests/s on average."""
     t, sent = 0.0, 0
     while sent < n:
         t += rng.expovariate(rate / burst)
@@ -88,11 +84,7 @@ SCENARIOS: dict[str, Callable[..., list[WorkloadRequest]]] = {
 
 
 def parse_options(name: str, text: str, allowed: tuple[str, ...]) -> dict[str, Any]:
-    """``key=value,...`` as numbers (ints where integral), checked against ``allowed``.
-
-    Raises:
-        ValueError: an unknown key or a value that is not a number.
-    """
+    """``key=value,...`` as numbers, checked against ``allowed`` (a ValueError names the key)."""
     options: dict[str, Any] = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
@@ -107,12 +99,7 @@ def parse_options(name: str, text: str, allowed: tuple[str, ...]) -> dict[str, A
 
 
 def scenario(spec: str) -> list[WorkloadRequest] | None:
-    """The scenario a spec names (``two-tenants:n=100,rate=60``), or None if it names
-    none.
-
-    Raises:
-        ValueError: a bad option.
-    """
+    """The scenario a spec names (``two-tenants:n=100,rate=60``), or None."""
     name, _, text = spec.partition(":")
     make = SCENARIOS.get(name)
     if make is None:
@@ -122,13 +109,7 @@ def scenario(spec: str) -> list[WorkloadRequest] | None:
 
 
 def load_workload(spec: str) -> list[WorkloadRequest]:
-    """``article-example``, ``article-mix``, ``poisson[:n=..,rate=..,burst=..,seed=..]``,
-    a scenario (``two-tenants``, ``priority-mix``, ``slo-mix``, ``heavy-tail``, each
-    with ``:key=value,...`` options) or a path to a JSON Lines file.
-
-    Raises:
-        ValueError: an unknown name, a bad option or a bad file.
-    """
+    """A named workload or scenario (``NAME[:key=value,...]``) or a JSON Lines file's path."""
     if spec == "article-example":
         return article_example()
     if spec == "article-mix":

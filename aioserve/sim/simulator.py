@@ -1,23 +1,10 @@
 """Run a workload through the engine's own step loop, EngineCore, a real scheduler and
 the real BlockManager, on a simulated runner's virtual clock.
 
-The step loop is the engine's (:class:`~aioserve.step_loop.StepLoop`), so the
-simulator schedules exactly as the engine does. Two timings:
-
-* the article's (default): steps run back to back, one at a time; a step that starts
-  at ``t`` ends at ``t + cost``, and every token it samples is stamped with that end
-  time. A request's prefill is part of its first step, which also samples its first
-  token, so a request of ``n`` output tokens that runs without waiting finishes ``n``
-  steps after it starts (what makes the article's figures come out exactly);
-* the engine's (``overlap=True``, what a calibrated profile predicts): step N+1 is
-  scheduled while step N runs and starts when N ends, as the TorchRunner runs
-  (overlapped scheduling), so a request that arrives during step N waits for N+1 to
-  end before it is scheduled, and mid-step preemptions fall where the engine's do.
-
-Requests join the queue at the first step boundary at or after their arrival (strictly
-after, for ``after_start``); an idle engine jumps its clock to the next arrival.
-Latency is finish - arrival.
-"""
+Two timings (docs/schedulers.md): the article's (steps back to back; a request of ``n``
+output tokens that never waits finishes ``n`` steps after it starts) and the engine's
+(``overlap=True``: step N+1 scheduled while N runs, as the TorchRunner runs). Requests
+join at the first step boundary at or after their arrival (after, for ``after_start``)."""
 
 from __future__ import annotations
 
@@ -53,26 +40,16 @@ class SimulationStalled(RuntimeError):
 
 @dataclass(frozen=True)
 class SimConfig:
-    """The simulated engine.
+    """The simulated engine (times in ms, sizes in tokens and blocks).
 
     Attributes:
-        slots: most requests running at once (``max_num_seqs``).
-        step_ms: cost of a step in milliseconds (the article's 50).
-        prefill_ms_per_token: extra cost per prompt or recomputed token (default 0).
-        kv_blocks: KV-cache blocks; None means unlimited: twice what every slot holding
-            the workload's largest request needs, so memory never limits.
-        block_size: tokens per KV block.
-        max_num_batched_tokens: token budget of one step.
-        enable_prefix_caching: share the KV blocks of prompt prefixes already computed
-            (off by default, so the article's figures stay those of its model); the
-            prefill cost is then paid only for uncached tokens.
-        cost_model: a calibrated step cost (``aioserve simulate --calibrate``); it
-            replaces ``step_ms`` and ``prefill_ms_per_token``.
-        overlap: schedule one step ahead as the engine does (see the module); a
-            request whose ``max_tokens`` equals its output length then ends by length,
-            as on the real engine, instead of by a scripted EOS.
-        max_model_len: context length in tokens (None: the workload's longest request).
-    """
+        slots: ``max_num_seqs``.
+        step_ms, prefill_ms_per_token: the article's step cost (50, 0).
+        kv_blocks: None: twice what every slot needs for the longest request.
+        enable_prefix_caching: off by default, so the article's figures stay its model's.
+        cost_model: a calibrated step cost; replaces ``step_ms`` and the prefill cost.
+        overlap: schedule one step ahead as the engine does (see the module).
+        max_model_len: None: the workload's longest request."""
 
     slots: int = 4
     step_ms: float = 50.0
@@ -88,7 +65,7 @@ class SimConfig:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One step: its start and end in seconds, the requests it ran, tokens fed."""
+    """One step: start and end in seconds, the requests it ran, tokens fed."""
 
     start_s: float
     end_s: float
@@ -98,22 +75,14 @@ class StepRecord:
 
 @dataclass
 class SimResult:
-    """What a simulation produced.
+    """What a simulation produced (times in seconds on the virtual clock).
 
     Attributes:
-        scheduler: the policy's name (or the spec it was loaded from).
-        config: the simulated engine.
-        workload: the requests, as given.
         finished: engine requests that ended, by id (tokens and metrics inside).
-        rejected: id -> why, for requests that can never fit the KV cache.
-        steps: every step run, in order.
-        feedback: what every step did (the engine's :class:`StepFeedback`).
-        num_preemptions: preemptions in this run (None: the core's count).
-        num_preempted_tokens: computed tokens preemptions dropped (recomputed later).
-        preemptions: preemptions the engine counted.
-        core: the engine core at the end (for integrity checks).
-        runner: the simulated runner (its clock, step count and tokens).
-    """
+        rejected: id -> why, for requests that can never fit.
+        feedback: what every step did (the engine's StepFeedback).
+        num_preemptions, num_preempted_tokens: overrides of the core's counts (None: its).
+        core, runner: the engine core and simulated runner at the end."""
 
     scheduler: str
     config: SimConfig
@@ -129,12 +98,10 @@ class SimResult:
 
     @property
     def preemptions(self) -> int:
-        """Preemptions the engine counted over the run."""
         return self.core.num_preemptions if self.num_preemptions is None else self.num_preemptions
 
     @property
     def preempted_tokens(self) -> int:
-        """Computed tokens preemptions dropped (each recomputed on readmission)."""
         if self.num_preempted_tokens is None:
             return self.core.num_preempted_tokens
         return self.num_preempted_tokens
@@ -228,15 +195,13 @@ class _Arrivals:
         self.pending = deque(sorted(result.workload, key=lambda r: (r.arrival_ns, r.after_start)))
 
     def at_boundary(self, now_ns: int) -> None:
-        """Queue what arrived before ``now_ns`` (at it, unless ``after_start``)."""
         pending = self.pending
         while pending and (pending[0].arrival_ns < now_ns
                            or (pending[0].arrival_ns == now_ns and not pending[0].after_start)):
             _submit(self.result, pending.popleft())
 
     def when_idle(self, runner: SimulatedRunner) -> None:
-        """Jump an idle engine to the next arrival and queue it (an ``after_start``
-        arrival too when nothing else would start then)."""
+        """Jump an idle engine to the next arrival and queue it."""
         runner.advance_to(self.pending[0].arrival_ns)
         now = runner.now_ns
         self.at_boundary(now)
@@ -260,14 +225,12 @@ async def simulate(
         scheduler: a registered name, ``"package.module:Class"`` or an instance.
         config: the simulated engine (default ``SimConfig()``).
         on_step: called after every step (for invariant checks).
-        listener: gets a snapshot after every step and every finished request, as an
-            :meth:`AsyncEngine.add_listener` listener does (e.g. ``simulate --html``).
+        listener: gets a snapshot after every step and finished request (``--html``).
         scheduler_params: the policy's parameters (``--scheduler-config``).
 
     Raises:
         ValueError: unknown scheduler or bad parameters.
-        SimulationStalled: the engine stopped making progress.
-    """
+        SimulationStalled: the engine stopped making progress."""
     config = config or SimConfig()
     policy = load_scheduler(scheduler, scheduler_params)
     name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)

@@ -1,10 +1,4 @@
-"""Simulator workloads: the article's two, JSON Lines files, and a bursty Poisson stream.
-
-The article is "continuous batching: a car-pool whose empty seats are refilled at every
-stop". Its example has four requests of 100, 20, 50 and 200 decode steps arriving
-together and a fifth of 30 arriving just after the batch starts; its mix has 100
-requests at t=0 alternating 20 and 200 tokens.
-"""
+"""Simulator workloads: the article's two, JSON Lines files, and a bursty Poisson stream."""
 
 from __future__ import annotations
 
@@ -27,28 +21,20 @@ ARTICLE_PROMPT_LEN = 16
 
 @dataclass(frozen=True)
 class WorkloadRequest:
-    """One simulated request.
+    """One simulated request (times in seconds on the workload's clock, lengths in tokens).
 
     Attributes:
-        id: request id.
-        arrival_s: arrival time in seconds.
-        prompt_len: prompt tokens (>= 1).
         output_len: output tokens it generates, the last one EOS (>= 1).
-        length_hint: predicted output tokens given to the scheduler (None: the true
-            ``output_len``).
+        length_hint: predicted output tokens given to the scheduler, or None.
         after_start: on a tie with a step boundary, arrive just after that step was
             scheduled (the article's request E, "just after the batch starts").
-        prefix_group: requests of one group share their first ``prefix_len`` prompt
-            tokens (None: the whole prompt is the request's own).
-        prefix_len: tokens of the shared prefix (<= ``prompt_len``).
-        max_tokens: the client's output limit (None: ``output_len``, the request asks
-            for exactly what it gets). Larger than ``output_len``, the request ends by
-            EOS after ``output_len`` tokens, unknown to the engine beforehand.
+        prefix_group, prefix_len: requests of one group share their first ``prefix_len``
+            prompt tokens.
+        max_tokens: the client's output limit (None: ``output_len``); larger, the request
+            ends by EOS after ``output_len`` tokens, unknown to the engine beforehand.
         meta: priority, tenant, objectives and metadata (its ``deadline`` unset: see
             ``deadline_s``); a workload file's keys of the same names build it.
-        deadline_s: when it should be done, seconds on the workload's clock (the clock
-            of ``arrival_s``), or None.
-    """
+        deadline_s: when it should be done, or None."""
 
     id: str
     arrival_s: float
@@ -87,8 +73,7 @@ class WorkloadRequest:
         return replace(self.meta, deadline=unix_epoch + self.deadline_s)
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
-        """The prompt: its group's prefix, then tokens of its own (ids in
-        ``[low_id, vocab_size)``, drawn from the group name and the request id)."""
+        """Its group's shared prefix, then tokens of its own (ids in ``[low_id, vocab_size)``)."""
         shared = self.prefix_len if self.prefix_group is not None else 0
         head = random.Random(f"prefix:{self.prefix_group}")
         own = random.Random(f"request:{self.id}")
@@ -98,19 +83,18 @@ class WorkloadRequest:
 
     @property
     def arrival_ns(self) -> int:
-        """Arrival time in integer nanoseconds (the simulator's clock unit)."""
         return round(self.arrival_s * NS_PER_S)
 
 
 def article_example() -> list[WorkloadRequest]:
-    """A=100, B=20, C=50, D=200 decode steps at t=0; E=30 just after the batch starts."""
+    """The article's example: A=100, B=20, C=50, D=200 decode steps at t=0; E=30 just after."""
     lengths = {"A": 100, "B": 20, "C": 50, "D": 200}
     requests = [WorkloadRequest(k, 0.0, ARTICLE_PROMPT_LEN, n) for k, n in lengths.items()]
     return [*requests, WorkloadRequest("E", 0.0, ARTICLE_PROMPT_LEN, 30, after_start=True)]
 
 
 def article_mix(count: int = 100) -> list[WorkloadRequest]:
-    """``count`` requests at t=0 alternating 20 and 200 tokens (short, long, short, …)."""
+    """The article's mix: ``count`` requests at t=0 alternating 20 and 200 tokens."""
     return [
         WorkloadRequest(f"r{i:03d}", 0.0, ARTICLE_PROMPT_LEN, 20 if i % 2 == 0 else 200)
         for i in range(count)
@@ -120,14 +104,8 @@ def article_mix(count: int = 100) -> list[WorkloadRequest]:
 def poisson(
     n: int = 200, rate: float = 1.0, burst: float = 4.0, seed: int = 0
 ) -> list[WorkloadRequest]:
-    """A bursty Poisson stream: bursts arrive as a Poisson process, each burst holds a
-    geometric number of requests (mean ``burst``) arriving together, so requests arrive
-    at ``rate`` per second on average. 70 % are short (8–64 output tokens), 30 % long
-    (128–512); prompts are 16–256 tokens. Deterministic for a ``seed``.
-
-    Raises:
-        ValueError: n < 1, rate <= 0 or burst < 1.
-    """
+    """A bursty Poisson stream at ``rate`` requests/s: geometric bursts of mean ``burst``; 70 %
+    short (8-64 output tokens), 30 % long (128-512), prompts 16-256 tokens."""
     if n < 1 or rate <= 0 or burst < 1:
         raise ValueError("poisson workload needs n >= 1, rate > 0 and burst >= 1")
     rng = random.Random(seed)
@@ -160,13 +138,7 @@ _META_KEYS = tuple(f.name for f in fields(RequestMeta) if f.name in _FIELDS)
 
 
 def parse_request(item: Any) -> WorkloadRequest:
-    """One workload request from a JSON object (see :func:`load_jsonl`).
-
-    Raises:
-        ValueError: not an object, an unknown key (or the keys of a production trace,
-            named), a required field missing, a field of the wrong type or value (the
-            message names it).
-    """
+    """One workload request from a JSON object; a ValueError names the bad key or field."""
     if not isinstance(item, dict):
         raise ValueError("not a JSON object")
     unknown = [name for name in item if name != "id" and name not in _FIELDS]
@@ -203,19 +175,12 @@ def unknown_key(name: str) -> str:
 
 
 def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
-    """Read a workload file: one JSON object per line with ``id``, ``arrival_s``,
-    ``prompt_len``, ``output_len`` and optionally ``length_hint``, ``after_start``,
-    ``prefix_group``, ``prefix_len``, ``max_tokens``, ``priority``, ``tenant``,
-    ``ttft_slo_ms``, ``tpot_slo_ms``, ``deadline_s`` and ``metadata`` (the same file
-    ``aioserve bench serve --workload`` replays against a server).
+    """Read a workload file, one JSON object per line (keys: docs/schedulers.md).
 
     Raises:
-        ValueError: a line is not such an object (``FILE:LINE: `` and what is wrong: an
-            unknown key, a field's type or value), an id repeats, or the file is a
-            production trace (its columns name the format, see
-            :mod:`aioserve.sim.trace_formats`).
-        OSError: the file cannot be read.
-    """
+        ValueError: ``FILE:LINE: `` and what is wrong (a key, a field's type or value), a
+            repeated id, or a production trace's columns (named).
+        OSError: the file cannot be read."""
     lines = Path(path).read_text().splitlines()
     first = next((line for line in lines if line.strip()), None)
     found = first_line_format(first) if first is not None else None
@@ -239,8 +204,7 @@ def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
 
 
 def dump_jsonl(requests: list[WorkloadRequest], path: str | Path) -> Path:
-    """Write ``requests`` as a workload file :func:`load_jsonl` reads back (fields at
-    their defaults are left out)."""
+    """Write ``requests`` as a workload file (fields at their defaults left out)."""
     defaults = WorkloadRequest("x", 0.0, 1, 1)
     lines = []
     for request in requests:

@@ -1,15 +1,9 @@
-"""The figures that compare policies, from one run (simulated or real): throughput,
-goodput under service-level objectives, TTFT / TPOT / E2E latency, per-tenant service
-and Jain's fairness index, the longest wait, preemptions and recomputed tokens.
+"""The figures that compare policies, from one run (simulated or real).
 
-Definitions follow vLLM's serving benchmark (TTFT: arrival to first token; TPOT: mean
-time per output token after the first; E2E: arrival to last token) and DistServe's
-goodput (requests per second that meet every objective they carry). Jain's index is
-(sum x)^2 / (n * sum x^2) over the tenants' service (R. Jain, D. Chiu, W. Hawe, "A
-Quantitative Measure of Fairness and Discrimination", DEC-TR-301, 1984), counted as VTC
-counts it (input tokens + 2 x output tokens) during the steps in which every tenant had
-a request waiting (backlogged).
-"""
+TTFT, TPOT and E2E as vLLM's serving benchmark defines them; goodput as DistServe's
+(requests/s meeting every objective they carry); Jain's index (sum x)^2 / (n sum x^2)
+(Jain, Chiu, Hawe, DEC-TR-301, 1984) over the service tenants got, counted as VTC
+counts it, in the steps where every tenant had a request waiting."""
 
 from __future__ import annotations
 
@@ -31,8 +25,7 @@ def jain(values: list[float]) -> float | None:
 
 def meets(request: Request, item: WorkloadRequest, ttft_ms: float | None,
           tpot_ms: float | None) -> bool:
-    """Whether a finished request met every objective it carries (its own
-    ``ttft_slo_ms``/``tpot_slo_ms``/``deadline_s``, else the defaults given)."""
+    """Whether a finished request met every objective it carries, else the defaults given."""
     m = request.metrics
     if m.first_token_time is None or m.finished_time is None:
         return False
@@ -66,8 +59,7 @@ def _latencies(requests: list[tuple[Request, WorkloadRequest]]) -> dict[str, flo
 
 
 def backlogged_service(result: SimResult) -> dict[str | None, float]:
-    """Each tenant's service (input + 2 x output tokens) in the steps during which
-    every tenant had a request waiting."""
+    """Each tenant's service (input + 2 x output tokens) while every tenant had one waiting."""
     queued: dict[str | None, list[tuple[float, float]]] = defaultdict(list)
     tenant_of = {w.id: w.meta.tenant for w in result.workload}
     for w in result.workload:

@@ -1,5 +1,4 @@
-"""Plots of simulations (matplotlib): a slot timeline per policy, like the article's
-step table, and a latency CDF when several policies are compared."""
+"""Plots of simulations (matplotlib): slot timelines, as the article's table, latency CDFs."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ Interval = tuple[int, str, float, float]
 
 
 def slot_intervals(result: SimResult) -> list[Interval]:
-    """Which request holds which slot when: a request in a step's batch holds a slot
-    (the lowest free one when it enters) until a step runs without it."""
+    """Which request holds which slot when (lowest free slot on entry, until a step omits it)."""
     holder: dict[str, tuple[int, float, float]] = {}
     intervals: list[Interval] = []
     for step in result.steps:
@@ -81,12 +79,7 @@ def _cdf(ax: Any, summaries: list[dict[str, Any]]) -> None:
 
 def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]],
                     title: str = "") -> Any:
-    """A matplotlib Figure titled ``title``: one slot timeline per run, all on one time
-    axis from zero, and, for several runs, their latency CDF (its own axis: latency).
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
-    """
+    """One slot timeline per run on one time axis, and for several runs their latency CDF."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,12 +103,7 @@ def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]],
 
 def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | Path,
          title: str = "") -> Path:
-    """Write :func:`timeline_figure` as a PNG (or any format matplotlib knows from the
-    suffix); returns the path.
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
-    """
+    """Write :func:`timeline_figure` as an image (format from the suffix); returns the path."""
     import matplotlib.pyplot as plt
 
     fig = timeline_figure(results, summaries, title)

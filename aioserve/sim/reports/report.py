@@ -1,10 +1,5 @@
-"""Figures of a simulation: the JSON summary and the readable table.
-
-Latency ends at a request's own last token (finish − arrival); TTFT is first token −
-arrival; the makespan runs from the first arrival to the last finish; throughput is
-output tokens of finished requests per second of makespan. Percentiles are
-nearest-rank (the smallest latency with at least p % of the requests at or below it).
-"""
+"""A simulation's JSON summary and readable table (latency: finish - arrival; percentiles
+nearest-rank; throughput: output tokens per second of makespan)."""
 
 from __future__ import annotations
 
@@ -47,12 +42,10 @@ def percentile(values: list[float], p: float) -> float | None:
 
 
 def mean(values: list[float]) -> float | None:
-    """Mean of ``values`` (exact sum, ``math.fsum``); None if empty."""
     return math.fsum(values) / len(values) if values else None
 
 
 def request_rows(result: SimResult) -> list[dict[str, Any]]:
-    """One dict per workload request, in workload order (the JSON ``requests``)."""
     rows: list[dict[str, Any]] = []
     for item in result.workload:
         request = result.finished.get(item.id)
@@ -123,8 +116,7 @@ def _num(value: float | None, digits: int = 3) -> str:
 
 
 def format_report(summary: dict[str, Any], max_rows: int = 20) -> str:
-    """A readable table of one run, with the article's figures beside ours for the
-    article's workloads and policies."""
+    """A readable table of one run, with the article's figures beside ours where they apply."""
     name, workload = summary["scheduler"], summary["workload"]
     key = name if name in EXAMPLE_MEAN else None
     theirs = EXAMPLE_LATENCIES.get(name, {}) if workload == "article-example" else {}
