@@ -1,5 +1,4 @@
-"""Skip-join multi-level feedback queue (FastServe: Wu et al., "Fast Distributed
-Inference Serving for Large Language Models", 2023)."""
+"""Skip-join multi-level feedback queue (FastServe: Wu et al., 2023)."""
 
 from __future__ import annotations
 

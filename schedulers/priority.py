@@ -1,5 +1,4 @@
-"""Priority scheduling with a guaranteed share for lower priorities (vLLM's ``priority``
-policy, with a bounded share instead of aging)."""
+"""Priority scheduling with a guaranteed share for lower priorities (vLLM's ``priority``)."""
 
 from __future__ import annotations
 
@@ -86,8 +85,7 @@ class PriorityScheduler(OrderedScheduler):
 
     def _admissions(self, order: list[RequestView], admission: Admission,
                     reserve: int) -> RequestView | None:
-        """Admit from ``order`` (by rank), giving lower priorities their share; returns
-        the best-class request that did not fit, or None."""
+        """Admit from ``order`` with the lower priorities' share; the best-class misfit, or None."""
         while order:
             best = order[0].priority
             lower = next((i for i, r in enumerate(order) if r.priority != best), None)

@@ -1,5 +1,5 @@
-"""SchedulerState and Admission: the engine as a policy sees it before a step, and the
-arithmetic of slots, token budget and KV blocks every policy shares (the engine's own)."""
+"""SchedulerState and Admission: the engine before a step, and the slot, token and KV-block
+arithmetic every policy shares (the engine's own)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ def _no_hit(request: RequestView) -> PrefixHit:
 
 
 def _raw_demand(requests: Sequence[Request], size: int) -> tuple[int, int]:
-    """``running_demand`` over the engine's own requests (attributes, not properties)."""
     tokens = blocks = 0
     for r in requests:
         total = len(r.prompt_token_ids) + len(r.output_token_ids) + r.num_output_placeholders
@@ -101,11 +100,8 @@ class SchedulerState:
         return total - request.num_computed_tokens - self._hit(request).num_tokens
 
     def running_demand(self, excluding: Collection[str] = ()) -> tuple[int, int]:
-        """(tokens, free blocks) the running requests (less ``excluding``, e.g. paused
-        ones) take to compute all their remaining tokens in the next step: the sums of
-        :meth:`tokens_to_compute` and of :meth:`blocks_needed` over them, in one pass
-        (the per-step hot path of a policy at hundreds of running requests; computed
-        once per snapshot when nothing is excluded)."""
+        """(tokens, free blocks) the running requests, less ``excluding`` (e.g. paused ones), take
+        to compute their remaining tokens in the next step; memoised when nothing is excluded."""
         if not excluding and self._demand:
             return self._demand[0]
         if self.running_requests and not excluding:
@@ -135,22 +131,16 @@ class SchedulerState:
         return max(0, blocks_for_tokens(total, self.block_size) - request.num_blocks - held)
 
     def admission(self, paused: Collection[str] = ()) -> Admission:
-        """A fresh budget for admitting waiting requests this step: slots, tokens and
-        free blocks left once the running requests (less ``paused``) take theirs. See
-        :class:`Admission`."""
+        """A fresh :class:`Admission`: the slots, step tokens and free blocks left once the
+        running requests (less ``paused``) take theirs."""
         tokens, blocks = self.running_demand(paused)
         return Admission(self, self.max_num_seqs - len(self.running),
                          self.max_num_batched_tokens - tokens, self.num_free_blocks - blocks)
 
     def preempt_for_growth(self, victims: Iterable[RequestView]) -> list[str]:
-        """Running requests to evict, taken from ``victims`` in order, until the others
-        have the free blocks to compute their next tokens; at least one request keeps
-        running. Empty when nothing needs to go (the common case).
-
-        Args:
-            victims: running requests in eviction order (e.g. newest first, as vLLM's
-                FCFS, or lowest priority first).
-        """
+        """Running request ids to evict, taken from ``victims`` in order (e.g. a policy's
+        ``victims(state)``), until the others have the free blocks to compute their next
+        tokens; at least one keeps running. Empty when nothing must go (the common case)."""
         tokens, need = self.running_demand()
         free = self.num_free_blocks
         if need <= free:
@@ -168,18 +158,11 @@ class SchedulerState:
 
 
 class Admission:
-    """Slots, tokens and free blocks left for waiting requests in this step.
-
-    Made by :meth:`SchedulerState.admission`. :meth:`fits` asks, :meth:`admit` takes,
-    :meth:`fill` does both in an order until the first request that does not fit (as
-    vLLM and SGLang admit: a large request is not overtaken forever).
-
-    Attributes:
-        slots: free slots left.
-        budget: step tokens left (prefill chunks count their tokens).
-        free_blocks: KV blocks left (after the running requests' growth).
-        admitted: request ids admitted so far, in order.
-    """
+    """The budget of one decision: slots, step tokens and free KV blocks left for waiting
+    requests. Made by :meth:`SchedulerState.admission`; :meth:`fits` asks, :meth:`admit`
+    takes, :meth:`fill` admits in order until the first request that does not fit (as vLLM
+    and SGLang admit: a large request is not overtaken forever). ``admitted`` lists the ids
+    admitted so far; ``budget`` counts tokens."""
 
     __slots__ = ("state", "slots", "budget", "free_blocks", "admitted", "_busy")
 
