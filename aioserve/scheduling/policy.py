@@ -47,14 +47,8 @@ class Scheduler:
     contract_version: ClassVar[int] = CONTRACT_VERSION
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
-        """Decide the next step: admit, preempt, pause or shed requests, cap prefill chunks.
-
-        Args:
-            state: the engine before the step (a frozen snapshot).
-
-        Returns:
-            The decision; the engine applies what is valid and ignores the rest.
-        """
+        """Decide the next step from ``state`` (a frozen snapshot); the engine applies what is
+        valid in the returned decision and ignores the rest."""
         raise NotImplementedError
 
     def on_arrival(self, request: RequestView, state: SchedulerState) -> None:

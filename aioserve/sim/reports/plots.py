@@ -49,25 +49,17 @@ def _gantt(ax: Any, result: SimResult, summary: dict[str, Any]) -> None:
     ax.set_ylim(slots - 0.5, -0.5)
     ax.set_xlabel("time (s)")
     mean = summary["mean_latency_s"]
-    ax.set_title(
-        f"{summary['scheduler']}: makespan {summary['makespan_s']:.1f} s, "
-        f"mean latency {mean if mean is None else round(mean, 2)} s, "
-        f"{summary['preemptions']} preemptions",
-        fontsize=9,
-    )
+    ax.set_title(f"{summary['scheduler']}: makespan {summary['makespan_s']:.1f} s, "
+                 f"mean latency {mean if mean is None else round(mean, 2)} s, "
+                 f"{summary['preemptions']} preemptions", fontsize=9)
 
 
 def _cdf(ax: Any, summaries: list[dict[str, Any]]) -> None:
     for index, summary in enumerate(summaries):
         latencies = sorted(r["latency_s"] for r in summary["requests"] if r["status"] == "finished")
         fractions = [(i + 1) / len(latencies) for i in range(len(latencies))]
-        ax.step(
-            latencies,
-            fractions,
-            where="post",
-            label=summary["scheduler"],
-            linestyle=("-", "--", "-.", ":")[index % 4],
-        )
+        ax.step(latencies, fractions, where="post", label=summary["scheduler"],
+                linestyle=("-", "--", "-.", ":")[index % 4])
     ax.set_xlabel("latency (s)")
     ax.set_xlim(left=0)
     ax.set_ylim(0, 1.02)

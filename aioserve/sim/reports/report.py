@@ -48,36 +48,20 @@ def mean(values: list[float]) -> float | None:
 def request_rows(result: SimResult) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for item in result.workload:
+        row: dict[str, Any] = {
+            "id": item.id, "status": "rejected", "arrival_s": item.arrival_s,
+            "first_token_s": None, "finish_s": None, "latency_s": None, "output_tokens": 0,
+            "preemptions": 0}
         request = result.finished.get(item.id)
         if request is None:
-            rows.append(
-                {
-                    "id": item.id,
-                    "status": "rejected",
-                    "arrival_s": item.arrival_s,
-                    "first_token_s": None,
-                    "finish_s": None,
-                    "latency_s": None,
-                    "output_tokens": 0,
-                    "preemptions": 0,
-                    "reason": result.rejected.get(item.id, "never finished"),
-                }
-            )
-            continue
-        m = request.metrics
-        finish = m.finished_time if m.finished_time is not None else math.nan
-        rows.append(
-            {
-                "id": item.id,
-                "status": "finished",
-                "arrival_s": item.arrival_s,
-                "first_token_s": m.first_token_time,
-                "finish_s": finish,
-                "latency_s": finish - item.arrival_s,
-                "output_tokens": request.num_output_tokens,
-                "preemptions": m.num_preemptions,
-            }
-        )
+            row["reason"] = result.rejected.get(item.id, "never finished")
+        else:
+            m = request.metrics
+            finish = m.finished_time if m.finished_time is not None else math.nan
+            row.update(status="finished", first_token_s=m.first_token_time, finish_s=finish,
+                       latency_s=finish - item.arrival_s,
+                       output_tokens=request.num_output_tokens, preemptions=m.num_preemptions)
+        rows.append(row)
     return rows
 
 
