@@ -49,7 +49,6 @@ class EDFScheduler(OrderedScheduler):
         default_tpot_ms: per-token objective of a request without one (default 200).
         late_delay_s: how much later than its due time a late request is ordered
             (default 5 s).
-        watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
         ValueError: a default or the delay not > 0 (>= 0 for the delay), or a bad

@@ -53,7 +53,6 @@ class PriorityScheduler(OrderedScheduler):
         low_share: fraction of admissions, while the best class and lower ones both
             wait, that go to the oldest lower-priority request (default 0.1; 0 is
             strict priority).
-        watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
         ValueError: low_share outside [0, 1), or a bad watermark.

@@ -58,7 +58,6 @@ class VTCScheduler(OrderedScheduler):
             divided by its weight, so a tenant of weight 3 gets 3x the service of one
             of weight 1 while both are backlogged. Unlisted tenants weigh 1.
         preempt: preempt for the least-served waiting tenant (default True).
-        watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
         ValueError: a negative service weight, a tenant weight <= 0, or a bad watermark.

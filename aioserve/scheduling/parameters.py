@@ -73,8 +73,9 @@ def keyword_parameters(cls: Any) -> list[inspect.Parameter]:
 
 def policy_parameters(cls: type) -> list[PolicyParameter]:
     """Those parameters with their types, defaults and descriptions."""
-    owner = next((c for c in cls.__mro__ if "__init__" in vars(c)), cls)
-    descriptions = {**_arg_descriptions(owner.__doc__), **_arg_descriptions(cls.__doc__)}
+    descriptions: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's description wins
+        descriptions.update(_arg_descriptions(klass.__doc__))
     return [
         PolicyParameter(p.name, _type_text(p.annotation), p.default,
                         descriptions.get(p.name, ""))
