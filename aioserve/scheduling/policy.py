@@ -10,9 +10,9 @@ from aioserve.scheduling.feedback import StepFeedback
 from aioserve.scheduling.state import SchedulerState
 from aioserve.scheduling.view import RequestView
 
-#: The contract's version (docs/schedulers.md). 4: one eviction order, :meth:`Scheduler.victims`,
-#: replaces ``choose_victim``; 3: ``on_preempt`` and hooks given ``state``. Policies of
-#: versions 1-3 load and run unchanged.
+#: The contract's version (docs/schedulers.md). 4: one eviction order,
+#: ``OrderedScheduler.victims``, replaces ``choose_victim``; 3: ``on_preempt`` and hooks
+#: given ``state``. Policies of versions 1-3 load and run unchanged.
 CONTRACT_VERSION = 4
 
 
