@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -14,10 +15,12 @@ PERCENTILES = (50, 90, 99)
 MAX_TENANTS = 16
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank ``q``-th percentile (0 < q <= 100) of ``values``; None if empty."""
+    if not values:
+        return None
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[rank]
+    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
 
 
 class LatencyWindow:
@@ -41,7 +44,7 @@ class LatencyWindow:
             if not values:
                 return None
             data = list(values)
-            return {f"p{q}": round(percentile(data, q), 6) for q in PERCENTILES}
+            return {f"p{q}": round(percentile(data, q) or 0.0, 6) for q in PERCENTILES}
 
         return {"ttft": of(self.ttft), "itl": of(self.itl)}
 

@@ -11,8 +11,9 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from aioserve.dashboard.frames import percentile
 from aioserve.request import Request
-from aioserve.sim.reports.report import mean, percentile
+from aioserve.sim.reports.report import mean
 from aioserve.sim.simulator import SimResult
 from aioserve.sim.workloads import WorkloadRequest
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from aioserve.dashboard.frames import percentile
 from aioserve.sim.simulator import SimResult
 
 # The article's own figures ("continuous batching: a car-pool whose empty seats are
@@ -31,14 +32,6 @@ MIX_NOTE = (
     "and 20 steps) while the last long requests finish: 360 empty seat-steps = 90 steps "
     "= 4.5 s more, so 2,840 steps = 142.0 s = 77.46 tok/s."
 )
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    """Nearest-rank ``p``-th percentile (0 < p <= 100) of ``values``; None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(math.ceil(p / 100 * len(ordered)) - 1, 0)]
 
 
 def mean(values: list[float]) -> float | None:
