@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 from aioserve.bench.workloads import BenchRequest, random_requests
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
-from aioserve.runners.worker.torch_runner import TorchRunner
+from aioserve.runners.torch.runner import TorchRunner
 from aioserve.sampling_params import SamplingParams
 
 FULL = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,

@@ -87,7 +87,7 @@ def aioserve_worker(job: dict[str, Any], control: Path, forward: str) -> None:
     from aioserve.bench.workloads import BenchRequest
     from aioserve.config import EngineConfig
     from aioserve.engine import AsyncEngine
-    from aioserve.runners.worker.torch_runner import TorchRunner
+    from aioserve.runners.torch.runner import TorchRunner
 
     config = EngineConfig(model=job["model"], max_num_seqs=job["max_num_seqs"], forward=forward,
                           enable_prefix_caching=job["prefix_caching"])

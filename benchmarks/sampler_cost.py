@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from aioserve.runners.worker.batch_sampler import BatchSampler
+from aioserve.runners.torch.batch_sampler import BatchSampler
 from aioserve.sampling_params import SamplingParams
 from benchmarks.per_row_sampler import Sampler
 

@@ -4,6 +4,6 @@ processes. The online client is :mod:`aioserve.bench.online`; the models benchma
 on (random weights of a real shape, tiny architectures) are :mod:`aioserve.bench.models`.
 
 Imports (checked by tests/test_import_rules.py):
-    may import: aioserve, aioserve.runners, aioserve.runners.worker, aioserve.sim,
+    may import: aioserve, aioserve.runners, aioserve.runners.torch, aioserve.sim,
         aioserve.bench.models
 """

@@ -126,7 +126,7 @@ def run_offline(
     prompts (``input_len`` is then unused). ``threads`` is each backend's
     compute threads: transformers' intra-op threads and aioserve's thread budget
     (``AIOSERVE_NUM_THREADS``); default: each backend's own default (torch's thread
-    count, every core; aioserve's :func:`~aioserve.runners.worker.setup.cpu_threads`).
+    count, every core; aioserve's :func:`~aioserve.runners.torch.setup.cpu_threads`).
     ``tokenizer=False``: aioserve loads no tokenizer and detokenizes nothing (a model
     directory without one, e.g. a random model).
 
@@ -153,7 +153,7 @@ def run_offline(
         "prefix_len_suffix_len_num_prefixes": list(prefix) if prefix else None,
         "enable_prefix_caching": config.enable_prefix_caching, "detokenize": tokenizer,
     }
-    from aioserve.runners.worker.setup import cpu_threads, resolve_device
+    from aioserve.runners.torch.setup import cpu_threads, resolve_device
 
     saved = torch.get_num_threads()
     saved_env = os.environ.get("AIOSERVE_NUM_THREADS")

@@ -167,7 +167,7 @@ def run_aioserve(
     async def main() -> tuple[ThroughputResult, list[list[int]]]:
         runner = None
         if not tokenizer:  # an engine given its runner loads no tokenizer
-            from aioserve.runners.worker.torch_runner import TorchRunner
+            from aioserve.runners.torch.runner import TorchRunner
 
             runner = await asyncio.to_thread(TorchRunner, config)
         try:

@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         return run_ray(args, config, settings)
     process_s, clock = process_age_s(), PhaseClock()
-    import aioserve.runners.worker.torch_runner  # noqa: F401  torch, transformers: timed
+    import aioserve.runners.torch.runner  # noqa: F401  torch, transformers: timed
 
     clock.mark("imports (torch, transformers)")
     app = create_app(config, settings)

@@ -2,7 +2,7 @@
 
 ``base.py`` is the boundary (``ScheduledBatch`` in, ``RunnerOutput`` out, the
 ``ModelRunner`` protocol); ``batch_invariance.py`` the one policy that keeps a
-request's greedy tokens independent of its batch. The rooms below it: ``worker/``
+request's greedy tokens independent of its batch. The rooms below it: ``torch/``
 (TorchRunner: a step from the engine's changes to sampled tokens), ``model/`` (loading,
 adapters, the lean forward), ``attention/`` (the backend seam and its backends),
 ``cpu/`` and ``gpu/`` (device-only pieces). Other runners (the simulator's,

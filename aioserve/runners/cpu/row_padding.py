@@ -29,7 +29,7 @@ and large calls with different kernels (on the test model's 172 x 64 weight, at 
 threads, rows of calls of up to 32, 33-175 and 176+ rows each agree only among
 themselves; measured on a Xeon with AVX-512 and AMX), so no padding short of 176 rows
 makes a one-row step exact. The runner then takes its products off MKL
-(:func:`~aioserve.runners.worker.setup.exact_row_padding`), or, where that fails too,
+(:func:`~aioserve.runners.torch.setup.exact_row_padding`), or, where that fails too,
 logs a warning. oneDNN's packed products (big models,
 :mod:`~aioserve.runners.cpu.packed_linear`) need no row padding: their rows measured
 the same at every count (big models: not probed, nothing padded; packed layers passed

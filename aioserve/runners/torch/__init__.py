@@ -1,4 +1,4 @@
-"""The runner's worker: TorchRunner (a step: apply the engine's changes, run the
+"""The torch runner: TorchRunner (a step: apply the engine's changes, run the
 forward, sample), its set-up, its persistent batch state and the sampler. The only
 room that sees all the others.
 

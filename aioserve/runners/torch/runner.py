@@ -22,10 +22,10 @@ from aioserve.runners.cpu import native_kernels
 from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
 from aioserve.runners.model import loader as model_loader
 from aioserve.runners.model.lean_llama import LeanLlama
-from aioserve.runners.worker.batch_sampler import BatchSampler
-from aioserve.runners.worker.input_batch import InputBatch, StepInputs
-from aioserve.runners.worker.pending_output import PendingOutput
-from aioserve.runners.worker.setup import (
+from aioserve.runners.torch.batch_sampler import BatchSampler
+from aioserve.runners.torch.input_batch import InputBatch, StepInputs
+from aioserve.runners.torch.pending_output import PendingOutput
+from aioserve.runners.torch.setup import (
     choose_forward,
     context_length,
     cpu_threads,
@@ -51,7 +51,7 @@ class TorchRunner:
     and shaped from each layer's own rules, found by one recording forward at load
     (:func:`~aioserve.runners.attention.layer_rules.discover`). Per-request state (tokens, block
     tables, sampling parameters, last sampled tokens) persists between steps
-    (:class:`~aioserve.runners.worker.input_batch.InputBatch`); each step applies the engine's
+    (:class:`~aioserve.runners.torch.input_batch.InputBatch`); each step applies the engine's
     changes. The load and every step run in order in one worker thread (one OpenMP
     team, see ``__init__``), so the event loop stays free and the engine can schedule
     step N+1 while step N runs; N+1 reads N's sampled tokens on the device. On CUDA the
@@ -285,7 +285,7 @@ class TorchRunner:
 
     @torch.inference_mode()
     def _probe(self, lean: LeanLlama | None) -> list[torch.Tensor]:
-        """The logits of :func:`~aioserve.runners.worker.setup.probe_steps` through
+        """The logits of :func:`~aioserve.runners.torch.setup.probe_steps` through
         transformers' forward (None) or the lean one."""
         return probe_steps(functools.partial(self._run_model, lean=lean), self.num_kv_blocks,
                            self.block_size, self.vocab_size, self.device)

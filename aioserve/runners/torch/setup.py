@@ -129,7 +129,7 @@ def cpu_threads(device: torch.device) -> int | None:
     ``AIOSERVE_NUM_THREADS`` or None (torch's own setting).
 
     Every usable core pays for small models too once one thread does all the compute
-    (see :class:`~aioserve.runners.worker.torch_runner.TorchRunner`): on the 2-core box
+    (see :class:`~aioserve.runners.torch.runner.TorchRunner`): on the 2-core box
     the test model (292,800 parameters) went from about 2,300 output tokens/s on one
     thread to about 2,900 on two (64-request workload, three alternations).
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from aioserve.outputs import TokenLogprob
-from aioserve.runners.worker import sampling_ops as ops
+from aioserve.runners.torch import sampling_ops as ops
 from aioserve.sampling_params import SamplingParams
 
 
@@ -75,7 +75,7 @@ class BatchSampler:
     top-k; the most likely token always kept), and take the exponential race
     ``argmax(w / q)``: ``w = exp(x / T - max)`` is the softmax before normalisation (the
     normaliser cannot change the argmax) and ``q ~ Exp(1)`` comes from
-    :mod:`aioserve.runners.worker.sampling_ops`, a hash of (seed, draw index, token id). So a
+    :mod:`aioserve.runners.torch.sampling_ops`, a hash of (seed, draw index, token id). So a
     request's token depends only on its logits, its parameters, its seed and its
     output index: not on its batch-mates, its row, or a preemption in between.
 

@@ -7,7 +7,7 @@ import torch
 
 from aioserve.outputs import TokenLogprob
 from aioserve.runners.base import RunnerOutput
-from aioserve.runners.worker.batch_sampler import SampledBatch
+from aioserve.runners.torch.batch_sampler import SampledBatch
 
 
 class PendingOutput:
