@@ -1,15 +1,6 @@
-"""The Ray Serve replica: one :class:`AsyncEngine` behind the very aiohttp app that
-``aioserve serve`` runs, listening on the replica's own loopback.
-
-Why a loopback app: every request is parsed, validated and answered by the same code as
-``aioserve serve`` (the same 400 JSON errors, the same SSE chunks, the same disconnect
-handling), with no second implementation to keep in step. The ingress forwards the raw
-request; the replica replays it against its app on ``127.0.0.1`` and streams the answer
-back as it comes: a :class:`ResponseHead`, then body chunks (bytes). When the caller
-goes away Serve cancels the replica's generator, which closes the loopback connection,
-which aborts the engine requests and frees their KV blocks, exactly as a client leaving
-``aioserve serve`` does.
-"""
+"""The Ray Serve replica: one :class:`AsyncEngine` behind ``aioserve serve``'s own aiohttp app on
+loopback, so every request is handled by the same code (errors, SSE, disconnects); closing the
+loopback connection aborts the engine requests."""
 
 from __future__ import annotations
 
@@ -31,17 +22,7 @@ from aioserve.server.state import ENGINE_KEY
 
 
 class EngineReplica:
-    """One engine per Serve replica (decorate with ``serve.deployment`` to deploy; see
-    :func:`aioserve.deploy.ray_serve.build_app`).
-
-    Args:
-        engine_config: the engine to load (the model loads in the replica's process).
-        server_config: the app's settings (served model name, chat template, limits).
-        stream_interval: seconds over which a streamed answer's chunks are merged into
-            one Ray Serve stream item (0: one item per read; see
-            :mod:`aioserve.deploy.coalesce`).
-        metrics_period: seconds between exports of engine stats to Ray's metrics.
-    """
+    """One engine per Serve replica (decorate with ``serve.deployment``; see :func:`build_app`)."""
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async __init__
         self, engine_config: EngineConfig, server_config: ServerConfig,
@@ -64,23 +45,14 @@ class EngineReplica:
         self._metrics_task = asyncio.create_task(self._export_metrics())
 
     async def check_health(self) -> None:
-        """Serve's health check.
-
-        Raises:
-            RuntimeError: the engine is not running (Serve then replaces the replica).
-        """
+        """Serve's health check; raises RuntimeError when the engine is not running."""
         if not self.app[ENGINE_KEY].is_running:
             raise RuntimeError("the engine is not running")
 
     async def forward(
         self, request: ForwardedRequest, prefix_key: str = ""
     ) -> AsyncIterator[ResponseHead | bytes]:
-        """Answer ``request`` with the app: a :class:`ResponseHead`, then body chunks.
-
-        ``prefix_key`` is read by the prefix-affinity router only. Cancelling the
-        generator (the client left) closes the loopback connection, which aborts the
-        request's engine requests.
-        """
+        """A :class:`ResponseHead`, then body chunks (``prefix_key`` is for the router only)."""
         async with self._session.request(
             request.method, self._url + request.path, data=request.body,
             headers=request.headers, allow_redirects=False,
@@ -94,12 +66,8 @@ class EngineReplica:
                 yield chunk
 
     async def stats(self, prefix_key: str = "") -> dict[str, Any]:
-        """The engine's :meth:`AsyncEngine.stats`, plus ``replica`` (the Serve replica
-        id) and ``num_aborted`` (requests aborted since start, e.g. by disconnects).
-
-        ``prefix_key`` is read by the prefix-affinity router only (a caller can aim at
-        one replica with a key that maps to it).
-        """
+        """:meth:`AsyncEngine.stats` plus ``replica`` and ``num_aborted`` (``prefix_key`` lets a
+        caller aim at one replica)."""
         registry = self.app[METRICS_KEY].registry
         aborted = registry.get_sample_value(
             f"{PREFIX}request_success_total", {"finished_reason": "abort"}
@@ -115,7 +83,7 @@ class EngineReplica:
             await asyncio.sleep(self._metrics_period)
 
     async def __del__(self) -> None:
-        """Serve's shutdown hook: stop exporting, close the session, stop the engine."""
+        """Serve's shutdown hook."""
         self._metrics_task.cancel()
         await self._session.close()
         await self._runner.cleanup()

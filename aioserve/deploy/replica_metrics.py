@@ -1,9 +1,5 @@
-"""Engine stats of one replica as Ray metrics (``ray.util.metrics``), which Ray exports
-in Prometheus format on each node's metrics port, tagged by replica.
-
-Serve adds its own per-replica metrics (``ray_serve_*``: requests, latencies, queue
-lengths); these are the engine's view: slots in use, queue, KV-cache occupancy.
-"""
+"""One replica's engine stats as Ray metrics (exported in Prometheus format, tagged by replica),
+beside Serve's own ``ray_serve_*``."""
 
 from __future__ import annotations
 
@@ -23,11 +19,6 @@ EXPORTED: dict[str, tuple[str, str]] = {
 
 
 class ReplicaMetrics:
-    """Gauges of one replica's engine, tagged ``replica=<id>``.
-
-    Args:
-        replica: the Serve replica id.
-    """
 
     def __init__(self, replica: str) -> None:
         self.tags = {"replica": replica}
