@@ -1,11 +1,6 @@
-"""Online serving benchmark client: Poisson arrivals against a running server.
-
-Each request streams from ``POST /v1/completions`` (OpenAI server-sent events:
-``data: {json}`` chunks, then ``data: [DONE]``) or from the websocket ``GET /ws``
-(aioserve's own protocol); the client records when each chunk arrives. Metrics
-follow ``vllm bench serve``: TTFT (request sent to first token), TPOT (mean time per
-output token after the first), ITL (every gap between chunks) and E2E latency.
-"""
+"""The serving benchmark client: requests sent at Poisson or replayed arrivals over SSE
+(``/v1/completions``) or the websocket, each chunk's arrival recorded; metrics as ``vllm bench
+serve``."""
 
 from __future__ import annotations
 
@@ -30,7 +25,6 @@ class AuthenticationError(Exception):
 
 
 def refused(base_url: str, api_key: str | None, detail: str) -> AuthenticationError:
-    """The error for a 401 from ``base_url``, saying whether a key was sent."""
     advice = ("the API key was refused" if api_key
               else "the server needs an API key (--api-key, $OPENAI_API_KEY or "
                    "$AIOSERVE_API_KEY)")
@@ -41,21 +35,9 @@ def refused(base_url: str, api_key: str | None, detail: str) -> AuthenticationEr
 class RequestRecord:
     """One request's timings (seconds, ``time.perf_counter``).
 
-    Attributes:
-        prompt_len: prompt tokens.
-        output_len: requested output tokens.
-        start: when the request was sent.
-        chunk_times: arrival time of every chunk that carried tokens; over SSE, of every
-            network read that carried tokens (events read together count once, as
-            ``vllm bench serve`` counts a chunk once, so they make no 0-ms gap).
-        output_tokens: tokens received (the server's usage count when it sends one).
-        end: when the response ended.
-        error: why it failed, or None.
-        cached_tokens: prompt tokens the server took from its prefix cache (its usage's
-            ``prompt_tokens_details.cached_tokens``; 0 when it sends none).
-        group: the request's (tenant, priority), for the per-group figures.
-        slo_ms: its own (TTFT, TPOT) objectives in ms, for goodput (None: the run's).
-    """
+    ``chunk_times`` holds each chunk that carried tokens; over SSE each network read (events read
+    together count once, as ``vllm bench serve`` counts a chunk). ``slo_ms``: its own (TTFT,
+    TPOT) objectives, None for the run's."""
 
     prompt_len: int
     output_len: int
@@ -89,14 +71,11 @@ class RequestRecord:
 
     @property
     def itl(self) -> list[float]:
-        """Seconds between consecutive chunks that carried tokens."""
         return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
 
 
 async def sse_reads(blocks: AsyncIterator[bytes]) -> AsyncIterator[list[str]]:
-    """The ``data:`` payloads of a server-sent-event stream, grouped by the network read
-    (``blocks``: the bytes of each read) that completed them: events that arrive together
-    arrive at one time (a line split across reads completes with the later one)."""
+    """The ``data:`` payloads of an SSE stream, grouped by the network read that completed them."""
     pending = b""
     async for block in blocks:
         *lines, pending = (pending + block).split(b"\n")
@@ -107,8 +86,7 @@ async def sse_reads(blocks: AsyncIterator[bytes]) -> AsyncIterator[list[str]]:
 
 
 def extra_fields(request: BenchRequest, unix_start: float) -> dict[str, Any]:
-    """The request's fields beyond prompt and length; its deadline as Unix time
-    (``unix_start``: the run's start)."""
+    """The request's body fields beyond prompt and length, its deadline as Unix time."""
     fields = dict(request.fields)
     if request.deadline_s is not None:
         fields["deadline"] = unix_start + request.deadline_s
@@ -119,7 +97,7 @@ async def send_completion(
     session: aiohttp.ClientSession, base_url: str, model: str | None, record: RequestRecord,
     request: BenchRequest, unix_start: float = 0.0,
 ) -> None:
-    """Stream one completion over HTTP into ``record`` (errors are recorded, not raised)."""
+    """Stream one completion into ``record`` (errors are recorded, not raised)."""
     body: dict[str, Any] = {
         "prompt": request.prompt_token_ids, "max_tokens": request.output_len,
         "temperature": 0.0, "ignore_eos": True, "stream": True,
@@ -159,7 +137,7 @@ async def send_completion(
 
 
 class WebsocketClient:
-    """One websocket to ``/ws`` shared by all requests; messages are routed by id."""
+    """One ``/ws`` shared by all requests; messages routed by id."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.ws = ws
@@ -179,7 +157,6 @@ class WebsocketClient:
 
     async def send(self, request_id: str, record: RequestRecord, request: BenchRequest,
                    unix_start: float = 0.0) -> None:
-        """Stream one generation into ``record`` (errors are recorded, not raised)."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.queues[request_id] = queue
         record.start = time.perf_counter()
@@ -210,11 +187,8 @@ class WebsocketClient:
 async def detect_endpoint(
     session: aiohttp.ClientSession, base_url: str, api_key: str | None = None,
 ) -> tuple[str, str | None]:
-    """``("completions", model name)`` when ``GET /v1/models`` answers, else ``("ws", None)``.
-
-    Raises:
-        AuthenticationError: the server answered 401 (no key, or a wrong one).
-    """
+    """``("completions", model name)`` when ``GET /v1/models`` answers, else ``("ws", None)``;
+    AuthenticationError on 401."""
     try:
         async with session.get(f"{base_url}/v1/models") as response:
             if response.status == 401:
@@ -229,12 +203,7 @@ async def detect_endpoint(
 
 async def connect_ws(session: aiohttp.ClientSession, base_url: str,
                      api_key: str | None) -> WebsocketClient:
-    """Open ``/ws``.
-
-    Raises:
-        AuthenticationError: the handshake was answered 401.
-        aiohttp.ClientError: the server cannot be reached.
-    """
+    """Open ``/ws``; AuthenticationError on 401, aiohttp.ClientError when unreachable."""
     try:
         return WebsocketClient(await session.ws_connect(f"{base_url}/ws"))
     except aiohttp.WSServerHandshakeError as exc:
@@ -244,8 +213,7 @@ async def connect_ws(session: aiohttp.ClientSession, base_url: str,
 
 
 def arrival_gaps(num: int, request_rate: float, seed: int) -> list[float]:
-    """Seconds to wait before each request: exponential (a Poisson process) at
-    ``request_rate`` per second, or all zero when the rate is infinite."""
+    """Exponential gaps at ``request_rate`` per second (a Poisson process); zeros when infinite."""
     if math.isinf(request_rate):
         return [0.0] * num
     rng = random.Random(seed)
@@ -253,8 +221,7 @@ def arrival_gaps(num: int, request_rate: float, seed: int) -> list[float]:
 
 
 def send_times(requests: list[BenchRequest], request_rate: float, seed: int) -> list[float]:
-    """When to send each request, seconds after the start: its own ``arrival_s`` when
-    the workload gives one, else Poisson arrivals at ``request_rate``."""
+    """Seconds after the start to send each request: its ``arrival_s``, else Poisson arrivals."""
     times, t = [], 0.0
     for request, gap in zip(requests, arrival_gaps(len(requests), request_rate, seed)):
         t += gap
@@ -273,18 +240,12 @@ async def run_serving(
     progress: bool = False,
     api_key: str | None = None,
 ) -> tuple[list[RequestRecord], float, str]:
-    """Send ``requests`` with Poisson arrivals and wait for all of them.
-
-    Returns:
-        The records (request order), the wall duration in seconds, and the endpoint used.
-
-    ``api_key`` is sent as ``Authorization: Bearer KEY`` on every request and the
-    websocket.
+    """Send ``requests`` and wait for all; returns the records (request order), the wall seconds
+    and the endpoint used. ``api_key`` goes as a Bearer token.
 
     Raises:
         ValueError: unknown endpoint. aiohttp.ClientError: the server is unreachable (ws).
-        AuthenticationError: the server refused the key (or wants one).
-    """
+        AuthenticationError: the server refused the key (or wants one)."""
     from tqdm import tqdm
 
     if endpoint not in ("auto", "completions", "ws"):
