@@ -18,9 +18,10 @@ from aioserve.bench.cotenants import die_with_parent
 __all__ = ["ServerProcess", "free_port"]
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

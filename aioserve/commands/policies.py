@@ -1,6 +1,5 @@
-"""``aioserve policies``: the installed scheduling policies (entry points of the
-``aioserve.schedulers`` group, third-party ones included) and their parameters. Imports
-no torch: it answers in well under a second."""
+"""``aioserve policies``: the installed scheduling policies (entry points, third-party ones
+included) and their parameters, without importing torch."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ if TYPE_CHECKING:
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    """Register the ``policies`` command."""
     parser = subparsers.add_parser(
         "policies", help="list the scheduling policies and their parameters",
         description="The scheduling policies --scheduler takes (entry points of the "
@@ -29,12 +27,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def describe(spec: str) -> str:
-    """The lines of one policy: its name, class and first docstring sentence, then one line
-    per parameter (``name: type = default  description``).
-
-    Raises:
-        ValueError: the policy is unknown or cannot be imported (the message names it).
-    """
+    """One policy's name, class and first docstring sentence, then a line per parameter;
+    ValueError when unknown or not importable."""
     from importlib.metadata import entry_points
 
     if ":" in spec:
@@ -62,11 +56,6 @@ def describe(spec: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print each policy and its parameters; exit status 0.
-
-    Raises:
-        ValueError: a named policy is unknown or cannot be imported.
-    """
     names = args.names or available_schedulers()
     print("\n\n".join(describe(name) for name in names))
     return 0
