@@ -11,15 +11,8 @@ from aioserve.runners.torch.batch_sampler import SampledBatch
 
 
 class PendingOutput:
-    """The result of a launched step, turned into plain data by :meth:`result`.
-
-    Args:
-        num_rows: requests in the step (B).
-        sample_rows: ``[S]`` int64 numpy, the rows that sampled (None: none did).
-        sampled: their tokens (and logprobs) on the device.
-        host: on CUDA, a pinned host buffer ``[S]`` int64 the tokens are being copied
-            into and the event recorded after the copy; None: read ``sampled``.
-    """
+    """A launched step's sampled tokens ``sampled`` for ``sample_rows``, copied on CUDA into the
+    pinned ``host`` buffer."""
 
     __slots__ = ("num_rows", "sample_rows", "sampled", "host")
 
@@ -33,9 +26,7 @@ class PendingOutput:
         self.host = host
 
     def result(self) -> RunnerOutput:
-        """Wait for the step's tokens and return them per row (-1 where the row did
-        not sample), with logprobs where asked. Blocks until the device is done with
-        this step (not with steps launched after it)."""
+        """Wait for this step's tokens (not later steps'); -1 for rows that did not sample."""
         tokens = [-1] * self.num_rows
         if self.sampled is None or self.sample_rows is None:
             return RunnerOutput(token_ids=tokens)
