@@ -1,13 +1,10 @@
 """The architecture table: is each tiny random decoder served exactly?
 
-Builds a tiny random model of each architecture in
-:data:`aioserve.bench.models.tiny_models.ARCHITECTURES` (float32), serves 8 prompts of
-1-90 tokens through the engine (fcfs, 4 slots, staggered arrivals, greedy) and
-compares token for token with ``generate()`` alone. Prints one row per
-architecture: exact / refused (reason) / WRONG (first difference).
+Serves 8 prompts through the engine for each of
+:data:`~aioserve.bench.models.tiny_models.ARCHITECTURES` and compares token for token with
+``generate()`` alone: exact / refused (reason) / WRONG.
 
-Usage (from the repository root): ``python3 -m benchmarks.arch_coverage [model_type ...]``
-"""
+Usage (from the repository root): ``python3 -m benchmarks.arch_coverage [model_type ...]``"""
 
 from __future__ import annotations
 
