@@ -9,7 +9,7 @@ import torch
 from transformers.masking_utils import sliding_window_overlay
 
 from aioserve.bench.models import coverage, tiny_models
-from aioserve.runners.attention.additive_masks import window_mask
+from aioserve.runners.attention.paged_metadata import window_mask
 
 ARCHITECTURES = [
     "mistral", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3", "stablelm", "falcon",

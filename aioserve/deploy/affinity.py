@@ -1,5 +1,4 @@
-"""Which replica a prompt belongs to: its prefix key, rendezvous-hashed over replica ids (no Ray
-import)."""
+"""Which replica a prompt belongs to: its prefix key, rendezvous-hashed (no Ray import)."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from typing import Any
 
 
 def prefix_key(body: bytes, num_chars: int) -> str:
-    """The first ``num_chars`` characters of an OpenAI body's prompt (or its chat messages
-    joined); ``""`` when the body is not such JSON."""
+    """The first ``num_chars`` characters of an OpenAI body's prompt (``""`` if none)."""
     try:
         data: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -33,8 +31,7 @@ def prefix_key(body: bytes, num_chars: int) -> str:
 
 
 def affinity_order(key: str, replica_ids: Sequence[str]) -> list[str]:
-    """``replica_ids`` from most to least preferred for ``key`` (rendezvous hashing:
-    deterministic)."""
+    """``replica_ids`` from most to least preferred for ``key`` (rendezvous hashing)."""
 
     def weight(replica_id: str) -> bytes:
         return hashlib.blake2b(f"{replica_id}\0{key}".encode(), digest_size=8).digest()

@@ -1,5 +1,4 @@
-"""Merging a streamed body into fewer chunks: each Ray Serve stream item costs fixed CPU in
-replica, ingress and proxy (Ray Serve LLM's ``stream_batching_interval_ms`` does the same)."""
+"""Merging a stream into fewer chunks: each Ray Serve stream item costs fixed CPU."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ import aiohttp
 
 
 async def coalesced(content: aiohttp.StreamReader, interval: float) -> AsyncIterator[bytes]:
-    """The bytes of ``content``, at most one chunk per ``interval`` seconds (0: merge only what
-    is already buffered); the first bytes go out at once."""
+    """The bytes of ``content``, at most one chunk per ``interval`` seconds."""
     loop = asyncio.get_running_loop()
     pending = bytearray()
     sent_at = -interval

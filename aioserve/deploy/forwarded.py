@@ -17,8 +17,7 @@ RETURNED_HEADERS = ("content-type", "cache-control", "x-accel-buffering", "allow
 
 @dataclass(frozen=True)
 class ForwardedRequest:
-    """One HTTP request as the ingress received it (``headers``: the :data:`FORWARDED_HEADERS`
-    sent, lower-case)."""
+    """One HTTP request as the ingress received it (lower-case headers)."""
 
     method: str
     path: str
@@ -28,8 +27,7 @@ class ForwardedRequest:
 
 @dataclass(frozen=True)
 class ResponseHead:
-    """The first item a replica streams back: status, :data:`RETURNED_HEADERS` and the replica
-    id."""
+    """The first item a replica streams back: status, headers, replica id."""
 
     status: int
     headers: dict[str, str]

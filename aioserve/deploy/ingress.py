@@ -1,7 +1,4 @@
-"""The Ray Serve ingress: forwards each request as received to an :class:`EngineReplica` and
-streams its answer back. A replica failing before it answers is retried by load alone (Serve may
-pick a dead replica until its controller notices); later failures answer as the app does (503, or
-an SSE error event mid-stream)."""
+"""The Ray Serve ingress: forwards each request as received to an :class:`EngineReplica`."""
 
 from __future__ import annotations
 
@@ -26,7 +23,8 @@ from aioserve.server.errors import error_body
 
 logger = logging.getLogger("aioserve.deploy")
 
-#: Seconds before the first retry of a request whose replica failed; doubles each time.
+#: Seconds before the first retry of a request whose replica failed; doubles each time (Serve
+#: may route to a dead replica until its controller notices the death).
 RETRY_DELAY = 0.25
 
 
@@ -36,8 +34,7 @@ def replica_failed(exc: BaseException) -> dict[str, object]:
 
 
 class OpenAIIngress:
-    """Forwards every HTTP request to a replica (decorate with ``serve.deployment``);
-    ``retries``: resends when the replica fails before answering."""
+    """Forwards every HTTP request to a replica, retrying one that fails before answering."""
 
     def __init__(
         self, replica: DeploymentHandle[Any], prefix_chars: int = 256, retries: int = 4
@@ -82,8 +79,7 @@ class OpenAIIngress:
 async def _body(
     stream: DeploymentResponseGenerator[Any], head: ResponseHead
 ) -> AsyncIterator[bytes]:
-    """The replica's body chunks; an SSE error event if it fails mid-stream; cancels it when the
-    client leaves."""
+    """The replica's body; an SSE error event if it fails mid-stream."""
     try:
         async for chunk in stream:
             yield chunk

@@ -1,5 +1,4 @@
-"""A Ray Serve router sending requests that share a prompt prefix to one replica (rendezvous
-hashing: no shared state), or by power of two choices when that replica is busier than the rest."""
+"""A Ray Serve router sending requests sharing a prompt prefix to one replica unless it is busy."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from aioserve.deploy.affinity import affinity_order
 
 
 class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
-    """Prefix affinity with a load fallback (pass as ``request_router_class``; kwarg
-    ``imbalanced_threshold``, default 8)."""
+    """Prefix affinity with a load fallback (pass as ``request_router_class``)."""
 
     def initialize_state(  # type: ignore[override]  # Serve passes request_router_kwargs
         self, imbalanced_threshold: int = 8,
@@ -23,8 +21,7 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        """The preferred replica first, then the others in affinity order; power of two choices
-        without a key or when overloaded."""
+        """The preferred replica first, then the others; power of two choices otherwise."""
         key = pending_request.kwargs.get("prefix_key", "") if pending_request else ""
         if not key or len(candidate_replicas) < 2:
             return await super().choose_replicas(candidate_replicas, pending_request)
@@ -37,8 +34,7 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
     async def _overloaded(
         self, preferred: RunningReplica, replicas: list[RunningReplica]
     ) -> bool:
-        """True when the preferred replica has more than ``imbalanced_threshold`` ongoing
-        requests above the least loaded."""
+        """Whether the preferred replica exceeds the least loaded by ``imbalanced_threshold``."""
         lengths = await self._queue_lengths(replicas)
         mine = lengths.get(preferred.replica_id.unique_id)
         if mine is None:

@@ -1,5 +1,4 @@
-"""aioserve on Ray Serve: ``start(EngineConfig(...), ServerConfig(),
-RayServeOptions(num_replicas=2))``."""
+"""aioserve on Ray Serve: ``start(EngineConfig(...), ServerConfig(), RayServeOptions())``."""
 
 from __future__ import annotations
 

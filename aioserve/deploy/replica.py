@@ -1,24 +1,48 @@
-"""The Ray Serve replica: one :class:`AsyncEngine` behind ``aioserve serve``'s own aiohttp app on
-loopback, so every request is handled by the same code (errors, SSE, disconnects); closing the
-loopback connection aborts the engine requests."""
+"""The Ray Serve replica: one :class:`AsyncEngine` behind ``aioserve serve``'s app on loopback."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from ray import serve
+from ray.util.metrics import Gauge
 
 from aioserve.config import EngineConfig
 from aioserve.deploy.coalesce import coalesced
 from aioserve.deploy.forwarded import RETURNED_HEADERS, ForwardedRequest, ResponseHead
-from aioserve.deploy.replica_metrics import ReplicaMetrics
 from aioserve.server import METRICS_KEY, ServerConfig, create_app
 from aioserve.server.metrics import PREFIX
 from aioserve.server.state import ENGINE_KEY
+
+#: Engine stat -> (metric name, description).
+EXPORTED: dict[str, tuple[str, str]] = {
+    "num_running": ("aioserve_num_requests_running", "requests running in the engine"),
+    "num_waiting": ("aioserve_num_requests_waiting", "requests waiting for a slot"),
+    "kv_cache_usage": ("aioserve_kv_cache_usage", "fraction of KV blocks in use (0-1)"),
+    "num_free_blocks": ("aioserve_kv_free_blocks", "free KV-cache blocks"),
+    "num_preemptions": ("aioserve_num_preemptions", "preemptions since start"),
+    "num_steps": ("aioserve_num_steps", "engine steps since start"),
+}
+
+
+class ReplicaMetrics:
+    """One replica's engine stats as Ray gauges tagged ``replica=<id>``."""
+
+    def __init__(self, replica: str) -> None:
+        self.tags = {"replica": replica}
+        self.gauges = {
+            stat: Gauge(name, description, tag_keys=("replica",))
+            for stat, (name, description) in EXPORTED.items()
+        }
+
+    def record(self, stats: Mapping[str, float]) -> None:
+        """Set every gauge from :meth:`AsyncEngine.stats`."""
+        for stat, gauge in self.gauges.items():
+            gauge.set(float(stats[stat]), tags=self.tags)
 
 
 class EngineReplica:
@@ -66,8 +90,7 @@ class EngineReplica:
                 yield chunk
 
     async def stats(self, prefix_key: str = "") -> dict[str, Any]:
-        """:meth:`AsyncEngine.stats` plus ``replica`` and ``num_aborted`` (``prefix_key`` lets a
-        caller aim at one replica)."""
+        """:meth:`AsyncEngine.stats` plus ``replica`` and ``num_aborted``."""
         registry = self.app[METRICS_KEY].registry
         aborted = registry.get_sample_value(
             f"{PREFIX}request_success_total", {"finished_reason": "abort"}

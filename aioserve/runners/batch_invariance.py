@@ -37,8 +37,7 @@ class BatchInvariance:
 
     def row_padding(self, weights: Iterable[torch.Tensor | LinearProduct],
                     device: torch.device, widths: Iterable[int] = ()) -> RowPadding:
-        """The row padding probed from linear ``weights`` and elementwise ``widths`` on the CPU
-        when on; none otherwise."""
+        """The row padding probed on the CPU when on; none otherwise."""
         if not self.enabled or device.type != "cpu":
             return RowPadding([])
         return probe_row_padding(weights, widths=widths)

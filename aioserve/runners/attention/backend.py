@@ -56,8 +56,8 @@ class AttentionBackend(Protocol):
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         meta: PagedAttentionMetadata, rules: LayerRules, sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        """One layer: ``q`` ``[T, q_heads, k_dim]`` (the step's K/V already in the
-        cache) -> ``[T, q_heads, v_dim]``."""
+        """One layer, K/V already cached: ``q`` ``[T, q_heads, k_dim]`` -> ``[T, q_heads,
+        v_dim]``."""
         ...
 
     def layer_attention(self, rules: LayerRules) -> LayerAttention:

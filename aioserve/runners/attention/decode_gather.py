@@ -33,8 +33,7 @@ def decode_attention(
     bias: torch.Tensor | None,
     scaling: float | None,
 ) -> torch.Tensor:
-    """``[b, heads, v_dim]`` attention of ``q`` ``[b, heads, k_dim]`` over contiguous
-    ``keys``/``values`` ``[kv_heads, b, L, dim]``, with :func:`decode_bias`'s ``bias`` or None."""
+    """``q`` ``[b, heads, k_dim]`` over ``[kv_heads, b, L, dim]`` K/V -> ``[b, heads, v_dim]``."""
     batch, heads, dim = (int(n) for n in q.shape)
     kv_heads, length, v_dim = int(keys.shape[0]), int(keys.shape[2]), int(values.shape[3])
     group = heads // kv_heads

@@ -1,5 +1,5 @@
-"""Attention in eager math for what ``scaled_dot_product_attention`` cannot express (gemma2's
-soft-cap, gpt_oss's sinks), step for step as the models' ``eager_attention_forward``."""
+"""Eager attention for what SDPA cannot express (soft-cap, sinks), as
+``eager_attention_forward``."""
 
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ def attend(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
     rules: LayerRules, sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """``q`` ``[b, q_heads, Q, k_dim]`` over ``keys``/``values`` ``[b, kv_heads, L, dim]`` with
-    additive ``mask`` ``[b, 1, Q, L]`` and ``sinks`` ``[q_heads]`` -> ``[b, q_heads, Q, v_dim]``
-    in ``q``'s dtype."""
+    """``q`` ``[b, q_heads, Q, k_dim]`` over ``[b, kv_heads, L, dim]`` K/V -> ``[b, q_heads, Q,
+    v_dim]``."""
     groups = q.shape[1] // keys.shape[1]
     keys, values = _repeat_kv(keys, groups), _repeat_kv(values, groups)
     scaling = rules.scaling if rules.scaling is not None else rules.k_dim**-0.5

@@ -1,5 +1,4 @@
-"""Block gathers from the paged KV cache into buffers reused by every layer and step: allocated
-afresh, these largest tensors of a step would be page-faulted each time."""
+"""Block gathers from the paged KV cache into buffers reused by every layer and step."""
 
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ __all__ = ["GatherBuffers", "gather", "gather_index", "is_head_major"]
 
 
 class GatherBuffers:
-    """Two grow-only flat buffers per (device, dtype), keys and values, holding the largest
-    gather seen plus a quarter. A gather lives until its layer returns, so the steps sharing them
-    must run in order."""
+    """Grow-only K and V buffers per (device, dtype); the steps sharing them run in order."""
 
     def __init__(self) -> None:
         self._flat: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
@@ -30,16 +27,14 @@ class GatherBuffers:
 
 
 def is_head_major(cache: torch.Tensor) -> bool:
-    """Whether ``[rows, heads, dim]`` is a transposed view of ``[heads, rows, dim]`` storage
-    (strides only: it runs per layer and step)."""
+    """Whether ``[rows, heads, dim]`` views ``[heads, rows, dim]`` storage (strides only)."""
     rows, heads, dim = cache.shape
     return cache.stride(2) == 1 and cache.stride(0) == dim \
         and (heads == 1 or cache.stride(1) == rows * dim)
 
 
 def gather_index(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Rows of :func:`gather`'s 2-D view holding ``blocks``: the blocks, or each head's copy of
-    them when head-major."""
+    """Rows of :func:`gather`'s 2-D view holding ``blocks`` (per head when head-major)."""
     if cache.is_contiguous():
         return blocks
     per_head = int(cache.shape[0]) // block_size
@@ -51,9 +46,7 @@ def gather(
     cache: torch.Tensor, index: torch.Tensor, block_size: int,
     buffers: GatherBuffers | None = None, which: int = 0,
 ) -> torch.Tensor:
-    """``[heads, n, block_size, dim]`` whole blocks of a layer's cache, written into ``buffers``'
-    ``which`` (None: new). Whole-block ``index_select`` is a plain copy, several times cheaper
-    than per-slot indexing."""
+    """``[heads, n, block_size, dim]`` whole blocks of a layer's cache, into ``buffers``."""
     heads, dim = int(cache.shape[1]), int(cache.shape[2])
     token_major = cache.is_contiguous()
     width = block_size * dim * (heads if token_major else 1)

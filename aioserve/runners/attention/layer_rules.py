@@ -26,8 +26,7 @@ RECORDING: contextvars.ContextVar[dict[int, LayerRules] | None] = contextvars.Co
 
 @dataclass(frozen=True)
 class LayerRules:
-    """One attention layer's rules: heads, K/V widths, ``scaling`` (None: ``k_dim ** -0.5``),
-    ``window`` and ``softcap`` (None: none), ``sinks``."""
+    """One attention layer's rules (``scaling`` None: ``k_dim ** -0.5``)."""
 
     q_heads: int
     kv_heads: int
@@ -49,8 +48,7 @@ class LayerRules:
         cls, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         scaling: float | None, kwargs: dict[str, Any],
     ) -> LayerRules:
-        """The rules of one call (query ``[1, H, T, Dk]``, key ``[1, KV, T, Dk]``, value ``[1,
-        KV, T, Dv]``)."""
+        """The rules of one call (query ``[1, H, T, Dk]``, value ``[1, KV, T, Dv]``)."""
         window = kwargs.get("sliding_window")
         softcap = kwargs.get("softcap")
         return cls(
@@ -80,8 +78,7 @@ def record(module: torch.nn.Module, rules: LayerRules, recorder: dict[int, Layer
 
 
 def discover(model: torch.nn.Module, device: torch.device) -> dict[int, LayerRules]:
-    """Every layer's rules from one recording forward over two tokens; missing layers bypass the
-    attention interface."""
+    """Every layer's rules from one recording two-token forward."""
     recorder: dict[int, LayerRules] = {}
     token = RECORDING.set(recorder)
     try:

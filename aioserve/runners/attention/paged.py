@@ -153,9 +153,7 @@ def attend_layer(
     scaling: float | None, rules: LayerRules | None, q: torch.Tensor, k_cache: torch.Tensor,
     v_cache: torch.Tensor, meta: PagedAttentionMetadata, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Each group's attention (K/V already written): ``q`` ``[T, q_heads, k_dim]`` -> ``[T,
-    q_heads, v_dim]``; ``rules`` None is a plain layer. Its own arguments come first, so a
-    partial is one layer's attention at a direct call's cost."""
+    """Each group's attention: ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]``; args first."""
     size = meta.block_size
     if len(meta.groups) == 1 and meta.groups[0].token_index is None:
         return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size, rules, sinks,
@@ -181,7 +179,6 @@ def attend_groups(
 
 
 def register() -> str:
-    """Register the attention function (and no mask function, saving transformers' mask
-    creation); returns its name."""
+    """Register the attention function (no mask function: transformers builds none); its name."""
     AttentionInterface.register(ATTENTION_NAME, paged_attention)
     return ATTENTION_NAME

@@ -10,10 +10,28 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from aioserve.runners.attention.additive_masks import visible_prefix, window_mask
 from aioserve.runners.attention.kv_gather import GatherBuffers
 from aioserve.runners.attention.sparse_decode import SparseDecodeIndex
 from aioserve.runners.batch_invariance import MIN_CONTEXT_WIDTH
+
+# Additive masks: 0 where a query may attend a key, -inf elsewhere (transformers' convention).
+_PREFIX_MASKS = np.zeros((1, 0), dtype=np.float32)
+
+
+def visible_prefix(lengths: np.ndarray, width: int) -> np.ndarray:
+    """``[len(lengths), width]``: row i is 0 at its first ``lengths[i]`` columns."""
+    global _PREFIX_MASKS
+    if _PREFIX_MASKS.shape[1] < width:  # row i: -inf from column i on
+        _PREFIX_MASKS = np.triu(np.full((width + 1, width), -np.inf, dtype=np.float32))
+    return _PREFIX_MASKS[np.minimum(lengths, width), :width]
+
+
+def window_mask(query_pos: np.ndarray, width: int, window: int) -> np.ndarray:
+    """``[b, 1, Q, width]`` mask of ``p - window < k <= p`` for ``query_pos`` ``[b, Q]``."""
+    keys = np.arange(width)[None, None, :]
+    pos = query_pos[:, :, None]
+    allowed = (keys <= pos) & (keys > pos - window)
+    return np.where(allowed, np.float32(0.0), np.float32(-np.inf))[:, None]
 
 
 @dataclass(frozen=True)
@@ -43,9 +61,7 @@ class AttentionGroup:
 
 @dataclass(frozen=True)
 class PagedAttentionMetadata:
-    """What every layer of one step needs: per-layer (K, V) caches ``[num_blocks * block_size,
-    kv_heads, dim]``, ``slot_mapping`` ``[T]`` int64, one to six groups, and the reused gather
-    ``buffers`` (None: new tensors)."""
+    """What every layer of one step needs: caches, ``slot_mapping`` ``[T]``, groups, buffers."""
 
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     slot_mapping: torch.Tensor
@@ -143,8 +159,7 @@ def _group(
 def split_by_length(
     rows: np.ndarray, seq_lens: np.ndarray, call_cost: int, max_groups: int = 2
 ) -> list[np.ndarray]:
-    """Split rows into up to ``max_groups`` groups by length where the padding saved outweighs
-    ``call_cost`` per extra call (each sequence still attends only its own context)."""
+    """Split rows into up to ``max_groups`` by length where padding saved beats ``call_cost``."""
     if rows.size < 4 or max_groups < 2:
         return [rows]
     order = rows[np.argsort(seq_lens[rows], kind="stable")]

@@ -20,8 +20,7 @@ __all__ = ["ReferenceBackend"]
 
 
 class ReferenceBackend:
-    """Every rule of :class:`LayerRules` on any device; it owns gather buffers, so one backend
-    serves one runner. ``invariance`` sets its context floor."""
+    """Every rule of :class:`LayerRules`, any device; one backend per runner (it owns buffers)."""
 
     attention_name = attention.ATTENTION_NAME
     head_major = True

@@ -1,5 +1,4 @@
-"""The attention backends by name (a new backend is a module and one :func:`register_backend`
-call); no backend or torch is imported until asked, so the CLI refuses a mismatch before loading."""
+"""The attention backends by name; none (nor torch) is imported until asked."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ FORWARDS = ("transformers", "lean-llama")
 
 @dataclass(frozen=True)
 class BackendEntry:
-    """One backend: ``factory(device, invariance)`` (ValueError where it cannot run), the
-    ``forwards`` it serves, and ``reason`` for the others."""
+    """One backend: its ``factory``, the ``forwards`` it serves, ``reason`` for the others."""
 
     factory: Factory
     forwards: tuple[str, ...] = FORWARDS
@@ -67,8 +65,7 @@ def backend_serves(name: str, forward: str) -> bool:
 
 
 def check_forward(forward: str, name: str) -> None:
-    """Refuse a forward backend ``name`` does not serve (``"auto"`` always passes); ValueError
-    naming both options."""
+    """Refuse a forward backend ``name`` does not serve (ValueError naming both options)."""
     entry = _entry(name)
     if forward != "auto" and forward not in entry.forwards:
         served = ", ".join(entry.forwards) or "none"
@@ -80,8 +77,7 @@ def backend_for(
     name: str, device: torch.device, forward: str = "transformers",
     invariance: BatchInvariance | None = None,
 ) -> AttentionBackend:
-    """The backend ``name`` for ``device``, ``forward`` and ``invariance`` (None: on); ValueError
-    for an unknown name, unserved forward or device."""
+    """The backend ``name`` for ``device`` and ``forward``; ValueError where it cannot be."""
     check_forward(forward, name)
     if invariance is None:
         from aioserve.runners.batch_invariance import BatchInvariance

@@ -22,9 +22,7 @@ MIN_HEAD_DIM = 32
 
 @dataclass(frozen=True)
 class SparseDecodeIndex:
-    """One decode group's pattern for one head layout (built once a step): ``pattern`` CSR
-    ``[kv_heads, b * group, rows]``, ``bag_rows`` and ``bag_offsets`` int64 into V's ``[kv_heads
-    * rows, v_dim]`` view, ``length`` L."""
+    """One decode group's CSR pattern and embedding bags for one head layout."""
 
     pattern: torch.Tensor
     bag_rows: torch.Tensor
@@ -36,8 +34,7 @@ class SparseDecodeIndex:
         cls, gather_blocks: torch.Tensor, mask: torch.Tensor | None, block_size: int,
         kv_heads: int, group: int, rows: int,
     ) -> SparseDecodeIndex:
-        """The pattern of ``b`` sequences reading ``gather_blocks`` with ``mask`` ``[b, 1, 1,
-        L]`` (or None) in a cache of ``rows`` slots."""
+        """The pattern of ``b`` sequences reading ``gather_blocks`` under ``mask``."""
         batch, num_blocks = (int(n) for n in gather_blocks.shape)
         length = num_blocks * block_size
         device = gather_blocks.device
@@ -66,8 +63,7 @@ def sparse_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     index: SparseDecodeIndex, scaling: float | None,
 ) -> torch.Tensor:
-    """``[b, heads, v_dim]`` attention of ``q`` ``[b, heads, k_dim]`` float32 over a head-major
-    cache in place (``index`` for its head layout)."""
+    """``[b, heads, k_dim]`` float32 queries over a head-major cache, in place."""
     batch, heads, dim = (int(n) for n in q.shape)
     kv_heads, v_dim = int(k_cache.shape[1]), int(v_cache.shape[2])
     group = heads // kv_heads

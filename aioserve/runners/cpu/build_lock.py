@@ -1,5 +1,4 @@
-"""The kernel build folder's lock: one build at a time, heartbeat every :data:`HEARTBEAT_S`,
-removed when its local PID is gone or untouched for :data:`STALE_LOCK_S`."""
+"""The kernel build folder's lock: one build at a time, none outliving its builder."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def _lock_owner(lock: Path) -> tuple[int, str] | None:
 
 
 def lock_owner_alive(lock: Path) -> bool:
-    """Whether ``lock`` exists and its owner may still build (False: none, or its PID is gone
-    here)."""
+    """Whether ``lock`` exists and its owner may still build."""
     owner = _lock_owner(lock)
     if owner is None:
         return lock.exists()
@@ -59,8 +57,7 @@ def _age(path: Path) -> float:
 
 
 def wait_for_build_lock(lock: Path, stale_s: float = STALE_LOCK_S) -> None:
-    """Wait while another process builds, removing a killed build's lock (torch's loader would
-    wait for ever)."""
+    """Wait while another process builds; remove a killed build's lock."""
     while True:
         try:
             age = time.time() - lock.stat().st_mtime

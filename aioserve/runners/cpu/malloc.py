@@ -1,6 +1,5 @@
-"""glibc ``malloc`` thresholds raised so a CPU step's megabyte temporaries are reused rather than
-mmapped and page-faulted every step (vLLM preloads tcmalloc for the same reason). Process-wide;
-``AIOSERVE_MALLOC_TUNING=0`` leaves ``malloc`` alone."""
+"""glibc ``malloc`` thresholds raised so a CPU step's large temporaries are reused, not
+page-faulted."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ _M_MMAP_THRESHOLD = -3
 
 @functools.cache
 def tune_malloc() -> bool:
-    """Raise glibc's mmap and trim thresholds once; False where not glibc, refused or turned off.
-    ValueError for an ``AIOSERVE_MALLOC_TUNING`` other than 0 or 1."""
+    """Raise glibc's mmap and trim thresholds once; False where not glibc, refused or off."""
     setting = os.environ.get("AIOSERVE_MALLOC_TUNING", "1").strip() or "1"
     if setting not in ("0", "1"):
         raise ValueError(f"AIOSERVE_MALLOC_TUNING must be 0 or 1, got {setting!r}")

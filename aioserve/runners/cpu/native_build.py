@@ -105,8 +105,7 @@ class BuildFolder:
 
 
 def _ninja_on_path() -> None:
-    """Put the ``ninja`` package's binary on ``PATH`` (torch runs it by name; pip may install it
-    elsewhere)."""
+    """Put the ``ninja`` package's binary on ``PATH`` (torch runs it by name)."""
     if shutil.which("ninja") is None:
         with contextlib.suppress(ImportError, AttributeError):
             import ninja
@@ -136,8 +135,7 @@ def _compile(folder: BuildFolder) -> None:
 
 
 def build(folder: BuildFolder | None = None) -> bool:
-    """Build the kernels into ``folder`` unless done (waiting for another builder); True when
-    ``READY``. Never raises: failures go to ``FAILED`` and the log."""
+    """Build the kernels into ``folder`` unless done; True when ``READY``; never raises."""
     folder = folder if folder is not None else BuildFolder()
     folder.path.mkdir(parents=True, exist_ok=True)
     if not take_lock(folder.lock, lambda: folder.state() in ("ready", "failed")):
@@ -166,8 +164,7 @@ def build(folder: BuildFolder | None = None) -> bool:
 
 
 def build_in_background(folder: BuildFolder) -> subprocess.Popen[bytes] | None:
-    """Start a child that builds ``folder`` (own session, nice 10); None when one is building or
-    it failed before."""
+    """Start a niced child building ``folder``; None when building or failed before."""
     if folder.state() != "absent":
         return None
     folder.path.mkdir(parents=True, exist_ok=True)

@@ -74,8 +74,7 @@ def _first_use() -> bool:
 
 
 def available() -> bool:
-    """Whether the compiled kernels are in use; never compiles (the first call loads a finished
-    build or starts one)."""
+    """Whether the compiled kernels are in use; never compiles."""
     global _active
     if _active is None:
         with _lock:
@@ -85,8 +84,7 @@ def available() -> bool:
 
 
 def activate() -> bool:
-    """Switch the kernels in once their awaited build is finished (True once; the caller ensures
-    no request runs)."""
+    """Switch the kernels in once their build is finished (True once)."""
     global _active, _pending, _builder
     if _pending is None or _active:
         return False
@@ -120,8 +118,7 @@ def build_now() -> bool:
 
 
 class KernelSwitch:
-    """One runner's part in :func:`activate`: the switch happens only while every live runner is
-    idle."""
+    """One runner's part in :func:`activate`: it switches only while every runner is idle."""
 
     _runners: weakref.WeakSet[KernelSwitch] = weakref.WeakSet()
 
@@ -138,8 +135,7 @@ class KernelSwitch:
         self.is_idle = False
 
     def idle(self) -> bool:
-        """No request of this runner runs: switch if all are idle and the build is ready (True:
-        switched)."""
+        """No request of this runner runs: switch if possible (True: switched)."""
         self.is_idle = True
         if _pending is None or not all(r.is_idle for r in KernelSwitch._runners):
             return False
@@ -171,8 +167,7 @@ def decode_attention(
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """``[R]`` int64 ``logits.argmax(-1)`` of ``[R, V]`` float32 CPU logits (NaN largest), each
-    row read once; RuntimeError for another shape or dtype, or when not loaded."""
+    """``logits.argmax(-1)`` of ``[R, V]`` float32 CPU logits, each row read once."""
     out = torch.empty(int(logits.shape[0]), dtype=torch.int64)
     torch.ops.aioserve_cpu.greedy_tokens(logits.contiguous(), out)
     return out

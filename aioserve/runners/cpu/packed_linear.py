@@ -42,8 +42,7 @@ PackedWeight = torch.Tensor | PanelWeight
 
 
 def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
-    """``weight`` ``[out, in]`` packed for :func:`linear_pointwise`: panels where they give
-    oneDNN's bits, else oneDNN's layout."""
+    """``weight`` packed for :func:`linear_pointwise`: panels, else oneDNN's layout."""
     onednn = torch.ops.mkldnn._reorder_linear_weight(weight, EXPECTED_ROWS)
     panels = panel_linear.pack(weight, lambda rows: linear_pointwise(rows, onednn, bias), bias)
     return onednn if panels is None else panels
@@ -60,8 +59,7 @@ def linear_pointwise(
 
 
 class PackedLinear(torch.nn.Module):
-    """A ``torch.nn.Linear``'s forward on its packed weight; the layer still owns ``weight`` and
-    ``bias``."""
+    """A ``torch.nn.Linear``'s forward on its packed weight."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
@@ -73,8 +71,7 @@ class PackedLinear(torch.nn.Module):
             linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., in_features]`` -> ``[..., out_features]`` float32; RuntimeError after
-        :meth:`release`."""
+        """``[..., in_features]`` -> ``[..., out_features]``; RuntimeError after :meth:`release`."""
         if self.packed is None:
             raise RuntimeError("this layer's packed weight was released (the lean forward "
                                "holds it fused)")
@@ -92,8 +89,7 @@ class PackedLinear(torch.nn.Module):
 
 
 def pack_linears(model: torch.nn.Module) -> int:
-    """Replace each float32 ``torch.nn.Linear`` of ``model`` in place by a :class:`PackedLinear`
-    (packed now); returns how many."""
+    """Replace each float32 ``torch.nn.Linear`` of ``model`` by a :class:`PackedLinear`."""
     targets = [(parent, name, child)
                for parent in model.modules()
                for name, child in parent.named_children()

@@ -28,8 +28,7 @@ PROBE_ROWS = 8
 
 
 class PanelWeight(NamedTuple):
-    """A weight in panels ``[ceil(out / 16), in, 16]`` float32: ``panels[p, k, j] = weight[16 p +
-    j, k]``, zeros past the last output."""
+    """A weight in panels: ``panels[p, k, j] = weight[16 p + j, k]``, zeros past the end."""
 
     panels: torch.Tensor
     out_features: int
@@ -53,8 +52,7 @@ def to_panels(weight: torch.Tensor) -> torch.Tensor:
 def linear(
     rows: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``rows @ weight.T + bias`` (bias added after the sums, as oneDNN): ``[n, in]`` -> ``[n,
-    out]`` float32; RuntimeError naming ``rows`` or ``panels`` on a mismatch."""
+    """``rows @ weight.T + bias`` (bias after the sums, as oneDNN): ``[n, in]`` -> ``[n, out]``."""
     out = torch.empty(rows.shape[0], weight.out_features, dtype=rows.dtype,
                       device=rows.device)
     torch.ops.aioserve_cpu.panel_linear(rows.contiguous(), weight.panels, out,
@@ -66,9 +64,7 @@ def pack(
     weight: torch.Tensor, reference: Callable[[torch.Tensor], torch.Tensor],
     bias: torch.Tensor | None = None,
 ) -> PanelWeight | None:
-    """``weight`` ``[out, in]`` float32 in panels with the ``k_block`` under which the product
-    (plus ``bias``) equals ``reference`` bit for bit on random rows; None when no block does, the
-    kernel is not loaded, or the weight is not a float32 matrix."""
+    """``weight`` in panels whose product equals ``reference`` bit for bit, or None."""
     if (not available() or weight.dtype != torch.float32 or weight.dim() != 2
             or 0 in weight.shape):
         return None

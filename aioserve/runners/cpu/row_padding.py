@@ -78,8 +78,7 @@ class RowPadding:
 
 
 def elementwise_chunk() -> int:
-    """Floats ATen's vectorised loops take per step here (16 with AVX2, 32 with AVX-512),
-    measured from where vector and scalar SiLU differ; 1 when they agree."""
+    """Floats ATen's vectorised loops take per step here, measured; 1 when paths agree."""
     generator = torch.Generator(device="cpu").manual_seed(0)
     values = 8 * torch.rand(512, generator=generator) - 4
     vector = F.silu(values)
@@ -108,8 +107,7 @@ class LinearProduct:
 
     @classmethod
     def of(cls, layer: torch.Tensor | PackedLinear) -> LinearProduct:
-        """A plain weight through ``F.linear``, or a packed layer's product (taken now);
-        ValueError when already released."""
+        """A plain weight through ``F.linear``, or a packed layer's product (taken now)."""
         if isinstance(layer, PackedLinear):
             weight, packed, bias = layer.weight, layer.packed, layer.bias
             if packed is None:

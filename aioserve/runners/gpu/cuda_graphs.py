@@ -20,8 +20,7 @@ from aioserve.runners.attention import layer_rules
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Batch sizes to capture: 1, 2, 4, 8, then every 8 up to ``max_num_seqs`` (always last);
-    ValueError below 1."""
+    """Batch sizes to capture: 1, 2, 4, 8, then every 8 up to ``max_num_seqs``."""
     if max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
     sizes = [size for size in (1, 2, 4, 8) if size < max_num_seqs]
@@ -55,8 +54,7 @@ def padding_plan(batch: int, sizes: Sequence[int]) -> PaddingPlan | None:
 
 @dataclass(frozen=True)
 class DecodeInputs:
-    """One decode step's B rows: ``input_ids``, ``positions``, ``slot_mapping`` ``[B]`` int64,
-    ``block_table`` ``[B, W]`` and ``seq_lens`` ``[B]`` int32 (new token included)."""
+    """One decode step's B rows of inputs (int64 ids, positions, slots; int32 tables, lengths)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -88,9 +86,7 @@ def stage_rows(
     host: DecodeInputs, plan: PaddingPlan, input_ids: list[int], positions: list[int],
     block_tables: list[list[int]], block_size: int, scratch_block: int,
 ) -> None:
-    """Write the step's rows, then padding rows (token 0, position 0, slot 0 of
-    ``scratch_block``), into the first ``plan.bucket`` rows of ``host``; ValueError for a table
-    too wide or short."""
+    """Write the step's rows, then padding rows, into the first ``plan.bucket`` rows of ``host``."""
     n, width = plan.batch, int(host.block_table.shape[1])
     tables = host.block_table.numpy()
     for row, table in enumerate(block_tables):
@@ -117,8 +113,7 @@ def model_decode_forward(
     model: torch.nn.Module, backend: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     block_size: int, windows: tuple[int, ...],
 ) -> Callable[[DecodeInputs], torch.Tensor]:
-    """``forward(inputs) -> logits [B, vocab]`` over static inputs, through
-    ``backend.decode_metadata`` (graph-safe)."""
+    """``forward(inputs) -> logits [B, vocab]`` over static inputs (graph-safe)."""
 
     def forward(inputs: DecodeInputs) -> torch.Tensor:
         meta = backend.decode_metadata(kv_caches, inputs.slot_mapping, inputs.block_table,
@@ -133,8 +128,7 @@ def model_decode_forward(
 
 
 class DecodeGraphs:
-    """Static buffers (``max_batch`` x ``width`` blocks), their pinned staging, and one graph per
-    size; padding rows write to ``scratch_block``."""
+    """Static buffers, their pinned staging, and one graph per size."""
 
     def __init__(self, max_batch: int, width: int, block_size: int, scratch_block: int,
                  device: torch.device, sizes: Sequence[int] | None = None) -> None:
@@ -151,8 +145,7 @@ class DecodeGraphs:
 
     def stage(self, input_ids: list[int], positions: list[int],
               block_tables: list[list[int]]) -> PaddingPlan | None:
-        """Fill the pinned rows and start their copy on the current stream; None when no bucket
-        holds the batch."""
+        """Fill and copy the pinned rows; None when no bucket holds the batch."""
         plan = padding_plan(len(input_ids), self.sizes)
         if plan is None:
             return None
@@ -186,8 +179,7 @@ class DecodeGraphs:
             self._graphs[size] = (graph, logits)
 
     def replay(self, plan: PaddingPlan) -> torch.Tensor:
-        """Logits ``[plan.batch, vocab]``: a view of the graph's output, valid until the next
-        replay."""
+        """Logits ``[plan.batch, vocab]``, valid until the next replay."""
         graph, logits = self._graphs[plan.bucket]
         graph.replay()
         return logits[: plan.batch]

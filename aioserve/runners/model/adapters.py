@@ -1,6 +1,5 @@
-"""What a model needs before paged attention can serve it, or why it cannot: falcon's private
-attention table gets a paged entry where it exists (before transformers 5.25); ALiBi models and
-any model whose layers bypass ``AttentionInterface`` are refused, never run wrongly."""
+"""What a model needs before paged attention can serve it, or why it cannot (refused, never
+wrong)."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ REFUSED = {
 
 
 def check_config(config: Any) -> None:
-    """Refuse a model known to bypass the attention interface, before loading
-    (UnsupportedModelError)."""
+    """Refuse a model known to bypass the attention interface, before loading."""
     model_type = getattr(config, "model_type", "?")
     if model_type in REFUSED:
         raise UnsupportedModelError(REFUSED[model_type])
@@ -49,8 +47,7 @@ def prepare(config: Any, attention_name: str) -> None:
 
 
 def _paged_falcon_attention(modeling_falcon: Any) -> type[FalconAttention]:
-    """A ``FalconAttention`` attending through the paged attention (falcon's own q/k/v split and
-    rotary)."""
+    """A ``FalconAttention`` attending through the paged attention."""
     from transformers import AttentionInterface
 
     class PagedFalconAttention(modeling_falcon.FalconAttention):  # type: ignore[misc]
@@ -77,8 +74,7 @@ def _paged_falcon_attention(modeling_falcon: Any) -> type[FalconAttention]:
 
 
 def check_coverage(model_type: str, num_layers: int, rules: dict[int, LayerRules]) -> None:
-    """Refuse a model some of whose layers never called the attention interface
-    (UnsupportedModelError)."""
+    """Refuse a model some of whose layers never called the attention interface."""
     missing = sorted(set(range(num_layers)) - set(rules))
     if missing:
         raise UnsupportedModelError(

@@ -39,8 +39,7 @@ _dense_linear = cast(Callable[[torch.Tensor, PackedWeight], torch.Tensor], F.lin
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """True for a transformers Llama this forward reproduces (no biases, SiLU, static rotary,
-    plain layers)."""
+    """True for a transformers Llama this forward reproduces."""
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
     rotary = getattr(inner, "rotary_emb", None)
@@ -57,8 +56,7 @@ def supports(model: torch.nn.Module) -> bool:
 
 
 class LeanLlama(torch.nn.Module):
-    """The step forward of a supported Llama over plain tensors (``rules``: each layer's, by
-    index)."""
+    """The step forward of a supported Llama over plain tensors."""
 
     def __init__(self, model: Any, backend: AttentionBackend,
                  rules: dict[int, LayerRules]) -> None:
@@ -127,8 +125,7 @@ class LeanLlama(torch.nn.Module):
         return _dense_linear(F.silu(_dense_linear(h, gate_w)) * _dense_linear(h, up_w), down_w)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """LlamaRMSNorm; float32 on the CPU through ``F.rms_norm`` (the same aten ops in one
-        call)."""
+        """LlamaRMSNorm; ``F.rms_norm`` for float32 on the CPU (the same ops)."""
         if x.dtype == torch.float32 and x.device.type == "cpu":
             return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         x32 = x.to(torch.float32)
@@ -136,8 +133,8 @@ class LeanLlama(torch.nn.Module):
         return weight * (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos and signed sin ``[T, 1, head_dim]``: ``cat(q2, q1) * cat(-s1, s2)`` equals
-        ``rotate_half(q) * sin`` bit for bit, so layers swap halves without negating."""
+        """cos and signed sin ``[T, 1, head_dim]``: swapped halves times ``cat(-s1, s2)`` is
+        exact."""
         freqs = positions[:, None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
@@ -153,8 +150,7 @@ class LeanLlama(torch.nn.Module):
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
         meta: PagedAttentionMetadata,
     ) -> torch.Tensor:
-        """Logits ``[S, vocab]`` of the ``keep`` indices of the step's packed ``[T]`` tokens
-        (writes the KV caches)."""
+        """Logits ``[S, vocab]`` of the ``keep`` indices of the step's ``[T]`` tokens."""
         x = F.embedding(input_ids, self.embed)  # [T, hidden]
         cos, signed_sin = self._rope(position_ids, x.dtype)
         half = self.head_dim // 2
@@ -187,8 +183,7 @@ def lean_forward(
     model: Any, backend: AttentionBackend, rules: dict[int, LayerRules],
     probe: Callable[[LeanLlama | None], list[torch.Tensor]],
 ) -> LeanLlama:
-    """The lean forward of ``model``, returned only if ``probe`` gives it transformers' logits
-    bit for bit; ValueError otherwise or when unsupported."""
+    """The lean forward of ``model`` if ``probe`` gives transformers' logits bit for bit."""
     if not (supports(model) and all(layer.plain for layer in rules.values())):
         raise ValueError(
             "forward: lean-llama needs a Llama model (no projection biases, SiLU, a static "

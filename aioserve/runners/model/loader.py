@@ -90,9 +90,7 @@ def allocate_kv_cache(
     rules: dict[int, LayerRules], rows: int, dtype: torch.dtype, device: torch.device,
     head_major: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, zeroed K ``[rows, kv_heads, k_dim]`` and V ``[rows, kv_heads, v_dim]`` (MLA
-    keeps V narrower). ``head_major``: transposed views of ``[kv_heads, rows, dim]`` storage, so
-    one head's gathered blocks are contiguous for the CPU decode paths."""
+    """Per layer, zeroed K ``[rows, kv_heads, k_dim]`` and V ``[rows, kv_heads, v_dim]``."""
 
     def zeros(heads: int, dim: int) -> torch.Tensor:
         if head_major:

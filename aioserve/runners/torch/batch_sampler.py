@@ -1,6 +1,4 @@
-"""Vectorised on-device sampling over persistent slots: each request's parameters, seed, draw
-index and history live in device tensors indexed by slot, so a step samples all rows with no host
-sync."""
+"""Vectorised on-device sampling over persistent slots, no host sync."""
 
 from __future__ import annotations
 
@@ -17,9 +15,7 @@ from aioserve.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class LogprobTensors:
-    """Natural-log probabilities on the device of the L rows that asked: ``token_logprobs``
-    ``[L]``, ``top_ids`` ``[L, K]`` int64 and ``top_logprobs`` ``[L, K]`` (K: the batch's largest
-    ask, may be 0)."""
+    """Log-probabilities on the device of the rows that asked (K top entries, may be 0)."""
 
     token_logprobs: torch.Tensor
     top_ids: torch.Tensor
@@ -28,8 +24,7 @@ class LogprobTensors:
 
 @dataclass(frozen=True)
 class SampledBatch:
-    """One step's tokens ``[R]`` int64 on the device, with logprobs of ``rows_with_logprobs``
-    (ascending), or None."""
+    """One step's tokens ``[R]`` int64 on the device, with logprobs where asked."""
 
     token_ids: torch.Tensor
     logprobs: LogprobTensors | None
@@ -79,8 +74,7 @@ class BatchSampler:
     def add(
         self, slot: int, params: SamplingParams, token_ids: Sequence[int], num_output_tokens: int
     ) -> None:
-        """Give ``slot`` to a request: ``token_ids`` (prompt and outputs so far) is the penalty's
-        history, ``num_output_tokens`` the index of its next draw."""
+        """Give ``slot`` to a request (``token_ids``: the penalty's history)."""
         if not 0 <= slot < self.num_slots or self._params[slot] is not None:
             raise ValueError(f"slot {slot} is not a free slot of {self.num_slots}")
         if params.seed is None:
@@ -106,15 +100,13 @@ class BatchSampler:
         self._params[slot] = None
 
     def seed_of(self, slot: int) -> int:
-        """The seed ``slot`` draws with; re-add a preempted unseeded request with it to continue
-        its stream."""
+        """The seed ``slot`` draws with (re-add a preempted request with it)."""
         return ops.to_int64(self._slot_params(slot).seed or 0)
 
     def penalise(
         self, logits: torch.Tensor, slots: torch.Tensor, slot_list: list[int]
     ) -> torch.Tensor:
-        """``logits`` with each row's repetition penalty, bit for bit as transformers' processor
-        (CUDA multiplies by ``1 / p``); itself when no row has one."""
+        """``logits`` with each row's repetition penalty, as transformers' processor."""
         params = [self._slot_params(s) for s in slot_list]
         if self._seen is None or all(p.repetition_penalty == 1.0 for p in params):
             return logits
@@ -127,8 +119,7 @@ class BatchSampler:
     def sample(
         self, logits: torch.Tensor, slots: torch.Tensor, slot_list: list[int]
     ) -> SampledBatch:
-        """Sample one token per row of ``logits`` ``[R, V]`` (may be modified) for ``slots``
-        ``[R]``, advancing draws and histories; no host sync."""
+        """One token per row of ``logits`` ``[R, V]`` for ``slots`` ``[R]``; no host sync."""
         if logits.shape != (len(slot_list), self.vocab_size):
             raise ValueError(f"logits {tuple(logits.shape)} for {len(slot_list)} rows")
         params = [self._slot_params(s) for s in slot_list]

@@ -1,6 +1,4 @@
-"""The runner's persistent per-request state (vLLM V1's ``InputBatch``): a request keeps a slot
-until released, each step applies only the engine's changes, and the host block table feeds each
-step's metadata."""
+"""The runner's persistent per-request state (vLLM V1's ``InputBatch``) and each step's inputs."""
 
 from __future__ import annotations
 
@@ -39,8 +37,7 @@ class StepInputs:
 
 
 class InputBatch:
-    """Slots, token ids, block tables (``host_block_table``, numpy, updated in place) and each
-    slot's ``last_sampled`` token on the device."""
+    """Slots, token ids, host block tables and each slot's last sampled token."""
 
     def __init__(
         self, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device
@@ -54,8 +51,7 @@ class InputBatch:
         self.last_sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
 
     def apply(self, batch: ScheduledBatch) -> tuple[list[int], list[tuple[int, NewRequest]]]:
-        """Release, add, extend block tables; returns the released slots and added (slot,
-        request) pairs. RuntimeError: no free slot, or a table past the context."""
+        """Release, add, extend block tables; the released slots and added (slot, request) pairs."""
         released = []
         for request_id in batch.released_ids:
             state = self.requests.pop(request_id, None)
@@ -84,8 +80,7 @@ class InputBatch:
         state.num_blocks = end
 
     def inputs(self, batch: ScheduledBatch) -> StepInputs:
-        """The step's inputs, decoding tokens from :attr:`last_sampled`; KeyError for an unknown
-        request."""
+        """The step's inputs, decoding tokens from :attr:`last_sampled`."""
         requests = self.requests
         states = [requests[request_id] for request_id in batch.request_ids]
         slots = np.fromiter((s.slot for s in states), dtype=np.int64, count=len(states))

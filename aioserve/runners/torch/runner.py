@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from aioserve.config import EngineConfig
+from aioserve.outputs import TokenLogprob
 from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.registry import backend_for, backend_serves
@@ -22,9 +23,8 @@ from aioserve.runners.cpu import native_kernels
 from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
 from aioserve.runners.model import loader as model_loader
 from aioserve.runners.model.lean_llama import LeanLlama
-from aioserve.runners.torch.batch_sampler import BatchSampler
+from aioserve.runners.torch.batch_sampler import BatchSampler, SampledBatch
 from aioserve.runners.torch.input_batch import InputBatch, StepInputs
-from aioserve.runners.torch.pending_output import PendingOutput
 from aioserve.runners.torch.setup import (
     choose_forward,
     context_length,
@@ -41,6 +41,41 @@ from aioserve.runners.torch.setup import (
 from aioserve.startup_clock import PhaseClock
 
 __all__ = ["TorchRunner", "free_memory_bytes"]
+
+
+class PendingOutput:
+    """A launched step's sampled tokens, until the host has them."""
+
+    __slots__ = ("num_rows", "sample_rows", "sampled", "host")
+
+    def __init__(
+        self, num_rows: int, sample_rows: np.ndarray | None, sampled: SampledBatch | None,
+        host: tuple[torch.Tensor, torch.cuda.Event] | None,
+    ) -> None:
+        self.num_rows = num_rows
+        self.sample_rows = sample_rows
+        self.sampled = sampled
+        self.host = host
+
+    def result(self) -> RunnerOutput:
+        """Wait for this step's tokens (not later steps'); -1 for rows that did not sample."""
+        tokens = [-1] * self.num_rows
+        if self.sampled is None or self.sample_rows is None:
+            return RunnerOutput(token_ids=tokens)
+        logprobs: list[TokenLogprob | None] | None = None
+        if self.host is not None and self.sampled.logprobs is None:
+            buffer, event = self.host
+            event.synchronize()
+            sampled = buffer.tolist()
+        else:
+            sampled, row_logprobs = self.sampled.to_host()
+            if row_logprobs is not None:
+                logprobs = [None] * self.num_rows
+                for row, entry in zip(self.sample_rows.tolist(), row_logprobs):
+                    logprobs[row] = entry
+        for row, token in zip(self.sample_rows.tolist(), sampled):
+            tokens[row] = token
+        return RunnerOutput(token_ids=tokens, logprobs=logprobs)
 
 
 class TorchRunner:
@@ -147,8 +182,7 @@ class TorchRunner:
         self.load_times = clock.parts
 
     def on_idle(self) -> bool:
-        """Switch to the compiled CPU kernels once built (True: the engine then empties its
-        prefix cache)."""
+        """Switch to the compiled kernels once built (True: switched)."""
         switched = self._kernels.idle()
         if switched and self.lean is not None:
             self.lean.native = self.device.type == "cpu" and self.dtype == torch.float32
@@ -184,9 +218,7 @@ class TorchRunner:
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> PendingOutput:
-        """Apply the changes, run the forward and sample without waiting; tokens stay on the
-        device. KeyError for an unknown request, RuntimeError for no free slot or a failed
-        forward."""
+        """Apply the changes, run the forward and sample without waiting for the device."""
         if self.governor is not None:  # the team's size, on this (the worker) thread
             self.governor.tick()
         released, added = self.batch.apply(batch)
@@ -214,8 +246,7 @@ class TorchRunner:
         return PendingOutput(len(batch.request_ids), step.sample_rows, sampled, host)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
-        """Logits ``[S, vocab]``: a CUDA graph's replay for a decode step that fits, else the
-        forward."""
+        """Logits ``[S, vocab]``: a CUDA graph's replay where one fits, else the forward."""
         graphs = self.graphs
         if graphs is not None and int(step.num_new_tokens.max()) == 1:
             rows = len(step.slots)
@@ -266,8 +297,7 @@ class TorchRunner:
                            self.block_size, self.vocab_size, self.device)
 
     def close(self) -> None:
-        """Stop the threads (idempotent), first restoring the worker's thread count (per thread
-        under OpenMP)."""
+        """Stop the threads (idempotent), restoring the worker's thread count first."""
         if self.num_threads is not None:
             with contextlib.suppress(RuntimeError):  # closed before: no new work accepted
                 self._executor.submit(torch.set_num_threads, self._saved_threads).result()

@@ -18,8 +18,7 @@ _U64 = 1 << 64
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """``[R]`` int64 arg max of ``logits`` ``[R, V]`` with ``torch.argmax``'s ties and NaN; the
-    compiled kernel for float32 on the CPU when loaded."""
+    """``[R]`` int64 arg max of ``logits`` ``[R, V]`` with ``torch.argmax``'s ties and NaN."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 \
             and native_kernels.available():
         return native_kernels.greedy_tokens(logits)
@@ -71,8 +70,7 @@ def token_offsets(token_ids: torch.Tensor) -> torch.Tensor:
 
 
 def uniforms(keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """``[R, V]`` float32 uniforms in ``[2**-24, 1 - 2**-24]`` for ``keys`` ``[R]`` and
-    ``offsets`` ``[V]`` or ``[R, V]``."""
+    """``[R, V]`` float32 uniforms in ``[2**-24, 1 - 2**-24]``."""
     z = keys.unsqueeze(-1) + offsets
     scratch = torch.empty_like(z)
     _shift_xor_(z, 30, scratch)
@@ -92,9 +90,7 @@ def exponentials(keys: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 def filtered_out(
     scaled: torch.Tensor, top_k: torch.Tensor, max_k: int, top_p: torch.Tensor | None
 ) -> torch.Tensor:
-    """``[R, V]`` bool: tokens below the k-th largest of ``scaled`` (ties kept) or past the top-p
-    nucleus of what top-k leaves (the most likely always kept); a row's mask depends only on the
-    row."""
+    """``[R, V]`` bool: tokens outside each row's top-k or top-p nucleus."""
     vocab = scaled.shape[-1]
     kth = torch.full_like(scaled[:, :1], float("-inf"))
     if max_k:

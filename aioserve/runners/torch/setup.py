@@ -42,8 +42,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def context_length(requested: int | None, text_config: object) -> int:
-    """``requested`` or the model's context length; ValueError beyond the model's (as vLLM),
-    UnsupportedModelError when neither is known."""
+    """``requested`` or the model's context length (ValueError beyond it)."""
     if requested is None:
         return model_loader.context_length(text_config)
     model_len = getattr(text_config, "max_position_embeddings", None)
@@ -76,8 +75,7 @@ def free_memory_bytes(device: torch.device) -> int:
 def num_kv_blocks(
     config: EngineConfig, device: torch.device, block_bytes: int, max_model_len: int,
 ) -> int:
-    """``config.num_kv_blocks``, else what the memory budget holds, at most ``max_num_seqs`` full
-    contexts; ValueError below one block."""
+    """``config.num_kv_blocks``, else what the memory budget holds (ValueError: none)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     budget = config.kv_cache_memory_bytes
@@ -92,8 +90,7 @@ def num_kv_blocks(
 
 
 def env_count(name: str) -> int | None:
-    """A positive integer from environment variable ``name`` (None when unset); ValueError naming
-    it."""
+    """A positive integer from environment variable ``name``, or None."""
     value = os.environ.get(name)
     if not value:
         return None
@@ -103,8 +100,7 @@ def env_count(name: str) -> int | None:
 
 
 def cpu_threads(device: torch.device) -> int | None:
-    """Intra-op threads: ``AIOSERVE_NUM_THREADS``, else on the CPU every usable CPU (affinity and
-    cgroup quota), else None (torch's own)."""
+    """Intra-op threads: ``AIOSERVE_NUM_THREADS``, else every usable CPU, else None."""
     budget = env_count("AIOSERVE_NUM_THREADS")
     if device.type != "cpu" or budget is not None:
         return budget
@@ -120,8 +116,7 @@ def padding_probe(
     model: torch.nn.Module, rules: dict[int, LayerRules], invariance: BatchInvariance,
     device: torch.device, packed: bool = False,
 ) -> Callable[[], RowPadding]:
-    """The row-padding probe of ``model``'s plain (and with ``packed``, packed) linear weights
-    and rotary widths, at the current thread count."""
+    """The row-padding probe of ``model`` at the current thread count."""
     linears: list[torch.Tensor | LinearProduct] = []
     for module in model.modules():
         if type(module) is torch.nn.Linear:
@@ -145,9 +140,7 @@ def exact_row_padding(
     model: torch.nn.Module, rules: dict[int, LayerRules], invariance: BatchInvariance,
     device: torch.device, dtype: torch.dtype,
 ) -> tuple[RowPadding, Callable[[], RowPadding]]:
-    """The row padding of ``model`` and its probe. Where no padding makes MKL's rows exact, the
-    linear layers are packed and probed again so decode stays exact; prefill attention stays on
-    MKL then, and the padding says so (``exact`` False)."""
+    """The row padding of ``model``; where MKL's rows cannot be exact, packed and probed again."""
     probe = padding_probe(model, rules, invariance, device)
     padding = probe()
     if not padding.exact and packed_linear.can_pack(device, dtype):
@@ -169,9 +162,8 @@ def thread_governor(
     device: torch.device, threads: int | None, probe: Callable[[], list[torch.Tensor]],
     padding: RowPadding | None = None, probe_padding: Callable[[], RowPadding] | None = None,
 ) -> ThreadGovernor | None:
-    """A :class:`ThreadGovernor` for the CPU forward, or None where the count stays fixed (off
-    the CPU, ``AIOSERVE_NUM_THREADS``, one CPU, no ``/proc``, or no smaller count giving the same
-    ``probe`` bits and row padding). Probes run here: call on the worker thread at load."""
+    """A :class:`ThreadGovernor` for the CPU forward, or None where the count stays fixed; it
+    probes each candidate count, so call it on the worker thread at load."""
     if device.type != "cpu" or threads is None or threads < 2 \
             or os.environ.get("AIOSERVE_NUM_THREADS"):
         return None
@@ -208,9 +200,7 @@ def choose_forward(
     rules: dict[int, LayerRules], auto_lean: bool,
     probe: Callable[[lean_llama.LeanLlama | None], list[torch.Tensor]],
 ) -> tuple[lean_llama.LeanLlama | None, str]:
-    """The forward ``name`` asks for and a line saying why. ``"auto"`` takes the lean forward
-    where ``auto_lean``, all layers are plain, the model is a Llama it reproduces and ``probe``
-    matches transformers bit for bit; ValueError when ``"lean-llama"`` cannot run."""
+    """The forward ``name`` asks for and why (``"auto"``: lean where it is bit-exact)."""
     if name == "transformers":
         return None, "transformers"
     if name == "lean-llama":
@@ -230,8 +220,7 @@ def probe_steps(
     run_model: Callable[..., torch.Tensor], num_kv_blocks: int, block_size: int,
     vocab_size: int, device: torch.device,
 ) -> list[torch.Tensor]:
-    """Logits of two probe steps (prompts of 7 and 4 tokens, then a decode each) on KV blocks 0-3
-    through ``run_model``; ValueError for fewer than 4 blocks."""
+    """Logits of two probe steps on KV blocks 0-3 (ValueError for fewer blocks)."""
     if num_kv_blocks < 4:
         raise ValueError("forward: lean-llama's load check needs at least 4 KV blocks")
     table = np.array([[0, 1], [2, 3]], dtype=np.int64)

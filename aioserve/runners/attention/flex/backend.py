@@ -74,8 +74,8 @@ def attend(
     rules: LayerRules, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta: FlexMetadata,
 ) -> torch.Tensor:
-    """One layer (K/V already written): ``q`` ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]``;
-    ``rules`` first for a partial."""
+    """One layer (K/V cached): ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]``; ``rules``
+    first."""
     keys = k_cache.permute(1, 0, 2).unsqueeze(0)  # [1, kv_heads, S, k_dim], a view
     values = v_cache.permute(1, 0, 2).unsqueeze(0)
     size = meta.block_size
@@ -95,8 +95,7 @@ def flex_paged_attention(
     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
     paged_metadata: PagedAttentionMetadata | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The function registered as :data:`ATTENTION_NAME`; the reference one answers without
-    :class:`FlexMetadata` (rule discovery)."""
+    """Registered as :data:`ATTENTION_NAME`; without :class:`FlexMetadata` the reference answers."""
     meta = paged_metadata if paged_metadata is not None else layer_rules.CURRENT_METADATA.get()
     if not isinstance(meta, FlexMetadata):
         return attention.paged_attention(module, query, key, value, attention_mask, scaling,
@@ -121,8 +120,7 @@ class FlexBackend:
 
     @classmethod
     def for_device(cls, device: torch.device) -> FlexBackend:
-        """The backend for ``device``; ValueError off cuda/cpu, without dynamo, or on CUDA
-        without Triton."""
+        """The backend for ``device``; ValueError where dynamo or (on CUDA) Triton is missing."""
         if device.type not in ("cuda", "cpu"):
             raise ValueError(f"attention backend 'flex' runs on cuda or cpu, not {device.type}")
         from torch._dynamo.eval_frame import is_dynamo_supported

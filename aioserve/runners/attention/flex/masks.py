@@ -22,8 +22,7 @@ Q_BLOCK = 128
 def logical_index(
     tables: torch.Tensor, num_blocks: torch.Tensor, total_blocks: int
 ) -> torch.Tensor:
-    """``[total_blocks + 1]`` int32: each physical block's column in the tables ``[b, W]``
-    holding it (-1: none). A shared block must sit at one column in all (:func:`check_shared`)."""
+    """``[total_blocks + 1]`` int32: each physical block's column in ``tables`` (-1: none)."""
     width = tables.shape[1]
     columns = torch.arange(width, dtype=torch.int32, device=tables.device).expand_as(tables)
     used = columns < num_blocks[:, None]
@@ -36,8 +35,7 @@ def paged_mask_mod(
     tables: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor, logical: torch.Tensor,
     block_size: int, window: int | None,
 ) -> MaskMod:
-    """The exact mask: query ``q`` of sequence ``b`` sees slot ``kv`` when its block is at its
-    logical column of ``b``'s table and ``k <= p`` (and ``p - window < k``)."""
+    """The exact mask: own block at its logical column, ``k <= p`` and within the window."""
     width = tables.shape[1]
 
     def mask(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
@@ -56,8 +54,7 @@ def paged_mask_mod(
 
 
 def _pack(selected: torch.Tensor, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block lists of ``selected`` ``[b, R, W]``: indices ``[b, 1, R, W]`` and counts ``[b, 1,
-    R]`` int32."""
+    """Block lists of ``selected`` ``[b, R, W]``: indices and counts, int32."""
     order = torch.argsort((~selected).to(torch.int8), dim=-1, stable=True)
     blocks = torch.gather(tables[:, None, :].expand_as(selected), -1, order)
     counts = selected.sum(-1, dtype=torch.int32)
@@ -68,9 +65,7 @@ def paged_block_mask(
     tables: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor, logical: torch.Tensor,
     block_size: int, q_len: int, kv_len: int, window: int | None,
 ) -> BlockMask:
-    """The block mask of ``b`` sequences of ``q_len`` padded queries over ``kv_len`` cache slots
-    (``tables`` ``[b, W]``, ``starts``/``counts`` ``[b]`` int32); four ``[b, ceil(q_len /
-    Q_BLOCK), W]`` temporaries, no K/V copy."""
+    """The block mask of ``b`` sequences of ``q_len`` padded queries over ``kv_len`` slots."""
     width, device = tables.shape[1], tables.device
     first = torch.arange(0, q_len, Q_BLOCK, dtype=torch.int32, device=device)  # [R]
     real = first[None] < counts[:, None]  # [b, R] tiles holding real queries
@@ -98,8 +93,7 @@ def decode_block_masks(
     block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int, kv_len: int,
     windows: tuple[int | None, ...],
 ) -> dict[int | None, BlockMask]:
-    """Per window (None: full causal), a decode batch's block mask from static ``block_table``
-    ``[B, W]`` and ``seq_lens`` ``[B]`` int32."""
+    """Per window (None: causal), a decode batch's block mask from static buffers."""
     seq_lens = seq_lens.to(torch.int32)
     counts = torch.ones_like(seq_lens)
     used = (seq_lens + block_size - 1) // block_size

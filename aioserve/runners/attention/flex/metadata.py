@@ -1,6 +1,4 @@
-"""Per-step FlexAttention metadata: host-built for any step, or graph-safe for a decode step. Up
-to two groups (decoding; prefilling, queries padded), each with one block mask per window shared
-by every layer."""
+"""Per-step FlexAttention metadata: host-built, or graph-safe for decode; a mask per window."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata, to
 
 @dataclass(frozen=True)
 class FlexGroup:
-    """Sequences attending in one ``flex_attention`` call: ``size`` rows of ``q_len`` queries,
-    index maps as :class:`AttentionGroup`'s, a block mask per window."""
+    """Sequences in one ``flex_attention`` call, index maps as :class:`AttentionGroup`'s."""
 
     token_index: torch.Tensor | None
     query_index: torch.Tensor | None
@@ -40,8 +37,7 @@ def build_metadata(
     block_tables: list[list[int]] | np.ndarray, block_size: int,
     device: torch.device, windows: tuple[int, ...],
 ) -> tuple[FlexMetadata, torch.Tensor]:
-    """The step's :class:`FlexMetadata` and positions ``[T]`` int64 (inputs as the reference
-    ``build_metadata``); ValueError for a block at two columns or an untileable block size."""
+    """The step's :class:`FlexMetadata` and positions ``[T]`` (inputs as the reference's)."""
     flex_masks.check_block_size(block_size, device)
     tables = (block_tables if isinstance(block_tables, np.ndarray)
               else paged_metadata.block_table_array(block_tables))
@@ -95,9 +91,7 @@ def decode_metadata(
     block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
     windows: tuple[int, ...],
 ) -> FlexMetadata:
-    """Graph-safe metadata of a decode batch from static buffers: ``slot_mapping`` ``[B]`` int64,
-    ``block_table`` ``[B, W]`` and ``seq_lens`` ``[B]`` int32. Shapes depend on B and W only, no
-    host sync; the cost does not grow with the context."""
+    """Graph-safe decode metadata: shapes depend on B and W only, no host sync."""
     masks = flex_masks.decode_block_masks(
         block_table, seq_lens, block_size, int(kv_caches[0][0].shape[0]), (None, *windows)
     )

@@ -1,6 +1,4 @@
-"""How many CPUs this process may really use: ``min(affinity, ceil(cgroup quota))``, as the JVM
-and Go's GOMAXPROCS count, since ``os.cpu_count()`` sees the whole host and an OpenMP team larger
-than the grant waits at every barrier."""
+"""How many CPUs this process may really use: affinity and cgroup quota, not ``os.cpu_count()``."""
 
 from __future__ import annotations
 
@@ -51,15 +49,13 @@ def _v1_quota(directory: Path) -> float | None:
 
 
 def _ancestors(base: Path, cgroup_path: str) -> list[Path]:
-    """``base/cgroup_path`` and each folder above it up to ``base`` (a container may not have the
-    host's path)."""
+    """``base/cgroup_path`` and each folder above it up to ``base``."""
     parts = [p for p in cgroup_path.split("/") if p]
     return [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
 
 
 def cgroup_cpu_quota(proc_cgroup: str, root: Path = CGROUP_ROOT) -> float | None:
-    """The smallest CPU quota (e.g. 1.5) over this process's cgroups, v1 or v2, read from
-    ``proc_cgroup`` under ``root``; None when none applies or can be read."""
+    """The smallest CPU quota (e.g. 1.5) over this process's cgroups, or None."""
     quotas: list[float] = []
     for line in proc_cgroup.splitlines():
         fields = line.split(":", 2)

@@ -1,6 +1,4 @@
-"""LoadMeter: what the CPUs did between two readings, from ``/proc`` (about 30 us): this
-process's CPU time, the usable CPUs' idle (and niced) time, and the worker thread's run and
-run-queue wait (``schedstat``)."""
+"""LoadMeter: this process's CPU time, the CPUs' idle time and the worker's run-queue wait."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ class LoadReading:
 
 @dataclass(frozen=True)
 class LoadWindow:
-    """What happened between two readings, in seconds, with ``num_cpus`` summed over and
-    ``tick_s`` the idle counter's resolution."""
+    """What happened between two readings, in seconds."""
 
     wall_s: float
     own_cpu_s: float
@@ -44,8 +41,7 @@ class LoadWindow:
 
 
 class LoadMeter:
-    """Reads the counters of :class:`LoadReading` for the thread it is made on; OSError without
-    ``/proc/stat`` or ``schedstat``."""
+    """Reads the counters for the thread it is made on; OSError without ``/proc``."""
 
     def __init__(self, cpus: frozenset[int]) -> None:
         self.cpus = cpus

@@ -27,9 +27,7 @@ EPSILON_S = 1e-9
 
 
 class ThreadGovernor:
-    """Chooses the intra-op thread count among ``counts`` (starting at the largest) from
-    :class:`LoadWindow` measurements; ``set_threads`` applies it on the step thread. ValueError
-    for no count or one below 1."""
+    """Chooses the intra-op thread count among ``counts`` from :class:`LoadWindow` readings."""
 
     #: Seconds of serving per window (evidence is gathered per window).
     WINDOW_S = 0.1
@@ -101,8 +99,7 @@ class ThreadGovernor:
         return 1 if self._fit(free + self.UP_MARGIN) > n else 0
 
     def decide(self, window: LoadWindow) -> int:
-        """The count after ``window`` (kept in :attr:`threads`, a move's reason in
-        :attr:`reason`)."""
+        """The count after ``window`` (a move's reason in :attr:`reason`)."""
         if window.wall_s <= 0:
             return self.threads
         n = self.threads
@@ -157,8 +154,7 @@ class ThreadGovernor:
         return target
 
     def tick(self) -> None:
-        """Before each step, on the step thread: close a window every :attr:`WINDOW_S`, decide,
-        apply."""
+        """Before each step, on the step thread: close a window, decide, apply."""
         if self.meter is None or self._reading is None:
             return
         if self.clock() - self._reading.wall_s < self.window_s:
