@@ -1,10 +1,7 @@
-"""The architecture table: is each tiny random decoder served exactly?
+"""The architecture table: is each tiny random decoder served exactly (exact / refused / WRONG)?
 
-Serves 8 prompts through the engine for each of
-:data:`~aioserve.bench.models.tiny_models.ARCHITECTURES` and compares token for token with
-``generate()`` alone: exact / refused (reason) / WRONG.
-
-Usage (from the repository root): ``python3 -m benchmarks.arch_coverage [model_type ...]``"""
+    python3 -m benchmarks.arch_coverage [model_type ...]
+"""
 
 from __future__ import annotations
 

@@ -70,8 +70,7 @@ def run_aioserve(directory: str, requests: list[BenchRequest], slots: int, devic
 
 def run_transformers_cb(directory: str, requests: list[BenchRequest], device: str,
                         dtype: torch.dtype, cuda_graph: bool | None) -> dict[str, float]:
-    """transformers continuous batching; on the CPU its cache is sized for the workload (its
-    default takes a share of free memory) and its step budget is aioserve's."""
+    """transformers continuous batching, its cache sized for the workload on the CPU."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 

@@ -119,8 +119,7 @@ def take_turn(control: Path, name: str, turn: int, procs: list[subprocess.Popen]
 
 def start_workers(a: argparse.Namespace, peers: Any, job_path: Path, control: Path,
                   logs: list[Any]) -> list[subprocess.Popen]:
-    """Both workers in their own processes, warmed up; RuntimeError (naming the log) if one exits
-    first."""
+    """Both workers, warmed up; RuntimeError (naming the log) if one exits first."""
     this = str(Path(__file__).resolve())
     vllm_env = peers.vllm_env(a.vllm_bind, a.vllm_kv_gib) | {"VLLM_SLEEP_WHEN_IDLE": "1"}
     ours_env = dict(os.environ, PYTHONPATH=str(HERE.parent))

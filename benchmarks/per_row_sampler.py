@@ -1,5 +1,4 @@
-"""The per-row sampler aioserve used before BatchSampler: ``sampler_cost.py``'s baseline and the
-tests' reference."""
+"""The per-row sampler used before BatchSampler: a baseline and the tests' reference."""
 
 from __future__ import annotations
 
@@ -10,16 +9,14 @@ from aioserve.sampling_params import SamplingParams
 
 
 def apply_repetition_penalty(row: torch.Tensor, token_ids: list[int], penalty: float) -> None:
-    """In place on ``row``: divide positive logits of seen tokens by ``penalty``, multiply
-    negative ones (CTRL)."""
+    """In place on ``row``: the CTRL repetition penalty on seen tokens."""
     ids = torch.tensor(sorted(set(token_ids)), dtype=torch.int64, device=row.device)
     seen = row[ids]
     row[ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
 
 
 def filter_top_k_top_p(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """A copy of ``row`` with logits outside top-k and the top-p nucleus at -inf (the most likely
-    kept)."""
+    """A copy of ``row`` with logits outside top-k and top-p at -inf."""
     if top_k > 0 and top_k < row.numel():
         kth = torch.topk(row, top_k).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))
@@ -34,8 +31,7 @@ def filter_top_k_top_p(row: torch.Tensor, top_k: int, top_p: float) -> torch.Ten
 
 
 class Sampler:
-    """One token per row: a ``torch.Generator`` per seeded request, the exponential race
-    ``argmax(p / q)``."""
+    """One token per row: a ``torch.Generator`` per seeded request, the exponential race."""
 
     def __init__(self, device: torch.device, seed: int) -> None:
         self.device = device
@@ -62,8 +58,7 @@ class Sampler:
         params: list[SamplingParams],
         penalty_token_ids: list[list[int] | None],
     ) -> tuple[list[int], list[TokenLogprob | None] | None]:
-        """Token ids of ``logits`` ``[rows, vocab]`` (penalised in place) and per-row logprobs or
-        None."""
+        """Token ids of ``logits`` ``[rows, vocab]`` and per-row logprobs or None."""
         for i, tokens in enumerate(penalty_token_ids):
             if tokens:
                 apply_repetition_penalty(logits[i], tokens, params[i].repetition_penalty)

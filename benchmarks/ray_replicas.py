@@ -57,8 +57,7 @@ def prompts_of(num_requests: int, groups: int) -> list[str]:
 
 async def load(url: str, num_requests: int, max_tokens: int, groups: int = 0
                ) -> dict[str, Any]:
-    """Send the workload after 2 warm-ups: tokens/s, requests per replica, replicas per prefix
-    group."""
+    """Send the workload: tokens/s, requests per replica, replicas per prefix group."""
     prompts = prompts_of(num_requests, groups)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:

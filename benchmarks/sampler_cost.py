@@ -2,8 +2,8 @@
 
 R = 256 rows, V = 512 and 49152, all-greedy and all-random; median wall ms, host lists included.
 
-Usage (from the repository root): ``python3 -m benchmarks.sampler_cost [--device cuda] [--threads
-N] [--rows R]``"""
+    python3 -m benchmarks.sampler_cost [--device cuda] [--threads N] [--rows R]
+"""
 
 from __future__ import annotations
 

@@ -106,8 +106,7 @@ def _print_workload(label: str, spec: str, rows: dict[str, Any]) -> None:
 
 def _separated_pairs(spans: dict[str, tuple[float, float]], sims: dict[str, float]
                      ) -> tuple[int, int]:
-    """Pairs of policies whose real ranges do not overlap, and how many the simulator orders the
-    same."""
+    """Policy pairs the real repeats separate, and how many the simulator orders the same."""
     separated = agree = 0
     names = sorted(spans)
     for i, a in enumerate(names):

@@ -1,5 +1,4 @@
-"""Busy co-tenant processes (each keeps one CPU busy, as a neighbour would) and child processes
-that die with their parent."""
+"""Busy co-tenant processes, and child processes that die with their parent."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` killing the child when its parent dies (Linux ``PR_SET_PDEATHSIG``); None
-    elsewhere."""
+    """A ``preexec_fn`` killing the child when its parent dies (Linux); None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     path = ctypes.util.find_library("c")
@@ -34,8 +32,7 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 class CoTenants:
-    """``count`` busy processes while inside ``with``, ended on leaving it and when the benchmark
-    is killed."""
+    """``count`` busy processes while inside ``with``, ended on leaving it or being killed."""
 
     def __init__(self, count: int) -> None:
         if count < 0:

@@ -52,8 +52,7 @@ def run_hf_static(
     progress: bool = False,
     warmup: bool = True,
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    """Time ``generate()`` over batches of ``batch_size``; only requested tokens count (``vllm
-    bench throughput --backend hf``)."""
+    """Time ``generate()`` over batches; only requested tokens count (as vLLM's ``hf`` backend)."""
     from tqdm import tqdm
 
     if warmup:

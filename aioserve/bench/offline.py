@@ -1,5 +1,4 @@
-"""``aioserve bench throughput``: aioserve against transformers static batching, or against
-itself without prefix caching."""
+"""``aioserve bench throughput``: against transformers static batching, or without caching."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ BASELINES = {"hf-static": "hf-static", "no-prefix-caching": "no-caching"}
 
 @dataclass
 class OfflineReport:
-    """Every timed run of each backend, its untimed warm-up apart, and the mismatches with solo
-    ``generate()`` (None: unchecked)."""
+    """Every timed run of each backend, its warm-up apart, and mismatches with ``generate()``."""
 
     workload: dict[str, Any]
     threads: dict[str, int]

@@ -1,5 +1,4 @@
-"""Engine overhead: the step loop's own cost per step on a runner that costs nothing, split into
-schedule, update, fan-out and the rest (wake-ups, event loop, runner hop)."""
+"""Engine overhead: the step loop's own cost per step on a runner that costs nothing."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from aioserve.sampling_params import SamplingParams
 
 
 class NullRunner:
-    """Returns ``token_id`` for every sampled row at no cost, yielding once per step as a thread
-    hop does."""
+    """Returns ``token_id`` for every sampled row at no cost, yielding once per step."""
 
     def __init__(
         self,
@@ -49,8 +47,7 @@ class NullRunner:
 
 @dataclass(frozen=True)
 class OverheadResult:
-    """Microseconds per steady decode step: ``loop_us`` = schedule + update + fan-out,
-    ``other_us`` the rest."""
+    """Microseconds per steady decode step, split into the loop's parts."""
 
     num_requests: int
     num_steps: int
@@ -91,9 +88,7 @@ async def measure_overhead(
     tokenizer: Any = None,
     scheduler: str = "fcfs",
 ) -> OverheadResult:
-    """Time ``num_requests`` requests over ``num_steps`` steady steps (after the prefill step) on
-    a :class:`NullRunner`, each consumed by its own ``async for``; ``tokenizer`` adds
-    detokenization. ValueError for a count not positive."""
+    """Time ``num_steps`` steady steps of ``num_requests`` requests on a :class:`NullRunner`."""
     if num_requests < 1 or num_steps < 1:
         raise ValueError("num_requests and num_steps must be >= 1")
     runner = NullRunner(max_model_len=prompt_len + num_steps + 8)

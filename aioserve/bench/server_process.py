@@ -1,5 +1,4 @@
-"""``aioserve serve`` in a child process for benchmarks: started from a source tree, ready when
-``/health`` answers, dying with its parent."""
+"""``aioserve serve`` in a child process for benchmarks."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class ServerProcess:
-    """One ``aioserve serve`` child: ``tree`` goes first on ``PYTHONPATH``; an ``env`` value of
-    None removes the variable."""
+    """One ``aioserve serve`` child (``tree`` first on ``PYTHONPATH``; ``env`` None: unset)."""
 
     def __init__(self, args: list[str], tree: Path | None = None,
                  env: dict[str, str | None] | None = None) -> None:
@@ -58,8 +56,7 @@ class ServerProcess:
             self.lines.append(raw.decode(errors="replace").rstrip())
 
     def wait_ready(self, timeout: float = 300.0, poll_s: float = 0.02) -> float:
-        """Seconds until ``GET /health`` answers 200; RuntimeError (with the log) if it ends or
-        times out first."""
+        """Seconds until ``GET /health`` answers 200; RuntimeError (with the log) otherwise."""
         deadline = self.started + timeout
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:

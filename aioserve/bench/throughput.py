@@ -1,5 +1,4 @@
-"""Offline throughput, every request at t=0 with EOS ignored: aioserve's full front end against
-transformers static batching (``vllm bench throughput``'s ``hf`` backend)."""
+"""Offline throughput, every request at t=0 with EOS ignored."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from aioserve.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class ThroughputResult:
-    """One backend's run (seconds exclude loading; ``mean_ttft_ms`` and ``cached_prompt_tokens``
-    are None where not measured)."""
+    """One backend's run (loading excluded; None where not measured)."""
 
     backend: str
     num_requests: int
@@ -85,8 +83,7 @@ async def run_engine(
     progress: bool = False,
     backend: str = "aioserve",
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    """Submit every request at once and wait; returns the result and each request's token ids.
-    RuntimeError when one produced fewer tokens than asked."""
+    """Submit every request at once and wait; the result and each request's token ids."""
     from tqdm import tqdm
 
     outputs: list[list[int]] = [[] for _ in requests]
@@ -125,8 +122,7 @@ def run_aioserve(
     backend: str = "aioserve",
     tokenizer: bool = True,
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    """Start an engine (untimed), warm it up and empty the prefix cache, then time
-    :func:`run_engine`. ``tokenizer=False``: token ids only."""
+    """Start and warm an engine (untimed), empty its prefix cache, then time :func:`run_engine`."""
 
     async def main() -> tuple[ThroughputResult, list[list[int]]]:
         runner = None

@@ -1,5 +1,4 @@
-"""Synthetic benchmark workloads: random prompts, or groups sharing a prefix, with fixed output
-lengths."""
+"""Synthetic benchmark workloads: random prompts, or groups sharing a prefix."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class BenchRequest:
-    """One benchmark request (EOS ignored); ``arrival_s`` and ``deadline_s`` are seconds after
-    the run starts, ``fields`` more body fields."""
+    """One benchmark request (EOS ignored; times in seconds after the run starts)."""
 
     prompt_token_ids: list[int]
     output_len: int
@@ -47,9 +45,7 @@ def random_requests(
     bos_token_id: int | None = 1,
     low_id: int = 3,
 ) -> list[BenchRequest]:
-    """Random requests as ``vllm bench throughput --dataset-name random``: BOS then ids uniform
-    in ``[low_id, vocab_size)``, lengths uniform in the inclusive ranges, reproducible from
-    ``seed``. ValueError for no prompts or ``vocab_size <= low_id``."""
+    """Random requests as ``vllm bench throughput --dataset-name random``, from ``seed``."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
     rng = random.Random(seed)
@@ -82,9 +78,7 @@ def prefix_repetition_requests(
     bos_token_id: int | None = 1,
     low_id: int = 3,
 ) -> list[BenchRequest]:
-    """Requests in ``num_prefixes`` groups sharing a ``prefix_len`` prefix then ``suffix_len``
-    own tokens (vLLM's ``prefix_repetition``), groups interleaved and shuffled, reproducible from
-    ``seed``. ValueError for a count or length below 1."""
+    """Requests in groups sharing a prefix (vLLM's ``prefix_repetition``), from ``seed``."""
     if min(num_prompts, prefix_len, num_prefixes) < 1 or suffix_len < 0:
         raise ValueError("num_prompts, prefix_len and num_prefixes must be >= 1, suffix_len >= 0")
     rng = random.Random(seed)

@@ -104,8 +104,7 @@ def flag_error(exc: ValueError, args: argparse.Namespace) -> ValueError:
 
 
 def check_scheduler(name: str, params: dict[str, Any] | None) -> None:
-    """Make the policy once, so a bad name or parameter is refused before torch loads (ValueError
-    naming the option)."""
+    """Make the policy once, so a bad name or parameter is refused before torch loads."""
     try:
         load_scheduler(name, params)
     except ValueError as exc:
@@ -202,6 +201,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def quiet_loading(verbose: bool) -> None:
-    """aiohttp's access-log line per request only when ``verbose`` (transformers' loading bar
-    follows the log level by itself)."""
+    """aiohttp's access-log line per request only when ``verbose``."""
     logging.getLogger("aiohttp.access").setLevel(logging.NOTSET if verbose else logging.WARNING)

@@ -1,5 +1,4 @@
-"""``aioserve env``: what this installation runs on, for a bug report: versions, platform, CPU
-features, threads, CUDA and the environment variables that choose kernels."""
+"""``aioserve env``: what this installation runs on, for a bug report."""
 
 from __future__ import annotations
 

@@ -75,7 +75,6 @@ async def _generate(args: argparse.Namespace, config: EngineConfig,
 
 
 def run(args: argparse.Namespace) -> int:
-    """Stream the continuation to stdout (no loading bar); options are checked before torch
-    loads."""
+    """Stream the continuation to stdout; options are checked before torch loads."""
     config, params = engine_config(args), sampling_params(args)
     return asyncio.run(_generate(args, config, params))

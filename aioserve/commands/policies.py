@@ -1,5 +1,4 @@
-"""``aioserve policies``: the installed scheduling policies (entry points, third-party ones
-included) and their parameters, without importing torch."""
+"""``aioserve policies``: the installed scheduling policies and their parameters, no torch."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def describe(spec: str) -> str:
-    """One policy's name, class and first docstring sentence, then a line per parameter;
-    ValueError when unknown or not importable."""
+    """One policy's name, class, summary and parameters; ValueError when not importable."""
     from importlib.metadata import entry_points
 
     if ":" in spec:

@@ -71,8 +71,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
-    """ServerConfig from parsed options; ValueError naming the option (an empty API key
-    included)."""
+    """ServerConfig from parsed options; ValueError naming the option."""
     template = None
     api_key = args.api_key  # the option, else $AIOSERVE_API_KEY (its default)
     if api_key is not None and not api_key.strip():
@@ -179,8 +178,7 @@ async def serve(
 
 def add_operator_log(app: web.Application, stats_interval: float,
                      clock: PhaseClock | None = None) -> None:
-    """Log the start-up summary once the engine runs, then a stats line at most every
-    ``stats_interval`` seconds (0: none)."""
+    """Log the start-up summary, then a stats line every ``stats_interval`` seconds (0: none)."""
     engine = app[ENGINE_KEY]
     stats = StatsLogger(engine, stats_interval) if stats_interval > 0 else None
 
@@ -200,8 +198,7 @@ def add_operator_log(app: web.Application, stats_interval: float,
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM (on Ray Serve with ``--ray``); options are checked before torch
-    loads."""
+    """Serve until SIGINT/SIGTERM; options are checked before torch loads."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     settings = server_config(args)

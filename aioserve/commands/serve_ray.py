@@ -1,5 +1,4 @@
-"""``aioserve serve --ray``: the same OpenAI endpoint, served by engine replicas on Ray
-Serve (a local Ray instance, or an existing cluster with ``--ray-address``)."""
+"""``aioserve serve --ray``: the same OpenAI endpoint, served by engine replicas on Ray Serve."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
 
 
 def ray_options(args: argparse.Namespace) -> Any:
-    """RayServeOptions from parsed options; ValueError for a count out of range or a bad
-    ``--autoscaling``."""
+    """RayServeOptions from parsed options; ValueError naming the option."""
     from aioserve.deploy.ray_serve import RayServeOptions
 
     autoscaling = None
@@ -67,8 +65,7 @@ def ray_options(args: argparse.Namespace) -> Any:
 
 
 def run_ray(args: argparse.Namespace, config: EngineConfig, server_config: Any) -> int:
-    """Deploy on Ray Serve, print ``listening on URL``, serve until SIGINT/SIGTERM, then shut
-    Serve (and a Ray it started) down. ValueError without Ray Serve or for a bad option."""
+    """Deploy on Ray Serve and serve until SIGINT/SIGTERM, then shut it down."""
     try:
         from ray import serve
 

@@ -1,5 +1,4 @@
-"""``aioserve simulate``: compare scheduling policies on a virtual clock (or on the real
-engine with the same workload), and calibrate the simulator on this machine."""
+"""``aioserve simulate``: compare scheduling policies on a virtual clock, or calibrate."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """Each policy's parameters from ``--scheduler-config``; ValueError for a key naming no
-    policy."""
+    """Each policy's parameters from ``--scheduler-config``; ValueError for an unknown key."""
     return params_by_policy(names, scheduler_params(text))
 
 

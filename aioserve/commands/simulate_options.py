@@ -1,5 +1,4 @@
-"""The options of ``aioserve simulate`` and the engine settings they describe (the same
-flags set the simulated engine and, with ``--real`` or ``--calibrate``, the real one)."""
+"""The options of ``aioserve simulate``, for the simulated engine and the real one."""
 
 from __future__ import annotations
 
@@ -109,8 +108,7 @@ def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> Sim
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The real engine of the options (``--real``, ``--calibrate``); ValueError naming the
-    option."""
+    """The real engine of the options; ValueError naming the option."""
     if not args.model:
         raise ValueError("--model: give the model to run (needed by --real and --calibrate)")
     check_model(args.model)

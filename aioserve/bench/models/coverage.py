@@ -1,5 +1,4 @@
-"""Architecture coverage: the engine's greedy output, token for token, against ``generate()``
-alone on each tiny model (or the reason it is refused at load)."""
+"""Architecture coverage: the engine's greedy tokens against ``generate()`` on each tiny model."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ async def serve(
     model_dir: Path, prompt_ids: list[list[int]], max_tokens: int, *, max_num_seqs: int = 4,
     max_num_batched_tokens: int = 256, block_size: int = 8,
 ) -> list[list[int]]:
-    """Greedy continuations from the engine; every third request waits for the previous one's
-    first token, so it joins a decoding batch."""
+    """Greedy continuations from the engine, some requests joining a decoding batch."""
     config = EngineConfig(
         model=str(model_dir), scheduler="fcfs", max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,

@@ -1,6 +1,4 @@
-"""Random-weight models of a real shape (``--random-model CONFIG``): speed depends on shape, not
-weights. Built once from a ``config.json`` (a path or a shipped shape in ``model_shapes/``) with
-a fixed seed and cached as a model directory peers can load too."""
+"""Random-weight models of a real shape (``--random-model``), built once and cached."""
 
 from __future__ import annotations
 
@@ -60,8 +58,7 @@ def model_key(config: dict[str, Any], seed: int) -> str:
 
 
 def build(config: dict[str, Any], directory: Path, seed: int = 0) -> None:
-    """Write the random-weight float32 causal LM of ``config`` to ``directory``; ValueError for
-    an unknown ``model_type``."""
+    """Write the random-weight float32 causal LM of ``config`` to ``directory``."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 

@@ -1,5 +1,4 @@
-"""Tiny random decoders of many transformers architectures (2 layers, hidden 64, the test
-tokenizer's vocab), with small windows, soft-caps and sinks so their attention rules matter."""
+"""Tiny random decoders of many transformers architectures, with rules small enough to matter."""
 
 from __future__ import annotations
 

@@ -34,9 +34,7 @@ def latency_stats(seconds: list[float]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class ServingResult:
-    """A serving run's summary: ``metrics`` holds ``ttft``/``tpot``/``itl``/``e2e``
-    :func:`latency_stats`, the request and token rates, ``goodput`` (requests/s within the SLO)
-    and ``prefix_hit_rate`` (0-1)."""
+    """A serving run's summary: latency statistics, rates, goodput and prefix hit rate."""
 
     endpoint: str
     completed: int

@@ -23,8 +23,7 @@ def _bins(values: list[float]) -> int:
 
 
 def serving_figure(records: list[RequestRecord], title: str = "") -> Any:
-    """A 2x2 Figure: TTFT, TPOT and ITL histograms (ms) and each request's span; ImportError
-    without matplotlib."""
+    """A 2x2 Figure: TTFT, TPOT and ITL histograms (ms) and each request's span."""
     import matplotlib
 
     matplotlib.use("Agg")

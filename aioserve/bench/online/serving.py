@@ -1,6 +1,4 @@
-"""The serving benchmark client: requests sent at Poisson or replayed arrivals over SSE
-(``/v1/completions``) or the websocket, each chunk's arrival recorded; metrics as ``vllm bench
-serve``."""
+"""The serving benchmark client: Poisson or replayed arrivals over SSE or the websocket."""
 
 from __future__ import annotations
 
@@ -187,8 +185,7 @@ class WebsocketClient:
 async def detect_endpoint(
     session: aiohttp.ClientSession, base_url: str, api_key: str | None = None,
 ) -> tuple[str, str | None]:
-    """``("completions", model name)`` when ``GET /v1/models`` answers, else ``("ws", None)``;
-    AuthenticationError on 401."""
+    """``("completions", model)`` when ``GET /v1/models`` answers, else ``("ws", None)``."""
     try:
         async with session.get(f"{base_url}/v1/models") as response:
             if response.status == 401:

@@ -1,5 +1,4 @@
-"""Benchmark requests from a simulator workload (``bench serve --workload``), so a server replays
-what ``aioserve simulate`` reads."""
+"""Benchmark requests from a simulator workload (``bench serve --workload``)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ def body_fields(item: WorkloadRequest) -> dict[str, Any]:
 
 
 def workload_requests(spec: str, vocab_size: int) -> list[BenchRequest]:
-    """The requests of a workload (file or name, as ``simulate --workload``), sent at
-    ``arrival_s``; ValueError when unreadable or ``max_tokens`` exceeds ``output_len``."""
+    """The requests of a workload (file or name), sent at ``arrival_s``; ValueError if
+    unreadable."""
     requests = []
     for item in load_workload(spec):
         if item.limit != item.output_len:
