@@ -111,6 +111,7 @@ def flex_paged_attention(
 
 
 class FlexBackend:
+    """The FlexAttention backend for ``device``."""
 
     attention_name = ATTENTION_NAME
     head_major = False

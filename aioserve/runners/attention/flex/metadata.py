@@ -27,6 +27,7 @@ class FlexGroup:
 
 @dataclass(frozen=True)
 class FlexMetadata(PagedAttentionMetadata):
+    """:class:`PagedAttentionMetadata` (its ``groups`` empty) plus the flex groups."""
 
     flex_groups: tuple[FlexGroup, ...] = ()
 

@@ -13,7 +13,6 @@ __all__ = ["LoadMeter", "LoadReading", "LoadWindow"]
 
 @dataclass(frozen=True)
 class LoadReading:
-
     wall_s: float
     own_cpu_s: float
     idle_cpu_s: float
