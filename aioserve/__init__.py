@@ -8,8 +8,8 @@ talks to a model only through ``runners/base.py`` (plain data); it loads the
 TorchRunner inside a function, so ``import aioserve`` loads no torch.
 
 Imports (checked by tests/test_import_rules.py):
-    may import: aioserve.scheduling, aioserve.runners.base, aioserve.runners.worker
-    never at module level: aioserve.runners.worker, torch, numpy, transformers
+    may import: aioserve.scheduling, aioserve.runners.base, aioserve.runners.torch
+    never at module level: aioserve.runners.torch, torch, numpy, transformers
 """
 
 from importlib.metadata import PackageNotFoundError, version

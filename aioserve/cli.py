@@ -21,8 +21,7 @@ COMMAND_MODULES = (
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Appends ``(default: X)`` to an option's help unless the help already speaks of
-    its default, or there is none to show (a flag, or None explained in the text)."""
+    """Appends ``(default: X)`` to an option's help unless the help already speaks of it."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -35,15 +34,13 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose refusals are one line, ``aioserve: error: ...``, like the
-    commands' own (argparse's default prints the whole usage first)."""
+    """Refusals in one line, ``aioserve: error: ...`` (argparse prints the whole usage first)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"aioserve: error: {message} (see '{self.prog} --help')\n")
 
 
 def _use_formatter(parser: argparse.ArgumentParser) -> None:
-    """Give ``parser`` and every sub-parser under it :class:`DefaultsHelpFormatter`."""
     parser.formatter_class = DefaultsHelpFormatter
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

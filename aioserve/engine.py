@@ -81,7 +81,7 @@ class AsyncEngine(EngineReadouts):
         params = self.config.scheduler_config if isinstance(self._scheduler_spec, str) else None
         scheduler = load_scheduler(self._scheduler_spec, params)
         if self.runner is None:
-            from aioserve.runners.worker.torch_runner import TorchRunner
+            from aioserve.runners.torch.runner import TorchRunner
 
             self.runner = await asyncio.to_thread(TorchRunner, self.config)
             if self.tokenizer is None:

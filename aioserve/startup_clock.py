@@ -1,7 +1,7 @@
 """Where a start-up's seconds go: named parts, and the process's age.
 
 The runner times the parts of its load (:attr:`TorchRunner.load_times
-<aioserve.runners.worker.torch_runner.TorchRunner>`), and ``aioserve serve`` logs them
+<aioserve.runners.torch.runner.TorchRunner>`), and ``aioserve serve`` logs them
 with the imports, the tokenizer and the HTTP server's set-up once it is ready.
 """
 

@@ -1,12 +1,6 @@
-"""The architecture table: is each tiny random decoder served exactly?
+"""The architecture table: is each tiny random decoder served exactly (exact / refused / WRONG)?
 
-Builds a tiny random model of each architecture in
-:data:`aioserve.bench.models.tiny_models.ARCHITECTURES` (float32), serves 8 prompts of
-1-90 tokens through the engine (fcfs, 4 slots, staggered arrivals, greedy) and
-compares token for token with ``generate()`` alone. Prints one row per
-architecture: exact / refused (reason) / WRONG (first difference).
-
-Usage (from the repository root): ``python3 -m benchmarks.arch_coverage [model_type ...]``
+    python3 -m benchmarks.arch_coverage [model_type ...]
 """
 
 from __future__ import annotations

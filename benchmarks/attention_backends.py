@@ -1,19 +1,11 @@
 """ReferenceBackend vs FlexBackend: time of one layer's ``attend()`` on a decode batch.
 
-Each configuration (batch B, context L) fills a paged cache of B * L tokens
-(GQA 16 query / 8 KV heads, head width 128, block size 16, random blocks), builds
-both backends' metadata once, and times ``attend()`` alone (median of the runs,
-after warm-up runs that also compile flex on CUDA). Prints milliseconds per call
-and the ratio reference / flex (above 1: flex is faster).
+Per (batch, context): a paged GQA cache (16/8 heads, width 128, random blocks), metadata built
+once, median ms per call and the ratio reference / flex. On the CPU flex runs unfused over the
+whole cache, so large configurations are skipped (``--max-unfused-gib``, ``--max-cache-gib``);
+CPU figures say nothing about the GPU.
 
-On the CPU flex runs unfused: it expands K and V of the whole cache to
-``[B, 16, B * L, 128]`` float32, so flex is skipped (with the reason) where that
-exceeds ``--max-unfused-gib``, and configurations whose cache exceeds
-``--max-cache-gib`` are skipped; CPU figures say nothing about the GPU (try
-``--batches 2 --contexts 256`` for a CPU ratio).
-
-Usage (from the repository root): ``python3 -m benchmarks.attention_backends [--device cuda]``
-"""
+Usage (from the repository root): ``python3 -m benchmarks.attention_backends [--device cuda]``"""
 
 from __future__ import annotations
 
@@ -60,8 +52,7 @@ def cache_too_big(batch: int, context: int, dtype: torch.dtype,
 
 def unfused_too_big(batch: int, context: int, device: torch.device,
                     args: argparse.Namespace) -> str | None:
-    """Off CUDA flex runs unfused: it expands K and V of the whole cache to
-    ``[B, q_heads, S, head_dim]`` float32 each; why that exceeds the budget, or None."""
+    """Why flex's unfused expansion of K and V over the whole cache exceeds the budget, or None."""
     expanded = 2 * batch * Q_HEADS * (batch * context + BLOCK_SIZE) * HEAD_DIM * 4
     if device.type != "cuda" and expanded > args.max_unfused_gib * GIB:
         return f"unfused flex would expand K/V to {expanded / GIB:.1f} GiB"

@@ -1,17 +1,12 @@
-"""Start-up time (issue 26, item 3): seconds from ``aioserve serve`` to ``GET /health``
-200, on a warm install (the compiled CPU kernels already built for this environment)
-and on a fresh one (an empty kernel build folder, ``TORCH_EXTENSIONS_DIR`` pointed at a
-new temporary folder), for this checkout and, with ``--baseline-tree``, for the code
-before (e.g. ``git worktree add /tmp/base main``), in one run, starts alternating.
+"""Start-up time: seconds from ``aioserve serve`` to ``GET /health`` 200, warm (kernels built)
+and fresh (an empty ``TORCH_EXTENSIONS_DIR``), for this checkout and ``--baseline-tree``, starts
+alternating.
 
-Printed: every start, the medians, the floors (warm <= 3 s, fresh <= 10 s) and this
-checkout's own account of a warm start (the operator log's ``ready in`` line: imports,
-model load, probes, tokenizer, HTTP server). A fresh start of this checkout leaves a
-background build running; it is ended (its process group) after each measurement.
+Prints every start, the medians, the floors (warm <= 3 s, fresh <= 10 s) and the server's own
+``ready in`` line.
 
     python benchmarks/cold_start.py --model ../shared/models/stories260K-hf \\
-        [--baseline-tree /tmp/base] [--runs 3] [--no-baseline-fresh]
-"""
+        [--baseline-tree /tmp/base] [--runs 3] [--no-baseline-fresh]"""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ HERE = Path(__file__).resolve().parents[1]
 
 
 def end_builders(cache: Path, wait_s: float = 60.0) -> None:
-    """Kill the background kernel build under ``cache`` (it leads its own session; its
-    lock, written once it has imported torch, names it)."""
+    """Kill the background kernel build under ``cache`` (its lock names its session leader)."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         folders = list(cache.glob("aioserve_cpu_*"))

@@ -1,22 +1,13 @@
-"""A busy machine (issue 26, item 1): one workload, quiet and with K busy co-tenants, for
-the default thread count and for each fixed count, in one run.
+"""A busy machine: one workload, quiet and with K busy co-tenants, for the default thread count
+and each fixed count, in one run.
 
-Each setting is one ``aioserve serve`` process, all started first and kept; the
-workload (32 streamed requests x 64 greedy tokens, EOS ignored, over
-``POST /v1/completions``) goes to each in turn, first on a quiet machine, then with K
-processes ``python3 -c "while True: pass"`` (K = the CPUs this process may use), for
-``--rounds`` rounds; the order of the settings rotates each round. Printed: output
-tokens/s and ITL p99 (every gap between streamed tokens, as ``vllm bench serve``) per
-setting and load, medians over rounds, and the ratios the issue's floors are about:
-default / best fixed count (loaded, floor 0.8) and default / today's default (quiet,
-floor 0.95). "Today's default" is ``--baseline-tree`` (a checkout of the code before,
-e.g. ``git worktree add /tmp/base main``) served with its own defaults, else this code
-pinned to ``os.cpu_count()`` threads and transformers' forward (what the default was).
-The co-tenants always end: on exit, on Ctrl-C, and with the benchmark if it is killed.
+One ``aioserve serve`` per setting, 32 streamed requests x 64 tokens to each in turn, settings
+rotating per round. Prints output tokens/s and ITL p99 per setting and load, medians, and the
+floors' ratios: default / best fixed count (loaded, >= 0.8) and default / ``--baseline-tree``'s
+default (quiet, >= 0.95).
 
     python benchmarks/contention.py --model ../shared/models/stories260K-hf \\
-        [--baseline-tree /tmp/base] [--rounds 3] [--cotenants K] [--json]
-"""
+        [--baseline-tree /tmp/base] [--rounds 3] [--cotenants K] [--json]"""
 
 from __future__ import annotations
 

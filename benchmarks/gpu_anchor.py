@@ -1,15 +1,10 @@
 """GPU anchor: aioserve vs transformers continuous batching on a Qwen3-0.6B-shaped model.
 
-One process builds a random-weight model (bf16 on CUDA), writes it to a temporary
-directory, and runs the same requests (prompt U[64,512], output U[32,512], EOS
-ignored, all at t=0) through aioserve and through transformers' own continuous
-batching (``init_continuous_batching``), printing both tokens/s. ``--tiny`` swaps
-in a tiny config and a small workload so that the script runs on a CPU in seconds
-(the test suite runs it that way).
+Random bf16 weights, prompts U[64,512], outputs U[32,512], all at t=0; prints both tokens/s.
+``--tiny`` runs a tiny config on a CPU in seconds (as the tests do).
 
     python benchmarks/gpu_anchor.py                 # on an H200: the issue's anchor
-    python benchmarks/gpu_anchor.py --tiny --json   # anywhere
-"""
+    python benchmarks/gpu_anchor.py --tiny --json   # anywhere"""
 
 from __future__ import annotations
 
@@ -27,7 +22,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 from aioserve.bench.workloads import BenchRequest, random_requests
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
-from aioserve.runners.worker.torch_runner import TorchRunner
+from aioserve.runners.torch.runner import TorchRunner
 from aioserve.sampling_params import SamplingParams
 
 FULL = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -75,12 +70,7 @@ def run_aioserve(directory: str, requests: list[BenchRequest], slots: int, devic
 
 def run_transformers_cb(directory: str, requests: list[BenchRequest], device: str,
                         dtype: torch.dtype, cuda_graph: bool | None) -> dict[str, float]:
-    """transformers continuous batching (its defaults; ``use_cuda_graph`` when asked).
-
-    On the CPU its paged cache is sized for the workload and its step budget is
-    aioserve's (8,192 tokens): by default it takes a share of the machine's free memory
-    (11 GB on a 24 GiB box, written page by page, for a tiny model's 4 requests: the
-    test suite's peak RSS)."""
+    """transformers continuous batching, its cache sized for the workload on the CPU."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -125,7 +115,6 @@ def run_transformers_cb(directory: str, requests: list[BenchRequest], device: st
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the anchor; prints and returns the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny config and workload (CPU)")
     parser.add_argument("--num-requests", type=int, default=None)

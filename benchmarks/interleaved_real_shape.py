@@ -1,20 +1,10 @@
 """vLLM CPU and aioserve on a real-shape random model, timed passes taken in turn.
 
-``peers_real_shape.py`` times each engine once, minutes apart; on a shared 2-core box
-the same command's figure moves by 40% within the hour, so such a ratio is mostly the
-box's drift. Here both engines load once and stay loaded; the driver then asks for
-timed passes of the same workload in turn (round r: vLLM then aioserve for even r,
-aioserve then vLLM for odd r, so drift in either direction cancels) and prints every
-pass, each round's ratio (the two passes of that round) and the medians.
+Both engines load once and stay loaded; timed passes alternate (vLLM first in even rounds) so a
+shared box's drift cancels. Workload and settings are ``peers_real_shape.py``'s; an idle engine
+polls a file, taking no core.
 
-Workload and engine settings are ``peers_real_shape.py``'s (same flags; its
-docstring gives vLLM's settings): all requests released at t=0, greedy, EOS ignored,
-exact output lengths; figure of merit output tokens / wall s. An idle engine waits
-on a file with a 0.1 s poll, so it takes no core from the engine being timed
-(``VLLM_SLEEP_WHEN_IDLE=1`` for vLLM's own processes).
-
-    python3 benchmarks/interleaved_real_shape.py --rounds 4 --aioserve-forward lean-llama
-"""
+python3 benchmarks/interleaved_real_shape.py --rounds 4 --aioserve-forward lean-llama"""
 
 from __future__ import annotations
 
@@ -56,8 +46,7 @@ def wait_for_turn(control: Path, name: str, turn: int) -> bool:
 
 
 def vllm_worker(job: dict[str, Any], control: Path) -> None:
-    """Runs in the vLLM venv: load (``peers_real_shape``'s settings), warm up, then one
-    timed generate per turn."""
+    """Runs in the vLLM venv: load, warm up, one timed generate per turn."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -87,7 +76,7 @@ def aioserve_worker(job: dict[str, Any], control: Path, forward: str) -> None:
     from aioserve.bench.workloads import BenchRequest
     from aioserve.config import EngineConfig
     from aioserve.engine import AsyncEngine
-    from aioserve.runners.worker.torch_runner import TorchRunner
+    from aioserve.runners.torch.runner import TorchRunner
 
     config = EngineConfig(model=job["model"], max_num_seqs=job["max_num_seqs"], forward=forward,
                           enable_prefix_caching=job["prefix_caching"])
@@ -130,11 +119,7 @@ def take_turn(control: Path, name: str, turn: int, procs: list[subprocess.Popen]
 
 def start_workers(a: argparse.Namespace, peers: Any, job_path: Path, control: Path,
                   logs: list[Any]) -> list[subprocess.Popen]:
-    """Both workers, each in its own process; returns once both are warmed up.
-
-    Raises:
-        RuntimeError: a worker exited before it was ready (its log is named).
-    """
+    """Both workers, warmed up; RuntimeError (naming the log) if one exits first."""
     this = str(Path(__file__).resolve())
     vllm_env = peers.vllm_env(a.vllm_bind, a.vllm_kv_gib) | {"VLLM_SLEEP_WHEN_IDLE": "1"}
     ours_env = dict(os.environ, PYTHONPATH=str(HERE.parent))

@@ -1,35 +1,13 @@
 """vLLM CPU (offline) against aioserve on a real-shape random-weight model, same workload.
 
-The workload is exactly ``aioserve bench throughput --num-prompts N --input-len LO:HI
---output-len LO:HI --seed S``'s: this driver loads ``aioserve/bench/workloads.py`` by
-file (standard library only, no torch) and calls its ``random_requests`` with the model
-config's vocab size and BOS id, as ``aioserve.bench.offline.run_offline`` does. Every
-request is released at t=0, greedy, EOS ignored, each generating exactly its output
-length; at most --max-num-seqs run at once. Figure of merit: output tokens / wall s.
-
-Steps (each engine in its own process; nothing else of ours runs during a timed pass):
-  1. the model directory: ``ensure_random_model(--random-model)`` with this Python (built
-     once into ~/.cache/aioserve/random-models/, float32 safetensors, no tokenizer);
-  2. vLLM, per --vllm-bind entry: this file re-run with --vllm-python (``--_worker``):
-     ``LLM(model=DIR, dtype=float32, max_num_seqs, skip_tokenizer_init=True, ...)``,
-     ``TokensPrompt`` and ``SamplingParams(temperature=0, max_tokens=outs[i],
-     ignore_eos=True, detokenize=False)``; one short warm-up generate, then the timed one;
-     its log goes to $PEERS_DIR/vllm-real-shape-<bind>.log;
-  3. aioserve (unless --no-aioserve), per --aioserve-forward entry: ``python -m aioserve.cli
-     bench throughput --random-model ... --forward F --json --runs 1`` (its own warm-up,
-     then one timed run); its prompt and output token totals are checked against this
-     driver's workload.
-One JSON line per engine run, then a summary line per (aioserve forward, vLLM bind) pair.
-
-Neither engine detokenizes (the directory has no tokenizer). VLLM_CPU_OMP_THREADS_BIND:
-"auto" (vLLM's default: OMP threads on all cores of the node but one, reserved for the
-engine-core process; on 2 cores, 1 OMP thread) or an explicit list such as "0-1" (both
-cores, shared with the scheduler). VLLM_CPU_KVCACHE_SPACE: --vllm-kv-gib GiB.
+The workload is ``aioserve bench throughput``'s (``workloads.py`` loaded by file): all requests
+at t=0, greedy, EOS ignored, exact output lengths; figure of merit output tokens / wall s. Each
+engine runs in its own process (vLLM from ``--vllm-python``, ``VLLM_CPU_OMP_THREADS_BIND`` from
+``--vllm-bind``); neither detokenizes. One JSON line per run, then a summary per pair.
 
     python3 benchmarks/peers_real_shape.py                      # smollm2-135m, bind auto
     python3 benchmarks/peers_real_shape.py --vllm-bind auto,0-1 --random-model qwen3-0.6b
-    python3 benchmarks/peers_real_shape.py --aioserve-forward transformers,lean-llama
-"""
+    python3 benchmarks/peers_real_shape.py --aioserve-forward transformers,lean-llama"""
 
 from __future__ import annotations
 
@@ -86,8 +64,7 @@ def model_dir(spec: str) -> Path:
 
 
 def vllm_env(bind: str, kv_gib: int) -> dict[str, str]:
-    """Environment of a vLLM process: OMP bind ``bind``, ``kv_gib`` GiB of KV cache,
-    offline, no usage stats."""
+    """Environment of a vLLM process: OMP bind, KV cache GiB, offline, no usage stats."""
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=bind,
                VLLM_CPU_KVCACHE_SPACE=str(kv_gib), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
@@ -97,8 +74,7 @@ def vllm_env(bind: str, kv_gib: int) -> dict[str, str]:
 
 
 def vllm_llm(job: dict[str, Any]) -> Any:
-    """vLLM's offline ``LLM`` for a job (runs in the vLLM venv): float32, the job's
-    slots, context and prefix caching, 4,096 batched tokens, no tokenizer."""
+    """vLLM's offline ``LLM`` for a job (float32, no tokenizer), in the vLLM venv."""
     from vllm import LLM
 
     return LLM(model=job["model"], dtype="float32", max_num_seqs=job["max_num_seqs"],
@@ -130,8 +106,7 @@ def run_vllm(a: argparse.Namespace, model: Path, job: Path, bind: str) -> dict[s
 
 
 def vllm_worker(job_path: str, result_path: str) -> None:
-    """Runs in the vLLM venv: load, warm up, time one generate over the workload; the
-    row goes to ``result_path`` (JSON)."""
+    """Runs in the vLLM venv: load, warm up, time one generate; the row goes to ``result_path``."""
     job = json.loads(Path(job_path).read_text())
     prompts, outs = job["prompts"], job["outs"]
     import vllm
@@ -162,8 +137,7 @@ def vllm_worker(job_path: str, result_path: str) -> None:
 
 def run_aioserve(a: argparse.Namespace, prompts: list[list[int]], outs: list[int],
                  model: Path, forward: str) -> dict[str, Any]:
-    """``aioserve bench throughput --random-model ... --forward F --json`` in its own
-    process."""
+    """``aioserve bench throughput --random-model ... --forward F --json`` in its own process."""
     cmd = [sys.executable, "-m", "aioserve.cli", "bench", "throughput",
            "--random-model", a.random_model, "--num-prompts", str(a.num_prompts),
            "--input-len", f"{a.input_len[0]}:{a.input_len[1]}",

@@ -1,6 +1,4 @@
-"""The per-row sampler aioserve used before its vectorised BatchSampler: the baseline
-that ``benchmarks/sampler_cost.py`` measures against (greedy, temperature, top-k,
-top-p, repetition penalty, per-request torch.Generator seeds, a Python loop per row)."""
+"""The per-row sampler used before BatchSampler: a baseline and the tests' reference."""
 
 from __future__ import annotations
 
@@ -11,17 +9,14 @@ from aioserve.sampling_params import SamplingParams
 
 
 def apply_repetition_penalty(row: torch.Tensor, token_ids: list[int], penalty: float) -> None:
-    """In place on ``row`` (``[vocab]`` float): divide positive logits of seen tokens by
-    ``penalty``, multiply negative ones (CTRL, Keskar et al. 2019; transformers' and
-    vLLM's rule)."""
+    """In place on ``row``: the CTRL repetition penalty on seen tokens."""
     ids = torch.tensor(sorted(set(token_ids)), dtype=torch.int64, device=row.device)
     seen = row[ids]
     row[ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
 
 
 def filter_top_k_top_p(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k and outside the top-p nucleus to -inf; the most
-    likely token is always kept. ``row``: ``[vocab]`` float, returns a new tensor."""
+    """A copy of ``row`` with logits outside top-k and top-p at -inf."""
     if top_k > 0 and top_k < row.numel():
         kth = torch.topk(row, top_k).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))
@@ -36,16 +31,7 @@ def filter_top_k_top_p(row: torch.Tensor, top_k: int, top_p: float) -> torch.Ten
 
 
 class Sampler:
-    """Picks one token per row of logits.
-
-    A request with a ``seed`` owns a ``torch.Generator`` that advances by one draw per
-    sampled token, so its tokens do not depend on its batch-mates. Sampling uses the
-    exponential-race form of the Gumbel-max trick: ``argmax(p / q)``, ``q ~ Exp(1)``.
-
-    Args:
-        device: where the logits live.
-        seed: seed of the generator shared by requests without a seed.
-    """
+    """One token per row: a ``torch.Generator`` per seeded request, the exponential race."""
 
     def __init__(self, device: torch.device, seed: int) -> None:
         self.device = device
@@ -53,7 +39,6 @@ class Sampler:
         self._seeded: dict[str, torch.Generator] = {}
 
     def release(self, request_ids: list[str]) -> None:
-        """Forget the generators of finished requests."""
         for request_id in request_ids:
             self._seeded.pop(request_id, None)
 
@@ -73,15 +58,7 @@ class Sampler:
         params: list[SamplingParams],
         penalty_token_ids: list[list[int] | None],
     ) -> tuple[list[int], list[TokenLogprob | None] | None]:
-        """Sample one token per row.
-
-        Args:
-            logits: ``[rows, vocab]`` float32 (modified in place by penalties).
-            request_ids, params, penalty_token_ids: one entry per row.
-
-        Returns:
-            The token ids, and per-row logprobs (None when no row asked for them).
-        """
+        """Token ids of ``logits`` ``[rows, vocab]`` and per-row logprobs or None."""
         for i, tokens in enumerate(penalty_token_ids):
             if tokens:
                 apply_repetition_penalty(logits[i], tokens, params[i].repetition_penalty)

@@ -1,19 +1,10 @@
-"""The scheduler lab's floors, in the simulator (calibrated) and on the real engine:
+"""The scheduler lab's floors, in the simulator (calibrated) and on the real engine: vtc (a light
+tenant's TTFT within 2x of alone, Jain's index >= 0.9), priority (high-priority p99 TTFT within
+2x of idle), edf (SLO attainment 20 points above fcfs where fcfs attains 50%).
 
-* vtc: a light tenant sending 1/10 of the load keeps its TTFT within 2x of running
-  alone while a heavy tenant overloads the server; Jain's index of the service of two
-  backlogged tenants >= 0.9 (fcfs printed beside);
-* priority: under overload, with 10% of requests high-priority, their p99 TTFT within
-  2x of their TTFT on an idle server; the low-priority requests' longest queue wait with
-  their share of admissions (``low_share``) printed;
-* edf: SLO attainment at least 20 points above fcfs at the load where fcfs attains 50%.
+Loads come from the calibrated capacity, so it fits any machine; quote it on a quiet one.
 
-Loads are set from the calibrated step cost (the engine's capacity in requests/s at full
-batches), so the same script fits any machine. Real figures are medians of
-``--repeats`` runs. Quote it on a quiet machine (the load average is printed).
-
-    python3 benchmarks/policy_floors.py --model ../shared/models/stories260K-hf --repeats 3
-"""
+python3 benchmarks/policy_floors.py --model ../shared/models/stories260K-hf --repeats 3"""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
-"""Ray Serve scale-out: output tokens/s of the same streamed workload through the
-in-process server (``aioserve serve``), then 1 and 2 engine replicas on Ray Serve
-(``aioserve serve --ray``), printed side by side.
+"""Ray Serve scale-out: output tokens/s in process, then on 1 and 2 Ray Serve replicas.
 
-Every request is a streamed ``/v1/completions`` call (greedy, EOS ignored, a fixed
-number of output tokens), all sent at once; a request's tokens are read from its
-usage chunk. One local Ray instance serves both Ray runs (the app is redeployed).
-Ray starts its workers at nice 15 (``RAY_worker_niceness``), which on a shared machine
-lets every other process starve the replicas; this script sets it to 0 (unless set),
-so that the in-process and Ray columns compete for the CPUs on equal terms.
+Ray workers start at nice 15, starving on a shared machine; this sets ``RAY_worker_niceness`` to
+0 (unless set) so the columns compete on equal terms.
 
     python benchmarks/ray_replicas.py --model /work/shared/models/stories260K-hf
     python benchmarks/ray_replicas.py --model M --replicas 1 2 4 --replica-num-cpus 1
-    python benchmarks/ray_replicas.py --model M --replicas 2 --prefix-groups 8 --router prefix
-"""
+    python benchmarks/ray_replicas.py --model M --replicas 2 --prefix-groups 8 --router prefix"""
 
 from __future__ import annotations
 
@@ -21,24 +14,17 @@ import asyncio
 import collections
 import json
 import os
-import socket
 import time
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from aioserve.bench.server_process import free_port
 from aioserve.config import EngineConfig
 from aioserve.server import ServerConfig, create_app
 
 MODEL_NAME = "bench"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int
@@ -63,8 +49,7 @@ STORY = "Once upon a time there was a little girl who loved to play in the park.
 
 
 def prompts_of(num_requests: int, groups: int) -> list[str]:
-    """Distinct prompts, or (``groups`` > 0) prompts in ``groups`` groups that share
-    their first 300 characters, as requests sharing a system prompt do."""
+    """Distinct prompts, or ``groups`` groups sharing their first 300 characters."""
     if groups <= 0:
         return [f"Once upon a time there was a child number {i}" for i in range(num_requests)]
     return [f"Story {i % groups}. {STORY} Child number {i}." for i in range(num_requests)]
@@ -72,8 +57,7 @@ def prompts_of(num_requests: int, groups: int) -> list[str]:
 
 async def load(url: str, num_requests: int, max_tokens: int, groups: int = 0
                ) -> dict[str, Any]:
-    """Send the workload (after 2 warm-up calls); tokens/s, requests per replica and
-    (with ``groups``) the mean number of replicas each prefix group was served by."""
+    """Send the workload: tokens/s, requests per replica, replicas per prefix group."""
     prompts = prompts_of(num_requests, groups)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -119,7 +103,6 @@ def on_ray(engine: EngineConfig, server: ServerConfig, args: argparse.Namespace,
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Run every configuration; prints a table and returns the figures by column."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--requests", type=int, default=64)

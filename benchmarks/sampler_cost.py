@@ -1,11 +1,8 @@
 """Cost of one sampling step: the vectorised BatchSampler against the per-row Sampler.
 
-R = 256 rows, V = 512 and 49152, all-greedy and all-random (temperature 0.8, top_p 0.9,
-top_k 50, one seed per row); median wall time of several calls, host lists included
-(``to_host()`` for the new sampler). Prints figures, asserts nothing.
+R = 256 rows, V = 512 and 49152, all-greedy and all-random; median wall ms, host lists included.
 
-Usage (from the repository root): ``python3 -m benchmarks.sampler_cost [--device cuda]
-[--threads N] [--rows R]``
+    python3 -m benchmarks.sampler_cost [--device cuda] [--threads N] [--rows R]
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from aioserve.runners.worker.batch_sampler import BatchSampler
+from aioserve.runners.torch.batch_sampler import BatchSampler
 from aioserve.sampling_params import SamplingParams
 from benchmarks.per_row_sampler import Sampler
 

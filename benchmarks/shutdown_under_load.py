@@ -1,10 +1,7 @@
-"""SIGTERM under load: start ``aioserve serve``, open N streaming completions, send
-SIGTERM once every slot is busy, and print how each stream ended and how long the
-server took to exit (issue 9's graceful-shutdown figures).
+"""SIGTERM under load: how each of N streams ended and how long the server took to exit.
 
     python benchmarks/shutdown_under_load.py --model ../shared/models/stories260K-hf \\
-        --streams 64 --max-num-seqs 32 --shutdown-timeout 10
-"""
+        --streams 64 --max-num-seqs 32 --shutdown-timeout 10"""
 
 from __future__ import annotations
 

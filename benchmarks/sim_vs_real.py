@@ -1,12 +1,8 @@
-"""Does the simulator predict this engine? Calibrate the step cost on one workload,
-then run three others (bursty Poisson, a priority mix, a two-tenant overload) under
-each policy both on the real engine (in process, the test model, ``--repeats`` times)
-and in the simulator with the fitted profile, and print mean and p99 TTFT, mean E2E
-latency and preemptions side by side, the errors, and whether the policies rank the
-same. Quote it on a quiet machine (the load average is printed).
+"""Does the simulator predict this engine? Calibrate on one workload, run three others per policy
+on the engine and in the simulator, and print TTFT, E2E and preemptions side by side with whether
+the policies rank the same.
 
-    python3 benchmarks/sim_vs_real.py --model ../shared/models/stories260K-hf --repeats 5
-"""
+python3 benchmarks/sim_vs_real.py --model ../shared/models/stories260K-hf --repeats 5"""
 
 from __future__ import annotations
 
@@ -110,8 +106,7 @@ def _print_workload(label: str, spec: str, rows: dict[str, Any]) -> None:
 
 def _separated_pairs(spans: dict[str, tuple[float, float]], sims: dict[str, float]
                      ) -> tuple[int, int]:
-    """Pairs of policies whose real ranges do not overlap (a difference the repeats
-    show beyond their spread), and how many of them the simulator orders the same."""
+    """Policy pairs the real repeats separate, and how many the simulator orders the same."""
     separated = agree = 0
     names = sorted(spans)
     for i, a in enumerate(names):

@@ -9,7 +9,7 @@ import torch
 from transformers.masking_utils import sliding_window_overlay
 
 from aioserve.bench.models import coverage, tiny_models
-from aioserve.runners.attention.additive_masks import window_mask
+from aioserve.runners.attention.paged_metadata import window_mask
 
 ARCHITECTURES = [
     "mistral", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3", "stablelm", "falcon",
@@ -70,7 +70,7 @@ def test_tiny_models_cover_thirty_architectures():
 
 def load_runner(model_type: str, directory, model_dir):
     from aioserve import EngineConfig
-    from aioserve.runners.worker.torch_runner import TorchRunner
+    from aioserve.runners.torch.runner import TorchRunner
 
     coverage.save(model_type, directory, model_dir)
     config = EngineConfig(model=str(directory), num_kv_blocks=8, block_size=8, device="cpu",
@@ -103,7 +103,7 @@ def test_layers_that_bypass_the_interface_are_refused():
 
 def test_lean_forward_is_refused_for_a_model_it_does_not_reproduce(model_dir, tmp_path):
     from aioserve import EngineConfig
-    from aioserve.runners.worker.torch_runner import TorchRunner
+    from aioserve.runners.torch.runner import TorchRunner
 
     coverage.save("gemma2", tmp_path / "gemma2", model_dir)  # soft-capping, windows
     config = EngineConfig(model=str(tmp_path / "gemma2"), num_kv_blocks=8, block_size=8,

@@ -12,7 +12,7 @@ import torch
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.runners.attention import registry
 from aioserve.runners.attention.reference import ReferenceBackend
-from aioserve.runners.worker.torch_runner import TorchRunner
+from aioserve.runners.torch.runner import TorchRunner
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 

@@ -14,7 +14,7 @@ from aioserve.config import EngineConfig
 from aioserve.runners.attention.reference import ReferenceBackend
 from aioserve.runners.batch_invariance import MIN_CONTEXT_WIDTH, BatchInvariance
 from aioserve.runners.cpu.row_padding import probe_row_padding
-from aioserve.runners.worker.torch_runner import TorchRunner
+from aioserve.runners.torch.runner import TorchRunner
 
 
 def test_the_switch_is_one_config_field_and_one_flag():

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from aioserve.runners.worker import sampling_ops as ops
-from aioserve.runners.worker.batch_sampler import BatchSampler
+from aioserve.runners.torch import sampling_ops as ops
+from aioserve.runners.torch.batch_sampler import BatchSampler
 from aioserve.sampling_params import SamplingParams
 from benchmarks.per_row_sampler import filter_top_k_top_p  # the former sampler: reference
 

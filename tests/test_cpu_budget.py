@@ -13,7 +13,7 @@ import torch
 
 from aioserve.runners.cpu.threads import cpu_budget
 from aioserve.runners.cpu.threads.cpu_budget import cgroup_cpu_quota, usable_cpus
-from aioserve.runners.worker.setup import cpu_threads
+from aioserve.runners.torch.setup import cpu_threads
 
 CPU = torch.device("cpu")
 
@@ -97,7 +97,7 @@ def test_the_default_thread_count_is_the_usable_cpus_and_the_variable_overrides_
         monkeypatch):
     monkeypatch.delenv("AIOSERVE_NUM_THREADS", raising=False)
     assert cpu_threads(CPU) == usable_cpus() <= (os.cpu_count() or 1)
-    monkeypatch.setattr("aioserve.runners.worker.setup.usable_cpus", lambda: 3)
+    monkeypatch.setattr("aioserve.runners.torch.setup.usable_cpus", lambda: 3)
     assert cpu_threads(CPU) == 3
     monkeypatch.setenv("AIOSERVE_NUM_THREADS", "5")
     assert cpu_threads(CPU) == 5

@@ -220,10 +220,10 @@ def test_the_checker_sees_what_it_checks():
     """The rule's parts, on the real graph: function-level imports count, TYPE_CHECKING
     ones do not, module-level loading is followed through other modules."""
     engine = GRAPH["aioserve.engine"]
-    assert "aioserve.runners.worker.torch_runner" in engine.anywhere
-    assert "aioserve.runners.worker.torch_runner" not in engine.module_level
+    assert "aioserve.runners.torch.runner" in engine.anywhere
+    assert "aioserve.runners.torch.runner" not in engine.module_level
     assert "aioserve.kv_cache" not in GRAPH["aioserve.prefix_cache"].anywhere  # TYPE_CHECKING
-    assert "torch" in _loaded_at_import("aioserve.runners.worker.setup")
+    assert "torch" in _loaded_at_import("aioserve.runners.torch.setup")
     assert "torch" not in _loaded_at_import("aioserve.engine")
     assert rules("aioserve")["never at module level:"] == [
-        "aioserve.runners.worker", "torch", "numpy", "transformers"]
+        "aioserve.runners.torch", "torch", "numpy", "transformers"]

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from aioserve.runners.base import NewRequest, ScheduledBatch
-from aioserve.runners.worker.input_batch import InputBatch
+from aioserve.runners.torch.input_batch import InputBatch
 from aioserve.sampling_params import SamplingParams
 
 

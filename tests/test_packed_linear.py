@@ -59,7 +59,7 @@ def test_fused_packed_projection_equals_its_parts():
 @pytest.mark.parametrize("min_parameters", [0, packed_linear.MIN_PARAMETERS])
 def test_cpu_float32_runner_packs_the_linears_of_a_large_model(model_dir, monkeypatch,
                                                                min_parameters):
-    from aioserve.runners.worker.torch_runner import TorchRunner
+    from aioserve.runners.torch.runner import TorchRunner
 
     monkeypatch.setattr(packed_linear, "MIN_PARAMETERS", min_parameters)
     runner = TorchRunner(EngineConfig(model=model_dir, num_kv_blocks=8, device="cpu",

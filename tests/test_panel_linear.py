@@ -19,7 +19,7 @@ from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.bench.models.random_model import ensure_random_model
 from aioserve.runners.cpu import packed_linear, panel_linear
 from aioserve.runners.cpu.panel_linear import PanelWeight
-from aioserve.runners.worker.torch_runner import TorchRunner
+from aioserve.runners.torch.runner import TorchRunner
 
 #: oneDNN's float32 AVX2 kernels add as the panels do (measured); its AVX-512 kernels
 #: (and their sums' order) are others, and packing may rightly keep oneDNN there

@@ -31,8 +31,8 @@ from aioserve.runners.cpu.row_padding import (
     elementwise_chunk,
     probe_row_padding,
 )
-from aioserve.runners.worker.setup import PREFILL_ATTENTION_ON_MKL
-from aioserve.runners.worker.torch_runner import TorchRunner
+from aioserve.runners.torch.runner import TorchRunner
+from aioserve.runners.torch.setup import PREFILL_ATTENTION_ON_MKL
 
 TESTS = Path(__file__).resolve().parent
 
@@ -244,7 +244,7 @@ def test_a_machine_where_no_count_is_exact_is_said_not_hidden(model_dir):
     code = ("import sys, torch\n"
             "from aioserve.config import EngineConfig\n"
             "from aioserve.runners.cpu.row_padding import probe_row_padding\n"
-            "from aioserve.runners.worker.torch_runner import TorchRunner\n"
+            "from aioserve.runners.torch.runner import TorchRunner\n"
             "weights = [torch.randn(172, 64), torch.randn(64, 172)]\n"
             "table = probe_row_padding(weights)\n"
             "print(table.exact, probe_row_padding(weights[:1]).exact)\n"

@@ -4,7 +4,7 @@ forward's load check and every step.
 With OpenMP, each thread that opens a parallel region gets its own team of workers;
 once a process holds more of them than there are cores, libgomp stops them spinning
 between regions and a step pays kernel wake-ups thousands of times (see
-:class:`~aioserve.runners.worker.torch_runner.TorchRunner`). So no compute may happen on the
+:class:`~aioserve.runners.torch.runner.TorchRunner`). So no compute may happen on the
 constructing thread or the event loop's.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.runners.model import loader as model_loader
-from aioserve.runners.worker.torch_runner import TorchRunner
+from aioserve.runners.torch.runner import TorchRunner
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ async def test_load_check_and_steps_share_one_thread_that_is_not_the_callers(
 
 def test_thread_count_defaults_to_every_usable_core_and_honours_the_variable(monkeypatch):
     from aioserve.runners.cpu.threads.cpu_budget import usable_cpus
-    from aioserve.runners.worker.setup import cpu_threads
+    from aioserve.runners.torch.setup import cpu_threads
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("AIOSERVE_NUM_THREADS", raising=False)

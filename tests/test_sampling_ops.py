@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aioserve.runners.worker import sampling_ops as ops
+from aioserve.runners.torch import sampling_ops as ops
 
 
 def test_hash_is_splitmix64():

@@ -16,8 +16,8 @@ from server_support import base_url, metric, serve
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.bench.models import coverage
 from aioserve.runners.cpu.threads.cpu_load import LoadReading, LoadWindow
-from aioserve.runners.worker import setup as runner_setup
-from aioserve.runners.worker.torch_runner import TorchRunner
+from aioserve.runners.torch import setup as runner_setup
+from aioserve.runners.torch.runner import TorchRunner
 from aioserve.server.operator_log import startup_summary
 
 

@@ -1,9 +1,6 @@
-"""Benchmarks: offline throughput (vs transformers static batching, or without prefix
-caching), engine overhead, synthetic workloads, servers and busy co-tenants in child
-processes. The online client is :mod:`aioserve.bench.online`; the models benchmarks run
-on (random weights of a real shape, tiny architectures) are :mod:`aioserve.bench.models`.
+"""Benchmarks: offline throughput, engine overhead, synthetic workloads, servers and co-tenants
+in child processes; the online client in :mod:`.online`, the models in :mod:`.models`.
 
 Imports (checked by tests/test_import_rules.py):
-    may import: aioserve, aioserve.runners, aioserve.runners.worker, aioserve.sim,
-        aioserve.bench.models
-"""
+    may import: aioserve, aioserve.runners, aioserve.runners.torch, aioserve.sim,
+        aioserve.bench.models"""

@@ -1,11 +1,4 @@
-"""Busy co-tenant processes for benchmarks, and child processes that die with their parent.
-
-A co-tenant is ``python3 -c "while True: pass"``: one process that keeps one CPU busy
-(what a laptop's browser tab, a CI neighbour or another container does to a server).
-:class:`CoTenants` starts K of them and always ends them: on leaving its ``with`` block
-(also by an exception or Ctrl-C), and, through Linux's parent-death signal, when the
-benchmark itself is killed.
-"""
+"""Busy co-tenant processes, and child processes that die with their parent."""
 
 from __future__ import annotations
 
@@ -24,8 +17,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the child killed (SIGKILL) when its parent dies (Linux
-    ``prctl(PR_SET_PDEATHSIG)``); None where that is not available."""
+    """A ``preexec_fn`` killing the child when its parent dies (Linux); None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     path = ctypes.util.find_library("c")
@@ -40,11 +32,7 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 class CoTenants:
-    """K busy processes while inside ``with``; K = 0 starts none.
-
-    Args:
-        count: how many.
-    """
+    """``count`` busy processes while inside ``with``, ended on leaving it or being killed."""
 
     def __init__(self, count: int) -> None:
         if count < 0:
@@ -53,14 +41,12 @@ class CoTenants:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
-        """Start them (idempotent)."""
         while len(self.procs) < self.count:
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
                 preexec_fn=die_with_parent()))
 
     def stop(self) -> None:
-        """Kill them and wait for them (idempotent)."""
         for proc in self.procs:
             proc.kill()
         for proc in self.procs:

@@ -25,11 +25,7 @@ def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor,
 def generate_static(
     model: Any, requests: list[BenchRequest], pad_token_id: int
 ) -> list[list[int]]:
-    """One static batch: greedy, EOS ignored, until the longest requested output.
-
-    Returns:
-        Each request's first ``output_len`` generated ids.
-    """
+    """One static batch, greedy, EOS ignored: each request's first ``output_len`` generated ids."""
     ids, mask = left_pad([r.prompt_token_ids for r in requests], pad_token_id)
     longest = max(r.output_len for r in requests)
     device = next(model.parameters()).device
@@ -56,11 +52,7 @@ def run_hf_static(
     progress: bool = False,
     warmup: bool = True,
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    """Time ``generate()`` over consecutive batches of ``batch_size`` requests.
-
-    Only the requested tokens count (a batch's padding and its tokens past a request's
-    ``output_len`` are work, not output), as in ``vllm bench throughput --backend hf``.
-    """
+    """Time ``generate()`` over batches; only requested tokens count (as vLLM's ``hf`` backend)."""
     from tqdm import tqdm
 
     if warmup:

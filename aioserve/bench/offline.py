@@ -1,5 +1,4 @@
-"""``aioserve bench throughput``: aioserve against transformers static batching, or
-against itself without prefix caching, in one process."""
+"""``aioserve bench throughput``: against transformers static batching, or without caching."""
 
 from __future__ import annotations
 
@@ -25,19 +24,7 @@ BASELINES = {"hf-static": "hf-static", "no-prefix-caching": "no-caching"}
 
 @dataclass
 class OfflineReport:
-    """Every run of each backend, and the ratio of their median output rates.
-
-    Attributes:
-        workload: the workload's parameters.
-        threads: compute threads of each backend: transformers' intra-op threads, and
-            aioserve's thread budget (its step parts share it).
-        runs: backend -> one result per timed run.
-        warmups: backend -> its warm-up: one full untimed pass of the workload before
-            its timed runs (first calls build kernels, caches and allocator pools), kept
-            apart so that it is never the measurement, whatever ``runs`` is.
-        mismatches: requests whose aioserve output differed from a solo ``generate()``
-            (None when not checked).
-    """
+    """Every timed run of each backend, its warm-up apart, and mismatches with ``generate()``."""
 
     workload: dict[str, Any]
     threads: dict[str, int]
@@ -46,18 +33,16 @@ class OfflineReport:
     mismatches: int | None = None
 
     def median(self, backend: str) -> ThroughputResult:
-        """The run with the median output tokens/s."""
         results = sorted(self.runs[backend], key=lambda r: r.output_tokens_per_s)
         return results[(len(results) - 1) // 2]
 
     @property
     def baseline(self) -> str | None:
-        """The backend aioserve is compared with (``hf-static``, ``no-caching``), if any."""
         return next((b for b in BASELINES.values() if b in self.runs), None)
 
     @property
     def ratio(self) -> float | None:
-        """Median aioserve output rate over the baseline's median (same tokens)."""
+        """Median aioserve output rate over the baseline's median."""
         if self.baseline is None:
             return None
         ours = statistics.median(r.output_tokens_per_s for r in self.runs["aioserve"])
@@ -65,7 +50,6 @@ class OfflineReport:
         return ours / theirs
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data, for ``--json``."""
         return {
             "workload": self.workload,
             "threads": self.threads,
@@ -79,7 +63,6 @@ class OfflineReport:
 
 
 def model_vocab(model: str) -> tuple[int, int | None]:
-    """(vocab size, BOS id) from a model's config."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model)
@@ -119,20 +102,13 @@ def run_offline(
     tokenizer: bool = True,
 ) -> OfflineReport:
     """Run the workload ``runs`` times through aioserve and the ``compare`` baseline
-    (``"hf-static"``, or ``"no-prefix-caching"``: aioserve with the prefix cache off,
-    backend ``no-caching``), alternating backends, after one untimed warm-up pass of
-    each (``OfflineReport.warmups``). ``prefix`` = (prefix length, suffix
-    length, number of prefixes) picks the prefix-repetition workload instead of random
-    prompts (``input_len`` is then unused). ``threads`` is each backend's
-    compute threads: transformers' intra-op threads and aioserve's thread budget
-    (``AIOSERVE_NUM_THREADS``); default: each backend's own default (torch's thread
-    count, every core; aioserve's :func:`~aioserve.runners.worker.setup.cpu_threads`).
-    ``tokenizer=False``: aioserve loads no tokenizer and detokenizes nothing (a model
-    directory without one, e.g. a random model).
+    (``"hf-static"`` or ``"no-prefix-caching"``), alternating, after one untimed warm-up each.
+    ``prefix``: (prefix length, suffix length, prefixes) for the prefix-repetition workload;
+    ``threads``: each backend's compute threads (default: its own); ``tokenizer=False``: no
+    detokenization.
 
     Raises:
-        ValueError: bad sizes or an unknown ``compare``. OSError: the model cannot load.
-    """
+        ValueError: bad sizes or an unknown ``compare``. OSError: the model cannot load."""
     if compare not in (None, *BASELINES):
         raise ValueError(f"compare must be one of {sorted(BASELINES)}, got {compare!r}")
     vocab, bos = model_vocab(config.model)
@@ -153,7 +129,7 @@ def run_offline(
         "prefix_len_suffix_len_num_prefixes": list(prefix) if prefix else None,
         "enable_prefix_caching": config.enable_prefix_caching, "detokenize": tokenizer,
     }
-    from aioserve.runners.worker.setup import cpu_threads, resolve_device
+    from aioserve.runners.torch.setup import cpu_threads, resolve_device
 
     saved = torch.get_num_threads()
     saved_env = os.environ.get("AIOSERVE_NUM_THREADS")

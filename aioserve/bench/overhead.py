@@ -1,13 +1,4 @@
-"""Engine overhead: the step loop's own cost per step, on a runner that costs nothing.
-
-Every request is admitted in the first step and then decodes one token a step, so
-each later step schedules, updates and fans out ``num_requests`` requests. The run
-reports wall microseconds per step and how they split between the scheduler plus
-batch building (``EngineCore.schedule``), the bookkeeping (``EngineCore.update``),
-the fan-out to streams (``StepLoop.fan_out``: detokenization, outputs, queue
-puts) and the rest (the consumers' wake-ups, the event loop, the runner's hop).
-The first three together are the step loop's own synchronous work (``loop_us``).
-"""
+"""Engine overhead: the step loop's own cost per step on a runner that costs nothing."""
 
 from __future__ import annotations
 
@@ -24,13 +15,7 @@ from aioserve.sampling_params import SamplingParams
 
 
 class NullRunner:
-    """A runner that returns token ``token_id`` for every sampled row at no cost (it
-    yields to the event loop once per step, as a worker-thread hop does).
-
-    Args:
-        num_kv_blocks, block_size, max_model_len: the KV cache and context the engine manages.
-        token_id: the token every request gets.
-    """
+    """Returns ``token_id`` for every sampled row at no cost, yielding once per step."""
 
     def __init__(
         self,
@@ -48,34 +33,21 @@ class NullRunner:
         self._token = token_id
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
-        """``token_id`` where ``batch.sample`` is True, else -1."""
         await asyncio.sleep(0)
         token = self._token
         return RunnerOutput(token_ids=[token if s else -1 for s in batch.sample])
 
     def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
-        """Start :meth:`step` as a task, so the engine overlaps steps as with a real
-        runner (it schedules the next step before this one's tokens are back)."""
+        """A task, so the engine overlaps steps as with a real runner."""
         return asyncio.ensure_future(self.step(batch))
 
     def close(self) -> None:
-        """Nothing to release."""
+        ...
 
 
 @dataclass(frozen=True)
 class OverheadResult:
-    """Per-step costs in microseconds (steady decode steps only).
-
-    Attributes:
-        num_requests: requests decoding in every measured step.
-        num_steps: measured steps.
-        step_us: wall time per step.
-        schedule_us: ``EngineCore.schedule`` (policy, checks, batch building).
-        update_us: ``EngineCore.update`` (tokens, stop checks).
-        fan_out_us: ``StepLoop.fan_out`` (detokenization, outputs, queue puts).
-        loop_us: the step loop's own synchronous work, schedule + update + fan-out.
-        other_us: the rest: consumers' wake-ups, event loop, runner hop.
-    """
+    """Microseconds per steady decode step, split into the loop's parts."""
 
     num_requests: int
     num_steps: int
@@ -87,11 +59,9 @@ class OverheadResult:
     other_us: float
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, for ``--json``."""
         return asdict(self)
 
     def summary(self) -> str:
-        """One human-readable line."""
         return (
             f"{self.num_requests} requests, {self.num_steps} steps: {self.step_us:.1f} us/step "
             f"(schedule {self.schedule_us:.1f}, update {self.update_us:.1f}, "
@@ -118,16 +88,7 @@ async def measure_overhead(
     tokenizer: Any = None,
     scheduler: str = "fcfs",
 ) -> OverheadResult:
-    """Run ``num_requests`` requests for ``num_steps`` + 1 steps on a :class:`NullRunner`,
-    each consumed by its own ``async for`` over :meth:`AsyncEngine.generate`, and time
-    the steady steps (all but the first, which prefills).
-
-    Args:
-        tokenizer: a transformers tokenizer, to include detokenization (None: ids only).
-
-    Raises:
-        ValueError: a count is not positive.
-    """
+    """Time ``num_steps`` steady steps of ``num_requests`` requests on a :class:`NullRunner`."""
     if num_requests < 1 or num_steps < 1:
         raise ValueError("num_requests and num_steps must be >= 1")
     runner = NullRunner(max_model_len=prompt_len + num_steps + 8)

@@ -1,10 +1,4 @@
-"""``aioserve serve`` in a child process, for benchmarks: start it from a given source
-tree and environment, know when it is ready, read its log, stop it.
-
-The child dies with the benchmark (parent-death signal, see
-:func:`~aioserve.bench.cotenants.die_with_parent`), and :meth:`ServerProcess.stop` sends
-SIGTERM, then SIGKILL after a grace period.
-"""
+"""``aioserve serve`` in a child process for benchmarks."""
 
 from __future__ import annotations
 
@@ -23,22 +17,15 @@ from aioserve.bench.cotenants import die_with_parent
 __all__ = ["ServerProcess", "free_port"]
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 free now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
 class ServerProcess:
-    """One ``aioserve serve --port P`` child.
-
-    Args:
-        args: options after ``serve`` (``--model`` etc.; ``--port`` is added).
-        tree: the source tree to import aioserve from (put first on ``PYTHONPATH``);
-            None: whatever the environment imports.
-        env: extra environment variables (a value of None removes the variable).
-    """
+    """One ``aioserve serve`` child (``tree`` first on ``PYTHONPATH``; ``env`` None: unset)."""
 
     def __init__(self, args: list[str], tree: Path | None = None,
                  env: dict[str, str | None] | None = None) -> None:
@@ -69,11 +56,7 @@ class ServerProcess:
             self.lines.append(raw.decode(errors="replace").rstrip())
 
     def wait_ready(self, timeout: float = 300.0, poll_s: float = 0.02) -> float:
-        """Seconds from the start until ``GET /health`` answers 200.
-
-        Raises:
-            RuntimeError: the process ended or ``timeout`` passed first (with its log).
-        """
+        """Seconds until ``GET /health`` answers 200; RuntimeError (with the log) otherwise."""
         deadline = self.started + timeout
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
@@ -88,7 +71,6 @@ class ServerProcess:
         raise RuntimeError(f"not ready in {timeout} s:\n" + "\n".join(self.lines[-30:]))
 
     def log_lines(self, pattern: str) -> list[str]:
-        """Log lines containing ``pattern``."""
         return [line for line in list(self.lines) if pattern in line]
 
     def stop(self, grace_s: float = 15.0) -> None:
@@ -104,11 +86,7 @@ class ServerProcess:
 
 
 def source_tree(path: str | None) -> Path | None:
-    """``path`` as a source tree holding ``aioserve/`` (None stays None).
-
-    Raises:
-        ValueError: no ``aioserve`` package there.
-    """
+    """``path`` as a source tree holding ``aioserve/`` (None stays None); ValueError otherwise."""
     if path is None:
         return None
     tree = Path(path).resolve()

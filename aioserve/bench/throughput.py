@@ -1,12 +1,4 @@
-"""Offline throughput: every request arrives at t=0, EOS is ignored.
-
-Two backends run the same :class:`~aioserve.bench.workloads.BenchRequest` list:
-aioserve (continuous batching through :class:`~aioserve.engine.AsyncEngine`, the
-full front end: streams, detokenization) and transformers ``generate()`` static
-batching (fixed batches, left padding), as ``vllm bench throughput`` does for its
-``hf`` backend: a batch generates until its longest request is done and only the
-requested tokens count.
-"""
+"""Offline throughput, every request at t=0 with EOS ignored."""
 
 from __future__ import annotations
 
@@ -23,19 +15,7 @@ from aioserve.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class ThroughputResult:
-    """One backend's run.
-
-    Attributes:
-        backend: ``"aioserve"`` or ``"hf-static"``.
-        num_requests: requests completed.
-        elapsed_s: wall time of the run in seconds (model loading excluded).
-        prompt_tokens: prompt tokens of all requests.
-        output_tokens: requested output tokens of all requests (EOS ignored).
-        mean_ttft_ms: mean time from the start of the run to a request's first token, in
-            milliseconds (None where not measured: hf-static).
-        cached_prompt_tokens: prompt tokens served from the prefix cache (None where
-            not measured).
-    """
+    """One backend's run (loading excluded; None where not measured)."""
 
     backend: str
     num_requests: int
@@ -49,15 +29,12 @@ class ThroughputResult:
     def of(
         cls, backend: str, requests: list[BenchRequest], elapsed_s: float, **measured: Any
     ) -> ThroughputResult:
-        """The result of running every request in ``requests`` in ``elapsed_s`` seconds;
-        ``measured``: ``mean_ttft_ms`` and ``cached_prompt_tokens``."""
         prompt = sum(r.prompt_len for r in requests)
         output = sum(r.output_len for r in requests)
         return cls(backend, len(requests), elapsed_s, prompt, output, **measured)
 
     @property
     def prefix_hit_rate(self) -> float | None:
-        """Fraction of prompt tokens served from the prefix cache, 0–1."""
         if self.cached_prompt_tokens is None:
             return None
         return self.cached_prompt_tokens / self.prompt_tokens
@@ -75,7 +52,6 @@ class ThroughputResult:
         return (self.prompt_tokens + self.output_tokens) / self.elapsed_s
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields plus the three rates, for ``--json``."""
         return asdict(self) | {
             "requests_per_s": self.requests_per_s,
             "output_tokens_per_s": self.output_tokens_per_s,
@@ -84,7 +60,6 @@ class ThroughputResult:
         }
 
     def summary(self) -> str:
-        """One human-readable line."""
         line = (
             f"{self.backend:>9}: {self.elapsed_s:7.2f} s  {self.requests_per_s:8.2f} requests/s  "
             f"{self.output_tokens_per_s:9.1f} output tokens/s  "
@@ -108,15 +83,7 @@ async def run_engine(
     progress: bool = False,
     backend: str = "aioserve",
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    """Submit every request at once to a running engine and wait for all of them
-    (the result is named ``backend``).
-
-    Returns:
-        The result, and each request's output token ids (in request order).
-
-    Raises:
-        RuntimeError: a request produced fewer tokens than asked for.
-    """
+    """Submit every request at once and wait; the result and each request's token ids."""
     from tqdm import tqdm
 
     outputs: list[list[int]] = [[] for _ in requests]
@@ -155,19 +122,12 @@ def run_aioserve(
     backend: str = "aioserve",
     tokenizer: bool = True,
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    """Start an engine for ``config`` (not timed), warm it up on two short requests
-    (then empty the prefix cache, so the timed run starts cold), then time
-    :func:`run_engine`. ``tokenizer=False``: no tokenizer is loaded (a model directory
-    without one), so outputs are token ids only and nothing is detokenized.
-
-    Raises:
-        OSError: the model cannot be loaded. ValueError: a request does not fit the model.
-    """
+    """Start and warm an engine (untimed), empty its prefix cache, then time :func:`run_engine`."""
 
     async def main() -> tuple[ThroughputResult, list[list[int]]]:
         runner = None
         if not tokenizer:  # an engine given its runner loads no tokenizer
-            from aioserve.runners.worker.torch_runner import TorchRunner
+            from aioserve.runners.torch.runner import TorchRunner
 
             runner = await asyncio.to_thread(TorchRunner, config)
         try:

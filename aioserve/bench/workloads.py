@@ -1,5 +1,4 @@
-"""Synthetic benchmark workloads: random prompts, or groups sharing a prefix, with fixed
-output lengths."""
+"""Synthetic benchmark workloads: random prompts, or groups sharing a prefix."""
 
 from __future__ import annotations
 
@@ -11,18 +10,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class BenchRequest:
-    """One benchmark request.
-
-    Attributes:
-        prompt_token_ids: the prompt (BOS + random ids).
-        output_len: tokens to generate (EOS is ignored, so exactly this many).
-        arrival_s: when to send it, seconds after the run starts (None: the run's
-            Poisson arrivals decide).
-        fields: more request-body fields (``priority``, ``user``, ``ttft_slo_ms``,
-            ``tpot_slo_ms``, ``metadata``, ``length_hint``).
-        deadline_s: its deadline, seconds after the run starts (sent as the absolute
-            Unix time ``deadline``), or None.
-    """
+    """One benchmark request (EOS ignored; times in seconds after the run starts)."""
 
     prompt_token_ids: list[int]
     output_len: int
@@ -32,16 +20,11 @@ class BenchRequest:
 
     @property
     def prompt_len(self) -> int:
-        """Prompt length in tokens."""
         return len(self.prompt_token_ids)
 
 
 def parse_range(text: str) -> tuple[int, int]:
-    """``"LO:HI"`` (inclusive) or ``"N"`` (= ``N:N``) as a pair of positive ints.
-
-    Raises:
-        ValueError: not two positive integers with LO <= HI.
-    """
+    """``"LO:HI"`` (inclusive) or ``"N"`` as a pair of positive ints; ValueError otherwise."""
     parts = text.split(":")
     try:
         lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (0, -1)
@@ -62,16 +45,7 @@ def random_requests(
     bos_token_id: int | None = 1,
     low_id: int = 3,
 ) -> list[BenchRequest]:
-    """Random requests, reproducible from ``seed``.
-
-    Each prompt is BOS (when ``bos_token_id`` is not None) followed by ids drawn
-    uniformly from ``[low_id, vocab_size)`` (below ``low_id``: special tokens), with a
-    total length uniform in ``input_len``; each output length is uniform in
-    ``output_len`` (both inclusive), as ``vllm bench throughput --dataset-name random``.
-
-    Raises:
-        ValueError: ``num_prompts`` < 1 or ``vocab_size`` <= ``low_id``.
-    """
+    """Random requests as ``vllm bench throughput --dataset-name random``, from ``seed``."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
     rng = random.Random(seed)
@@ -87,11 +61,6 @@ def random_requests(
 def _token_drawer(
     rng: random.Random, vocab_size: int, low_id: int
 ) -> Callable[[int], list[int]]:
-    """``draw(n)``: n ids uniform in ``[low_id, vocab_size)`` from ``rng``.
-
-    Raises:
-        ValueError: ``vocab_size`` <= ``low_id``.
-    """
     if vocab_size <= low_id:
         raise ValueError(f"vocab_size must exceed {low_id}, got {vocab_size}")
     return lambda count: [rng.randrange(low_id, vocab_size) for _ in range(count)]
@@ -109,16 +78,7 @@ def prefix_repetition_requests(
     bos_token_id: int | None = 1,
     low_id: int = 3,
 ) -> list[BenchRequest]:
-    """Requests in ``num_prefixes`` groups that share a prompt prefix, as vLLM's
-    ``prefix_repetition`` dataset: each prompt is a group's prefix of ``prefix_len``
-    tokens (BOS included) followed by its own ``suffix_len`` random tokens. Groups
-    take turns (request ``i`` is in group ``i % num_prefixes``) and the order is
-    shuffled; output lengths are uniform in ``output_len``. Reproducible from ``seed``.
-
-    Raises:
-        ValueError: a count or length below 1 (``suffix_len`` may be 0), or
-            ``vocab_size`` <= ``low_id``.
-    """
+    """Requests in groups sharing a prefix (vLLM's ``prefix_repetition``), from ``seed``."""
     if min(num_prompts, prefix_len, num_prefixes) < 1 or suffix_len < 0:
         raise ValueError("num_prompts, prefix_len and num_prefixes must be >= 1, suffix_len >= 0")
     rng = random.Random(seed)

@@ -4,6 +4,6 @@ Imports (checked by tests/test_import_rules.py):
     may import: aioserve, aioserve.bench, aioserve.bench.models, aioserve.bench.online,
         aioserve.deploy, aioserve.runners.attention,
         aioserve.scheduling, aioserve.server, aioserve.sim, aioserve.sim.reports,
-        aioserve.runners.worker.torch_runner, aioserve.runners.cpu.cpu_info
+        aioserve.runners.torch.runner, aioserve.runners.cpu.cpu_info
     never at module level: torch, transformers
 """

@@ -127,7 +127,6 @@ def _add_overhead(sub: Any) -> None:
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    """Register the ``bench`` command and its three benchmarks."""
     parser = subparsers.add_parser("bench", help="benchmarks: throughput, serve, overhead")
     sub = parser.add_subparsers(dest="bench_command", required=True)
     _add_throughput(sub)

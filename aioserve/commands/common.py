@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def positive_int(value: str) -> int:
-    """An argparse type: an integer >= 1 (argparse names the flag when it is not)."""
+    """An argparse type: an integer >= 1."""
     try:
         number = int(value)
     except ValueError:
@@ -30,7 +30,7 @@ def positive_int(value: str) -> int:
 
 
 def non_negative_float(value: str) -> float:
-    """An argparse type: a number >= 0 (argparse names the flag when it is not)."""
+    """An argparse type: a number >= 0."""
     try:
         number = float(value)
     except ValueError:
@@ -72,7 +72,6 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
-    """Add ``--scheduler`` and ``--scheduler-config``."""
     parser.add_argument("--scheduler", default="fcfs",
                         help="policy name (fcfs, static, spf, memory_aware, priority, vtc, edf, "
                              "mlfq, or an entry point) or package.module:Class")
@@ -82,11 +81,7 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
 
 
 def scheduler_params(text: str | None) -> dict[str, Any] | None:
-    """The ``--scheduler-config`` JSON object, or None.
-
-    Raises:
-        ValueError: not a JSON object (the message names the option).
-    """
+    """The ``--scheduler-config`` JSON object, or None; ValueError naming the option otherwise."""
     if text is None:
         return None
     try:
@@ -100,8 +95,7 @@ def scheduler_params(text: str | None) -> dict[str, Any] | None:
 
 
 def flag_error(exc: ValueError, args: argparse.Namespace) -> ValueError:
-    """``exc`` of a config refusing a field (``"EngineConfig.device must be ..."``,
-    ``"max_body_bytes must be ..."``), led by the option that set the field."""
+    """``exc`` of a config refusing a field, led by the option that set the field."""
     message = str(exc).removeprefix("EngineConfig.")
     name = message.split(" ", 1)[0]
     if name in vars(args):
@@ -110,12 +104,7 @@ def flag_error(exc: ValueError, args: argparse.Namespace) -> ValueError:
 
 
 def check_scheduler(name: str, params: dict[str, Any] | None) -> None:
-    """Make the policy once with its parameters, so that a bad name or parameter is
-    refused before the model (and torch) loads.
-
-    Raises:
-        ValueError: the message names ``--scheduler/--scheduler-config``.
-    """
+    """Make the policy once, so a bad name or parameter is refused before torch loads."""
     try:
         load_scheduler(name, params)
     except ValueError as exc:
@@ -123,11 +112,7 @@ def check_scheduler(name: str, params: dict[str, Any] | None) -> None:
 
 
 def check_model(spec: str) -> None:
-    """Refuse a ``--model`` directory that does not exist or has no ``config.json``.
-
-    Raises:
-        ValueError: the message names ``--model``, the directory and what is missing.
-    """
+    """ValueError naming ``--model`` when its directory is missing or has no ``config.json``."""
     try:
         check_model_path(spec)
     except OSError as exc:
@@ -154,8 +139,7 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_forward_option(parser: argparse.ArgumentParser, scope: str = "") -> None:
-    """Add ``--forward``, defaulting to :class:`EngineConfig`'s (``serve``'s); ``scope``
-    ends its help (e.g. the flags it applies to)."""
+    """Add ``--forward``, defaulting to :class:`EngineConfig`'s; ``scope`` ends its help."""
     parser.add_argument(
         "--forward", default=EngineConfig.forward,
         choices=["auto", *attention_registry.FORWARDS],
@@ -168,7 +152,6 @@ def add_forward_option(parser: argparse.ArgumentParser, scope: str = "") -> None
 
 
 def add_prefix_caching_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (default on)."""
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
         help="reuse the KV blocks of prompt prefixes already computed (default: on)",
@@ -176,14 +159,11 @@ def add_prefix_caching_option(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """EngineConfig from parsed engine options, checked without loading torch: the
-    policy and its parameters are made once, the model directory is looked at.
+    """EngineConfig from parsed options, checked without loading torch (policy made once, model
+    directory looked at).
 
     Raises:
-        ValueError: an option is out of range, the policy or a parameter is refused, or
-            the model directory is missing or has no ``config.json`` (the message names
-            the option).
-    """
+        ValueError: an option is refused; the message names it."""
     try:
         budget = parse_memory(args.kv_cache_memory)
     except ValueError as exc:
@@ -221,8 +201,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def quiet_loading(verbose: bool) -> None:
-    """Show aiohttp's access-log line per request only when ``verbose`` (``--log-level
-    debug``): at the default level a start prints the summary and a request prints
-    nothing (transformers' loading bar follows the log level by itself:
-    :func:`~aioserve.runners.model.loader.weights_bar`)."""
+    """aiohttp's access-log line per request only when ``verbose``."""
     logging.getLogger("aiohttp.access").setLevel(logging.NOTSET if verbose else logging.WARNING)

@@ -1,7 +1,4 @@
-"""``aioserve env``: what this installation runs on, to paste into a bug report: the
-versions of aioserve and of the libraries whose kernels and tokenizers decide its
-numbers, the platform, the CPU with the features its kernels dispatch on, threads,
-CUDA, and the environment variables that change which kernels run."""
+"""``aioserve env``: what this installation runs on, for a bug report."""
 
 from __future__ import annotations
 
@@ -24,13 +21,11 @@ KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS"
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    """Register the ``env`` command."""
     return subparsers.add_parser(
         "env", help="print versions, platform, CPU features, threads and CUDA (for bug reports)")
 
 
 def package_version(name: str) -> str:
-    """The installed version of distribution ``name``, or "not installed"."""
     try:
         return version(name)
     except PackageNotFoundError:
@@ -72,7 +67,6 @@ def report() -> list[tuple[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print :func:`report`, one ``label: value`` line each."""
     lines = report()
     width = max(len(label) for label, _ in lines)
     for label, value in lines:

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    """Register the ``generate`` command."""
     parser = subparsers.add_parser("generate", help="stream a continuation of PROMPT to stdout")
     parser.add_argument("prompt", help="the text to continue")
     add_engine_options(parser)
@@ -41,11 +40,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    """The request's sampling parameters from the options.
-
-    Raises:
-        ValueError: a value out of range (the message names the option).
-    """
+    """The request's sampling parameters; ValueError naming the option."""
     try:
         return SamplingParams(
             max_tokens=args.max_tokens,
@@ -80,11 +75,6 @@ async def _generate(args: argparse.Namespace, config: EngineConfig,
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``generate``; exit status 0. Only the continuation goes to stdout, and no
-    loading bar to stderr. Options are checked before torch is imported.
-
-    Raises:
-        ValueError: an option is refused (the message names it).
-    """
+    """Stream the continuation to stdout; options are checked before torch loads."""
     config, params = engine_config(args), sampling_params(args)
     return asyncio.run(_generate(args, config, params))

@@ -1,6 +1,4 @@
-"""``aioserve policies``: the installed scheduling policies (entry points of the
-``aioserve.schedulers`` group, third-party ones included) and their parameters. Imports
-no torch: it answers in well under a second."""
+"""``aioserve policies``: the installed scheduling policies and their parameters, no torch."""
 
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ if TYPE_CHECKING:
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    """Register the ``policies`` command."""
     parser = subparsers.add_parser(
         "policies", help="list the scheduling policies and their parameters",
         description="The scheduling policies --scheduler takes (entry points of the "
@@ -29,12 +26,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def describe(spec: str) -> str:
-    """The lines of one policy: its name, class and first docstring sentence, then one line
-    per parameter (``name: type = default  description``).
-
-    Raises:
-        ValueError: the policy is unknown or cannot be imported (the message names it).
-    """
+    """One policy's name, class, summary and parameters; ValueError when not importable."""
     from importlib.metadata import entry_points
 
     if ":" in spec:
@@ -62,11 +54,6 @@ def describe(spec: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print each policy and its parameters; exit status 0.
-
-    Raises:
-        ValueError: a named policy is unknown or cannot be imported.
-    """
     names = args.names or available_schedulers()
     print("\n\n".join(describe(name) for name in names))
     return 0

@@ -36,7 +36,6 @@ logger = logging.getLogger("aioserve.serve")
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    """Register the ``serve`` command."""
     parser = subparsers.add_parser("serve", help="serve the model over HTTP and websocket")
     add_engine_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -72,12 +71,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
-    """ServerConfig from parsed options.
-
-    Raises:
-        ValueError: an option is out of range, the chat template file is unreadable, or
-            the API key (``--api-key``, default ``$AIOSERVE_API_KEY``) is empty or blank.
-    """
+    """ServerConfig from parsed options; ValueError naming the option."""
     template = None
     api_key = args.api_key  # the option, else $AIOSERVE_API_KEY (its default)
     if api_key is not None and not api_key.strip():
@@ -109,11 +103,9 @@ CLOSE_GRACE = 1.0
 
 
 async def drain(app: web.Application, shutdown_timeout: float) -> None:
-    """Graceful stop of the engine, as vLLM and TGI do on SIGTERM: admit nothing more
-    (new requests get 503, ``/health`` 503), end queued requests that never started
-    with an error, let running ones finish for up to ``shutdown_timeout`` seconds,
-    then stop the engine, which ends every remaining stream with an error event (SSE
-    ``data: {"error": ...}``, websocket ``error``)."""
+    """Graceful stop, as vLLM and TGI on SIGTERM: admit nothing (503), end queued requests, let
+    running ones finish for up to ``shutdown_timeout`` seconds, then stop the engine (remaining
+    streams end with an error event)."""
     engine = app[ENGINE_KEY]
     if not engine.is_running:
         return
@@ -124,14 +116,9 @@ async def drain(app: web.Application, shutdown_timeout: float) -> None:
 
 
 def bind(host: str, port: int) -> list[socket.socket]:
-    """Sockets bound to every address of ``host`` at ``port``, not yet listening (so
-    nothing connects before the server is ready), the way aiohttp's ``TCPSite`` would
-    bind them; ``port`` 0 picks one free port for all.
-
-    Raises:
-        ValueError: the address cannot be resolved or bound (a busy port, a foreign
-            address, no permission); the message names ``--host/--port``.
-    """
+    """Sockets bound to every address of ``host`` at ``port``, not yet listening (nothing
+    connects before the server is ready); ValueError naming ``--host/--port`` when they cannot be
+    bound."""
     sockets: list[socket.socket] = []
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
@@ -156,14 +143,9 @@ async def serve(
     app: web.Application, host: str, port: int, shutdown_timeout: float,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM, then :func:`drain` the engine (in-flight
-    requests get ``shutdown_timeout`` seconds), stop listening, close websockets and
-    exit, in at most ``shutdown_timeout`` + about 2 seconds. Prints ``listening on
-    http://HOST:PORT`` once ready (and passes that URL to ``on_ready``).
-
-    Raises:
-        ValueError: ``host:port`` cannot be bound; raised before the model loads.
-    """
+    """Serve ``app`` until SIGINT or SIGTERM, then :func:`drain` and exit within
+    ``shutdown_timeout`` + about 2 s; prints ``listening on http://HOST:PORT`` once ready.
+    ValueError before the model loads when ``host:port`` cannot be bound."""
     sockets = bind(host, port)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=CLOSE_GRACE)
     stop = asyncio.Event()
@@ -196,9 +178,7 @@ async def serve(
 
 def add_operator_log(app: web.Application, stats_interval: float,
                      clock: PhaseClock | None = None) -> None:
-    """Log the start-up summary once the engine runs, and a stats line at most every
-    ``stats_interval`` seconds while it works (0: none); ``clock`` gets the engine's
-    start as its part ``"engine start"``."""
+    """Log the start-up summary, then a stats line every ``stats_interval`` seconds (0: none)."""
     engine = app[ENGINE_KEY]
     stats = StatsLogger(engine, stats_interval) if stats_interval > 0 else None
 
@@ -218,13 +198,7 @@ def add_operator_log(app: web.Application, stats_interval: float,
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully; exit status 0. With
-    ``--ray``, serve on Ray Serve instead (:func:`run_ray`). Options are checked before
-    torch is imported, so a refusal is quick.
-
-    Raises:
-        ValueError: an option is out of range (the message names it).
-    """
+    """Serve until SIGINT/SIGTERM; options are checked before torch loads."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     settings = server_config(args)
@@ -235,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         return run_ray(args, config, settings)
     process_s, clock = process_age_s(), PhaseClock()
-    import aioserve.runners.worker.torch_runner  # noqa: F401  torch, transformers: timed
+    import aioserve.runners.torch.runner  # noqa: F401  torch, transformers: timed
 
     clock.mark("imports (torch, transformers)")
     app = create_app(config, settings)

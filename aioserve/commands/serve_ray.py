@@ -1,20 +1,18 @@
-"""``aioserve serve --ray``: the same OpenAI endpoint, served by engine replicas on Ray
-Serve (a local Ray instance, or an existing cluster with ``--ray-address``)."""
+"""``aioserve serve --ray``: the same OpenAI endpoint, served by engine replicas on Ray Serve."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import signal
-import socket
 import threading
 from typing import Any
 
+from aioserve.bench.server_process import free_port
 from aioserve.config import EngineConfig
 
 
 def add_ray_options(parser: argparse.ArgumentParser) -> None:
-    """Register the ``--ray`` options of ``serve``."""
     group = parser.add_argument_group("Ray Serve (needs aioserve[ray])")
     group.add_argument("--ray", action="store_true",
                        help="serve with engine replicas on Ray Serve instead of in-process")
@@ -45,11 +43,7 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
 
 
 def ray_options(args: argparse.Namespace) -> Any:
-    """RayServeOptions from parsed options.
-
-    Raises:
-        ValueError: a count is out of range, or ``--autoscaling`` is not a JSON object.
-    """
+    """RayServeOptions from parsed options; ValueError naming the option."""
     from aioserve.deploy.ray_serve import RayServeOptions
 
     autoscaling = None
@@ -70,21 +64,8 @@ def ray_options(args: argparse.Namespace) -> Any:
                            stream_interval=args.stream_interval)
 
 
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (Serve's proxy needs a fixed port)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def run_ray(args: argparse.Namespace, config: EngineConfig, server_config: Any) -> int:
-    """Deploy ``config``'s engine on Ray Serve, print ``listening on URL``, serve until
-    SIGINT/SIGTERM, then shut Serve down (and the local Ray instance, when this command
-    started it).
-
-    Raises:
-        ValueError: Ray Serve is not installed, or an option is out of range.
-    """
+    """Deploy on Ray Serve and serve until SIGINT/SIGTERM, then shut it down."""
     try:
         from ray import serve
 

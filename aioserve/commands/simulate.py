@@ -1,5 +1,4 @@
-"""``aioserve simulate``: compare scheduling policies on a virtual clock (or on the real
-engine with the same workload), and calibrate the simulator on this machine."""
+"""``aioserve simulate``: compare scheduling policies on a virtual clock, or calibrate."""
 
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
-    """Register the ``simulate`` command."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
         help="run a workload through the engine and schedulers on a virtual clock",
@@ -39,12 +37,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """Each policy's parameters from ``--scheduler-config`` (see
-    :func:`~aioserve.scheduling.registry.params_by_policy`).
-
-    Raises:
-        ValueError: not a JSON object, or a key that names none of the policies.
-    """
+    """Each policy's parameters from ``--scheduler-config``; ValueError for an unknown key."""
     return params_by_policy(names, scheduler_params(text))
 
 
@@ -94,11 +87,7 @@ async def _calibrate(args: argparse.Namespace, real: EngineConfig,
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``simulate``; exit status 0.
-
-    Raises:
-        ValueError: unknown scheduler, workload or option (the CLI prints it and exits 2).
-    """
+    """Run ``simulate``; ValueError for an unknown scheduler, workload or option."""
     real = engine_config(args) if args.calibrate or args.real else None
     if args.calibrate and real is not None:
         workload = load_workload(args.workload) if args.workload != "article-example" else None

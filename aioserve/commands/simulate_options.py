@@ -1,5 +1,4 @@
-"""The options of ``aioserve simulate`` and the engine settings they describe (the same
-flags set the simulated engine and, with ``--real`` or ``--calibrate``, the real one)."""
+"""The options of ``aioserve simulate``, for the simulated engine and the real one."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from aioserve.sim.workloads import WorkloadRequest
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """Add every ``simulate`` option."""
     add_scheduler_options(parser)
     parser.set_defaults(scheduler="fcfs")
     add = parser.add_argument
@@ -75,12 +73,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _profile(args: argparse.Namespace) -> StepCostModel | None:
-    """The ``--profile`` step cost, or None.
-
-    Raises:
-        ValueError: unreadable or not a profile (the message names ``--profile``, the
-            path and what is wrong).
-    """
+    """The ``--profile`` step cost, or None; ValueError naming ``--profile`` and what is wrong."""
     if not args.profile:
         return None
     try:
@@ -93,11 +86,7 @@ def _profile(args: argparse.Namespace) -> StepCostModel | None:
 
 
 def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> SimConfig:
-    """The simulated engine of the options (a profile's engine where options are unset).
-
-    Raises:
-        ValueError: an unreadable or malformed ``--profile``.
-    """
+    """The simulated engine of the options (a profile's where options are unset)."""
     model = _profile(args)
     source = model.source if model is not None else {}
 
@@ -119,12 +108,7 @@ def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> Sim
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The real engine of the options (``--real``, ``--calibrate``).
-
-    Raises:
-        ValueError: no ``--model``, a model directory that is missing or has no
-            ``config.json``, or an option out of range.
-    """
+    """The real engine of the options; ValueError naming the option."""
     if not args.model:
         raise ValueError("--model: give the model to run (needed by --real and --calibrate)")
     check_model(args.model)

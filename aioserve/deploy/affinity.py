@@ -1,6 +1,4 @@
-"""Which replica a prompt belongs to: the prompt's prefix key, and rendezvous hashing
-of that key over replica ids. Plain functions with no Ray import (the router, the
-ingress and the tests share them)."""
+"""Which replica a prompt belongs to: its prefix key, rendezvous-hashed (no Ray import)."""
 
 from __future__ import annotations
 
@@ -11,10 +9,7 @@ from typing import Any
 
 
 def prefix_key(body: bytes, num_chars: int) -> str:
-    """The first ``num_chars`` characters of the prompt of an OpenAI body, the key the
-    prefix-affinity router hashes: ``prompt`` (a string, the first string of a list, or
-    token ids written out) or the chat ``messages``' contents joined. ``""`` when the
-    body is not such JSON (the router then balances by load alone)."""
+    """The first ``num_chars`` characters of an OpenAI body's prompt (``""`` if none)."""
     try:
         data: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -36,8 +31,7 @@ def prefix_key(body: bytes, num_chars: int) -> str:
 
 
 def affinity_order(key: str, replica_ids: Sequence[str]) -> list[str]:
-    """``replica_ids`` from most to least preferred for ``key`` (rendezvous hashing:
-    the same key and replicas always give the same order)."""
+    """``replica_ids`` from most to least preferred for ``key`` (rendezvous hashing)."""
 
     def weight(replica_id: str) -> bytes:
         return hashlib.blake2b(f"{replica_id}\0{key}".encode(), digest_size=8).digest()

@@ -1,7 +1,4 @@
-"""Coalescing of a streamed body into fewer, larger chunks: each item of a Ray Serve
-stream costs a fixed amount of CPU in the replica, the ingress and the proxy, so
-sending one item per engine step per request caps throughput well below the engine's.
-Ray Serve LLM does the same (``stream_batching_interval_ms``)."""
+"""Merging a stream into fewer chunks: each Ray Serve stream item costs fixed CPU."""
 
 from __future__ import annotations
 
@@ -12,10 +9,7 @@ import aiohttp
 
 
 async def coalesced(content: aiohttp.StreamReader, interval: float) -> AsyncIterator[bytes]:
-    """The bytes of ``content`` as they arrive, merged so that at most one chunk goes
-    out per ``interval`` seconds (0: every read at once, merging only what is already
-    buffered). The first bytes go out at once; later bytes wait at most ``interval``.
-    """
+    """The bytes of ``content``, at most one chunk per ``interval`` seconds."""
     loop = asyncio.get_running_loop()
     pending = bytearray()
     sent_at = -interval

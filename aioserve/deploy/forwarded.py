@@ -1,5 +1,4 @@
-"""What an ingress forwards to a replica and what comes back: plain data that Ray can
-pickle, with no Ray import, so it is testable without Ray."""
+"""What an ingress forwards to a replica and gets back: plain picklable data, no Ray import."""
 
 from __future__ import annotations
 
@@ -18,14 +17,7 @@ RETURNED_HEADERS = ("content-type", "cache-control", "x-accel-buffering", "allow
 
 @dataclass(frozen=True)
 class ForwardedRequest:
-    """One HTTP request, as the ingress received it.
-
-    Attributes:
-        method: ``GET``, ``POST``…
-        path: the path and query string (``/v1/completions``).
-        headers: the :data:`FORWARDED_HEADERS` the client sent (lower-case names).
-        body: the raw body in bytes.
-    """
+    """One HTTP request as the ingress received it (lower-case headers)."""
 
     method: str
     path: str
@@ -35,13 +27,7 @@ class ForwardedRequest:
 
 @dataclass(frozen=True)
 class ResponseHead:
-    """The first item a replica streams back: status and headers of its answer.
-
-    Attributes:
-        status: HTTP status code.
-        headers: the :data:`RETURNED_HEADERS` of the answer (lower-case names).
-        replica: the Serve replica id that answered.
-    """
+    """The first item a replica streams back: status, headers, replica id."""
 
     status: int
     headers: dict[str, str]
@@ -49,5 +35,4 @@ class ResponseHead:
 
     @property
     def is_event_stream(self) -> bool:
-        """True when the body is Server-Sent Events."""
         return self.headers.get("content-type", "").startswith("text/event-stream")

@@ -1,18 +1,4 @@
-"""The Ray Serve ingress: the HTTP entry point of the app. It is thin on purpose: it
-forwards each request, as received, to an :class:`~aioserve.deploy.replica.EngineReplica`
-through a streaming deployment handle and streams the replica's answer back, so every
-route, validation rule and response shape is the one ``aioserve serve`` has.
-
-A request whose replica fails before answering anything (it died, or could not be
-reached) is sent again, up to ``retries`` times, routed by load alone (not to the
-replica its prefix prefers, which may be the failed one), after a pause that doubles
-from ``RETRY_DELAY`` seconds (Serve's router may pick a dead replica until its
-controller notices the death); nothing has reached the client yet, so the client sees
-one answer. After that, errors
-of the ingress's own have the same JSON shape as the app's: a 503 ``{"error": {...}}``
-before the answer has started, or an SSE error event (``data: {"error": {...}}``, no
-``[DONE]``) when the replica dies in the middle of a stream.
-"""
+"""The Ray Serve ingress: forwards each request as received to an :class:`EngineReplica`."""
 
 from __future__ import annotations
 
@@ -37,24 +23,18 @@ from aioserve.server.errors import error_body
 
 logger = logging.getLogger("aioserve.deploy")
 
-#: Seconds before the first retry of a request whose replica failed; doubles each time.
+#: Seconds before the first retry of a request whose replica failed; doubles each time (Serve
+#: may route to a dead replica until its controller notices the death).
 RETRY_DELAY = 0.25
 
 
 def replica_failed(exc: BaseException) -> dict[str, object]:
-    """The error body for a request whose replica failed (died, or unreachable)."""
     message = f"the replica serving this request failed: {type(exc).__name__}: {exc}"
     return error_body(503, message.splitlines()[0], code="replica_failed")
 
 
 class OpenAIIngress:
-    """Forwards every HTTP request to a replica (decorate with ``serve.deployment``).
-
-    Args:
-        replica: handle of the :class:`EngineReplica` deployment.
-        prefix_chars: characters of the prompt the prefix-affinity router hashes.
-        retries: times a request is sent again when its replica fails before answering.
-    """
+    """Forwards every HTTP request to a replica, retrying one that fails before answering."""
 
     def __init__(
         self, replica: DeploymentHandle[Any], prefix_chars: int = 256, retries: int = 4
@@ -64,8 +44,7 @@ class OpenAIIngress:
         self.retries = retries
 
     async def __call__(self, request: Request) -> Response:
-        """Answer ``request`` with a replica's answer (status, headers, streamed body)
-        plus the ``x-aioserve-replica`` header naming the replica."""
+        """The replica's answer plus the ``x-aioserve-replica`` header."""
         if request.url.path == "/ws":
             body = error_body(404, "the websocket /ws is not served on Ray Serve; use the "
                               "HTTP routes", code="not_found")
@@ -100,9 +79,7 @@ class OpenAIIngress:
 async def _body(
     stream: DeploymentResponseGenerator[Any], head: ResponseHead
 ) -> AsyncIterator[bytes]:
-    """The replica's body chunks; an SSE error event if the replica fails mid-stream;
-    cancels the replica's generator (aborting its engine requests) when the client
-    leaves."""
+    """The replica's body; an SSE error event if it fails mid-stream."""
     try:
         async for chunk in stream:
             yield chunk

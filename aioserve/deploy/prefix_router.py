@@ -1,17 +1,4 @@
-"""A Ray Serve request router that sends requests sharing a prompt prefix to the same
-replica, where that prefix's KV blocks are most likely still cached, unless that replica
-is busier than the rest, when it falls back to Serve's power of two choices. It builds
-on Serve's ``PowerOfTwoChoicesRequestRouter`` (as Ray's own prefix router does) and its
-queue-length probes.
-
-The affinity is rendezvous (highest-random-weight) hashing of the request's
-``prefix_key`` (the prompt's first characters, see :mod:`aioserve.deploy.affinity`)
-over the live replicas: deterministic,
-with no state to share between ingress replicas, and when a replica comes or goes only
-the keys that mapped to it move. Ray's ``PrefixCacheAffinityRouter`` (``ray.serve.llm``)
-keeps a prefix tree in an extra actor instead and reads the ``ray.llm`` request types;
-this router needs neither.
-"""
+"""A Ray Serve router sending requests sharing a prompt prefix to one replica unless it is busy."""
 
 from __future__ import annotations
 
@@ -22,18 +9,11 @@ from aioserve.deploy.affinity import affinity_order
 
 
 class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
-    """Prefix affinity with a load fallback (pass as ``request_router_class``).
-
-    ``request_router_kwargs``:
-        imbalanced_threshold: how many more ongoing requests than the least loaded
-            replica the preferred replica may have before the request goes to power of
-            two choices instead (default 8).
-    """
+    """Prefix affinity with a load fallback (pass as ``request_router_class``)."""
 
     def initialize_state(  # type: ignore[override]  # Serve passes request_router_kwargs
         self, imbalanced_threshold: int = 8,
     ) -> None:
-        """Store the router's settings (Serve calls this once)."""
         self.imbalanced_threshold = imbalanced_threshold
 
     async def choose_replicas(
@@ -41,9 +21,7 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        """The preferred replica for the request's prefix key as the first rank, then
-        the other replicas in affinity order; power of two choices for requests without
-        a key, or when the preferred replica is overloaded."""
+        """The preferred replica first, then the others; power of two choices otherwise."""
         key = pending_request.kwargs.get("prefix_key", "") if pending_request else ""
         if not key or len(candidate_replicas) < 2:
             return await super().choose_replicas(candidate_replicas, pending_request)
@@ -56,9 +34,7 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
     async def _overloaded(
         self, preferred: RunningReplica, replicas: list[RunningReplica]
     ) -> bool:
-        """True when the preferred replica has more than ``imbalanced_threshold`` more
-        ongoing requests than the least loaded replica (lengths from Serve's cache when
-        it keeps one, else probed, as power of two choices does)."""
+        """Whether the preferred replica exceeds the least loaded by ``imbalanced_threshold``."""
         lengths = await self._queue_lengths(replicas)
         mine = lengths.get(preferred.replica_id.unique_id)
         if mine is None:
@@ -66,7 +42,6 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
         return mine - min(lengths.values()) > self.imbalanced_threshold
 
     async def _queue_lengths(self, replicas: list[RunningReplica]) -> dict[str, int]:
-        """Ongoing requests per replica id; replicas that do not answer are left out."""
         lengths: dict[str, int] = {}
         missing = []
         for replica in replicas:

@@ -1,15 +1,4 @@
-"""aioserve on Ray Serve: replicas of one engine each behind one OpenAI endpoint.
-
-The app has two deployments: :class:`~aioserve.deploy.ingress.OpenAIIngress` (HTTP,
-thin) and :class:`~aioserve.deploy.replica.EngineReplica` (one :class:`AsyncEngine`
-per replica, scaled by ``num_replicas`` or an autoscaling config, placed by
-``ray_actor_options``). Requests reach replicas through Serve's router: power of two
-choices by default, or :class:`~aioserve.deploy.prefix_router.PrefixAffinityRouter`.
-
-Usage (a local Ray instance, or an existing cluster with ``address``)::
-
-    url = start(EngineConfig(model=...), ServerConfig(), RayServeOptions(num_replicas=2))
-"""
+"""aioserve on Ray Serve: ``start(EngineConfig(...), ServerConfig(), RayServeOptions())``."""
 
 from __future__ import annotations
 
@@ -40,27 +29,17 @@ class RayServeOptions:
     """How the app is deployed.
 
     Attributes:
-        num_replicas: engine replicas (ignored when ``autoscaling_config`` is given).
-        autoscaling_config: Serve's autoscaling config (``min_replicas``,
-            ``max_replicas``, ``target_ongoing_requests``…), or None for a fixed count.
+        num_replicas: engine replicas (ignored with ``autoscaling_config``).
+        autoscaling_config: Serve's autoscaling config, or None for a fixed count.
         ray_actor_options: resources of each engine replica, e.g. ``{"num_gpus": 1}``.
-        ingress_replicas: ingress replicas (each forwards streams, so its CPU bounds the
-            stream items per second it carries; add one per few engines).
-        ingress_actor_options: resources of each ingress replica.
-        max_ongoing_requests: requests Serve sends one engine replica at once; set it
-            above the engine's ``max_num_seqs`` so its scheduler, not Serve, queues.
-        router: ``"pow2"`` (Serve's power of two choices) or ``"prefix"``
-            (:class:`PrefixAffinityRouter`).
-        prefix_chars: prompt characters the prefix router hashes.
-        imbalanced_threshold: ongoing requests by which the preferred replica may exceed
-            the least loaded one before the prefix router balances by load instead.
-        stream_interval: seconds over which a stream's chunks are merged into one Serve
-            stream item (fewer, larger items: more throughput, up to this much more
-            latency per chunk; 0 sends each chunk as it comes).
+        ingress_replicas, ingress_actor_options: the ingress's count and resources.
+        max_ongoing_requests: per engine replica; above ``max_num_seqs`` so the engine queues.
+        router: ``"pow2"`` or ``"prefix"`` (:class:`PrefixAffinityRouter`).
+        prefix_chars, imbalanced_threshold: the prefix router's settings.
+        stream_interval: seconds over which stream chunks merge into one Serve item.
 
     Raises:
-        ValueError: unknown router, or a count out of range.
-    """
+        ValueError: unknown router, or a count out of range."""
 
     num_replicas: int = 1
     autoscaling_config: dict[str, Any] | None = None
@@ -84,7 +63,6 @@ class RayServeOptions:
             raise ValueError(f"stream_interval must be >= 0, got {self.stream_interval}")
 
     def replica_settings(self) -> dict[str, Any]:
-        """Keyword arguments of ``serve.deployment`` for the engine replicas."""
         settings: dict[str, Any] = {
             "name": REPLICA_DEPLOYMENT,
             "ray_actor_options": self.ray_actor_options,
@@ -106,7 +84,6 @@ class RayServeOptions:
 def build_app(
     engine_config: EngineConfig, server_config: ServerConfig, options: RayServeOptions
 ) -> serve.Application:
-    """The Serve application: the ingress bound to the engine replicas."""
     # serve.deployment(cls, **options) returns the Deployment; Ray's overloads type the
     # keyword-only form as a decorator
     replica: serve.Deployment = serve.deployment(  # type: ignore[assignment]
@@ -125,16 +102,12 @@ def start(
     *, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
     num_cpus: int | None = None,
 ) -> str:
-    """Connect to Ray (``address``, e.g. ``"auto"`` or ``"ray://head:10001"``; None
-    starts a local instance with ``num_cpus``), start Serve's HTTP proxy on
-    ``host:port`` and deploy the app; returns once every replica has loaded its model.
-
-    Returns:
-        The endpoint's base URL, ``http://HOST:PORT``.
+    """Connect to Ray (``address``; None starts a local instance), start Serve's proxy on
+    ``host:port``, deploy the app, wait for every replica to load, and return the base URL
+    ``http://HOST:PORT``.
 
     Raises:
-        RuntimeError: a replica failed to start (e.g. the model cannot be loaded).
-    """
+        RuntimeError: a replica failed to start (e.g. the model cannot be loaded)."""
     if not ray.is_initialized():
         if address is None:
             ray.init(num_cpus=num_cpus, include_dashboard=False)

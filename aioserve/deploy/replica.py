@@ -1,47 +1,52 @@
-"""The Ray Serve replica: one :class:`AsyncEngine` behind the very aiohttp app that
-``aioserve serve`` runs, listening on the replica's own loopback.
-
-Why a loopback app: every request is parsed, validated and answered by the same code as
-``aioserve serve`` (the same 400 JSON errors, the same SSE chunks, the same disconnect
-handling), with no second implementation to keep in step. The ingress forwards the raw
-request; the replica replays it against its app on ``127.0.0.1`` and streams the answer
-back as it comes: a :class:`ResponseHead`, then body chunks (bytes). When the caller
-goes away Serve cancels the replica's generator, which closes the loopback connection,
-which aborts the engine requests and frees their KV blocks, exactly as a client leaving
-``aioserve serve`` does.
-"""
+"""The Ray Serve replica: one :class:`AsyncEngine` behind ``aioserve serve``'s app on loopback."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from ray import serve
+from ray.util.metrics import Gauge
 
 from aioserve.config import EngineConfig
 from aioserve.deploy.coalesce import coalesced
 from aioserve.deploy.forwarded import RETURNED_HEADERS, ForwardedRequest, ResponseHead
-from aioserve.deploy.replica_metrics import ReplicaMetrics
 from aioserve.server import METRICS_KEY, ServerConfig, create_app
 from aioserve.server.metrics import PREFIX
 from aioserve.server.state import ENGINE_KEY
 
+#: Engine stat -> (metric name, description).
+EXPORTED: dict[str, tuple[str, str]] = {
+    "num_running": ("aioserve_num_requests_running", "requests running in the engine"),
+    "num_waiting": ("aioserve_num_requests_waiting", "requests waiting for a slot"),
+    "kv_cache_usage": ("aioserve_kv_cache_usage", "fraction of KV blocks in use (0-1)"),
+    "num_free_blocks": ("aioserve_kv_free_blocks", "free KV-cache blocks"),
+    "num_preemptions": ("aioserve_num_preemptions", "preemptions since start"),
+    "num_steps": ("aioserve_num_steps", "engine steps since start"),
+}
+
+
+class ReplicaMetrics:
+    """One replica's engine stats as Ray gauges tagged ``replica=<id>``."""
+
+    def __init__(self, replica: str) -> None:
+        self.tags = {"replica": replica}
+        self.gauges = {
+            stat: Gauge(name, description, tag_keys=("replica",))
+            for stat, (name, description) in EXPORTED.items()
+        }
+
+    def record(self, stats: Mapping[str, float]) -> None:
+        """Set every gauge from :meth:`AsyncEngine.stats`."""
+        for stat, gauge in self.gauges.items():
+            gauge.set(float(stats[stat]), tags=self.tags)
+
 
 class EngineReplica:
-    """One engine per Serve replica (decorate with ``serve.deployment`` to deploy; see
-    :func:`aioserve.deploy.ray_serve.build_app`).
-
-    Args:
-        engine_config: the engine to load (the model loads in the replica's process).
-        server_config: the app's settings (served model name, chat template, limits).
-        stream_interval: seconds over which a streamed answer's chunks are merged into
-            one Ray Serve stream item (0: one item per read; see
-            :mod:`aioserve.deploy.coalesce`).
-        metrics_period: seconds between exports of engine stats to Ray's metrics.
-    """
+    """One engine per Serve replica (decorate with ``serve.deployment``; see :func:`build_app`)."""
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async __init__
         self, engine_config: EngineConfig, server_config: ServerConfig,
@@ -64,23 +69,14 @@ class EngineReplica:
         self._metrics_task = asyncio.create_task(self._export_metrics())
 
     async def check_health(self) -> None:
-        """Serve's health check.
-
-        Raises:
-            RuntimeError: the engine is not running (Serve then replaces the replica).
-        """
+        """Serve's health check; raises RuntimeError when the engine is not running."""
         if not self.app[ENGINE_KEY].is_running:
             raise RuntimeError("the engine is not running")
 
     async def forward(
         self, request: ForwardedRequest, prefix_key: str = ""
     ) -> AsyncIterator[ResponseHead | bytes]:
-        """Answer ``request`` with the app: a :class:`ResponseHead`, then body chunks.
-
-        ``prefix_key`` is read by the prefix-affinity router only. Cancelling the
-        generator (the client left) closes the loopback connection, which aborts the
-        request's engine requests.
-        """
+        """A :class:`ResponseHead`, then body chunks (``prefix_key`` is for the router only)."""
         async with self._session.request(
             request.method, self._url + request.path, data=request.body,
             headers=request.headers, allow_redirects=False,
@@ -94,12 +90,7 @@ class EngineReplica:
                 yield chunk
 
     async def stats(self, prefix_key: str = "") -> dict[str, Any]:
-        """The engine's :meth:`AsyncEngine.stats`, plus ``replica`` (the Serve replica
-        id) and ``num_aborted`` (requests aborted since start, e.g. by disconnects).
-
-        ``prefix_key`` is read by the prefix-affinity router only (a caller can aim at
-        one replica with a key that maps to it).
-        """
+        """:meth:`AsyncEngine.stats` plus ``replica`` and ``num_aborted``."""
         registry = self.app[METRICS_KEY].registry
         aborted = registry.get_sample_value(
             f"{PREFIX}request_success_total", {"finished_reason": "abort"}
@@ -115,7 +106,7 @@ class EngineReplica:
             await asyncio.sleep(self._metrics_period)
 
     async def __del__(self) -> None:
-        """Serve's shutdown hook: stop exporting, close the session, stop the engine."""
+        """Serve's shutdown hook."""
         self._metrics_task.cancel()
         await self._session.close()
         await self._runner.cleanup()

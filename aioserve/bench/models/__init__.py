@@ -1,8 +1,5 @@
-"""The models benchmarks run on without a download: random weights of a real shape
-(``--random-model``, shapes in ``model_shapes/``), tiny random decoders of many
-transformers architectures, and the coverage check that compares each with
-transformers' ``generate()``.
+"""Models to benchmark without a download: random weights of a real shape, tiny decoders of many
+architectures, and their coverage check.
 
 Imports (checked by tests/test_import_rules.py):
-    may import: aioserve, aioserve.bench
-"""
+    may import: aioserve, aioserve.bench"""

@@ -1,11 +1,4 @@
-"""Architecture coverage: does the engine give each tiny model's ``generate()`` output?
-
-For one architecture: build the tiny random model (:mod:`aioserve.bench.models.tiny_models`),
-save it next to the test tokenizer, compute each prompt's greedy continuation with
-``generate()`` alone (eager attention, float32), then serve the same prompts through
-the engine (fcfs, few slots, requests arriving at different steps) and compare
-token for token. A model the engine refuses at load is reported with the reason.
-"""
+"""Architecture coverage: the engine's greedy tokens against ``generate()`` on each tiny model."""
 
 from __future__ import annotations
 
@@ -21,14 +14,7 @@ from aioserve.errors import UnsupportedModelError
 
 @dataclass(frozen=True)
 class Verdict:
-    """One architecture's result.
-
-    Attributes:
-        model_type: transformers ``model_type``.
-        status: ``"exact"``, ``"refused"`` or ``"WRONG"``.
-        detail: the refusal's reason, or the first differing prompt, or "".
-        references: the ``generate()`` continuations (empty when refused).
-    """
+    """One architecture's result: ``status`` is ``"exact"``, ``"refused"`` or ``"WRONG"``."""
 
     model_type: str
     status: str
@@ -37,15 +23,13 @@ class Verdict:
 
 
 def prompts(count: int = 8, longest: int = 90, seed: int = 0) -> list[list[int]]:
-    """``count`` token-id prompts of 1 to ``longest`` tokens (BOS first), shortest
-    and longest included."""
+    """``count`` prompts of 1 to ``longest`` tokens (BOS first), both ends included."""
     rng = random.Random(seed)
     lengths = [1, longest] + [rng.randint(2, longest) for _ in range(count - 2)]
     return [[1] + [rng.randint(3, 511) for _ in range(n - 1)] for n in lengths]
 
 
 def save(model_type: str, directory: Path, tokenizer_dir: str, seed: int = 0) -> object:
-    """Build the tiny model, save it and the tokenizer to ``directory``; returns the model."""
     from transformers import AutoTokenizer
 
     model = tiny_models.build(model_type, seed)
@@ -58,8 +42,7 @@ async def serve(
     model_dir: Path, prompt_ids: list[list[int]], max_tokens: int, *, max_num_seqs: int = 4,
     max_num_batched_tokens: int = 256, block_size: int = 8,
 ) -> list[list[int]]:
-    """Greedy continuations from the engine (fcfs), every third request waiting for
-    the previous one's first token so later ones join a batch already decoding."""
+    """Greedy continuations from the engine, some requests joining a decoding batch."""
     config = EngineConfig(
         model=str(model_dir), scheduler="fcfs", max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
@@ -95,7 +78,6 @@ def check(
     model_type: str, directory: Path, tokenizer_dir: str, prompt_ids: list[list[int]],
     max_tokens: int = 16, **engine_settings: int,
 ) -> Verdict:
-    """Compare the engine with ``generate()`` alone on ``prompt_ids`` for ``model_type``."""
     model = save(model_type, directory, tokenizer_dir)
     references = [tiny_models.greedy(model, p, max_tokens) for p in prompt_ids]  # type: ignore[arg-type]
     try:

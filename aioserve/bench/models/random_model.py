@@ -1,13 +1,4 @@
-"""Random-weight models of a real shape, for benchmarks: ``--random-model CONFIG``.
-
-Speed depends on a model's shape, not on its weights, so a benchmark can run a real
-architecture (e.g. SmolLM2-135M) without downloading it. The model is built from a
-transformers ``config.json`` (a path, or the name of a shape shipped in
-``aioserve/bench/models/model_shapes/``) with random weights from a fixed seed, saved once with
-``save_pretrained`` (float32 safetensors, plus its generation config, no tokenizer) to a
-cache directory, and then loaded like any model directory, so peer engines (vLLM) can
-load the very same directory.
-"""
+"""Random-weight models of a real shape (``--random-model``), built once and cached."""
 
 from __future__ import annotations
 
@@ -26,20 +17,15 @@ _FORMAT = 1
 
 
 def shape_names() -> list[str]:
-    """Names of the shipped shapes (``smollm2-135m``, ``qwen3-0.6b``, …)."""
     return sorted(path.stem for path in SHAPES_DIR.glob("*.json"))
 
 
 def read_shape(spec: str) -> tuple[str, dict[str, Any]]:
-    """``(name, config dict)`` of ``spec``: a path to a config JSON file (or a model
-    directory holding ``config.json``), else the name of a shipped shape.
-
-    The name is the file's stem (its directory's name for a ``config.json``).
+    """``(name, config dict)`` of ``spec``: a config JSON file, a model directory, or a shipped
+    shape's name.
 
     Raises:
-        ValueError: ``spec`` is neither an existing file nor a shipped shape, or the
-            file holds no JSON object with a ``model_type``.
-    """
+        ValueError: neither, or the file holds no JSON object with a ``model_type``."""
     path = Path(spec).expanduser()
     if path.is_dir():
         path = path / "config.json"
@@ -61,27 +47,18 @@ def read_shape(spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def cache_root() -> Path:
-    """``$XDG_CACHE_HOME/aioserve/random-models`` (default ``~/.cache/...``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
     return Path(base).expanduser() / "aioserve" / "random-models"
 
 
 def model_key(config: dict[str, Any], seed: int) -> str:
-    """12 hex digits identifying the model built from ``config`` with ``seed``
-    (canonical JSON of both, and the build format)."""
+    """12 hex digits identifying the model of ``config`` and ``seed``."""
     text = json.dumps({"config": config, "seed": seed, "format": _FORMAT}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def build(config: dict[str, Any], directory: Path, seed: int = 0) -> None:
-    """Build the causal LM of ``config`` with random weights (``torch.manual_seed(seed)``,
-    transformers' own initialisation, float32) and write it to ``directory`` with
-    ``save_pretrained`` (safetensors), with a generation config carrying the config's
-    BOS/EOS/pad ids.
-
-    Raises:
-        ValueError: transformers does not know the ``model_type``.
-    """
+    """Write the random-weight float32 causal LM of ``config`` to ``directory``."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -99,15 +76,13 @@ def build(config: dict[str, Any], directory: Path, seed: int = 0) -> None:
 
 
 def ensure_random_model(spec: str, *, seed: int = 0, cache_dir: Path | None = None) -> Path:
-    """The directory of the random model of ``spec`` (see :func:`read_shape`), built on
-    first use into ``<cache_dir>/<name>-<key>`` (default :func:`cache_root`) and reused
-    afterwards. The build goes to a hidden sibling that is renamed into place, so a
-    directory that exists is complete.
+    """The directory of the random model of ``spec``, built on first use into
+    ``<cache_dir>/<name>-<key>`` (a hidden sibling renamed into place, so one that exists is
+    complete).
 
     Raises:
         ValueError: ``spec`` names no config, or transformers cannot build it.
-        OSError: the cache directory cannot be written.
-    """
+        OSError: the cache directory cannot be written."""
     name, config = read_shape(spec)
     root = cache_dir if cache_dir is not None else cache_root()
     final = root / f"{name}-{model_key(config, seed)}"

@@ -10,7 +10,7 @@ from aioserve.bench.online.serving import RequestRecord
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) with linear interpolation (numpy's default)."""
+    """The ``q``-th percentile (0-100), linearly interpolated as numpy's default."""
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -34,18 +34,7 @@ def latency_stats(seconds: list[float]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class ServingResult:
-    """A serving run's summary.
-
-    Attributes:
-        endpoint: ``"completions"`` or ``"ws"``.
-        completed, failed: request counts.
-        duration_s: first send to last response, seconds.
-        metrics: ``ttft``, ``tpot``, ``itl``, ``e2e`` -> :func:`latency_stats`, and the
-            rates ``request_throughput`` (requests/s), ``output_throughput`` and
-            ``total_token_throughput`` (tokens/s) and ``goodput`` (requests/s within
-            the SLO), and ``prefix_hit_rate``: prompt tokens served from the server's
-            prefix cache over all prompt tokens (0–1; 0 where the server reports none).
-    """
+    """A serving run's summary: latency statistics, rates, goodput and prefix hit rate."""
 
     endpoint: str
     completed: int
@@ -54,12 +43,10 @@ class ServingResult:
     metrics: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data, for ``--json``."""
         return {"endpoint": self.endpoint, "completed": self.completed, "failed": self.failed,
                 "duration_s": self.duration_s, **self.metrics}
 
     def summary(self) -> str:
-        """A human-readable table."""
         m = self.metrics
         lines = [
             f"endpoint {self.endpoint}: {self.completed} completed, {self.failed} failed "
@@ -80,7 +67,6 @@ class ServingResult:
 
 
 def _groups(done: list[RequestRecord]) -> dict[str, dict[str, Any]]:
-    """TTFT and E2E per (tenant, priority), when the requests have several."""
     groups: dict[tuple[str | None, int], list[RequestRecord]] = {}
     for record in done:
         groups.setdefault(record.group, []).append(record)
@@ -100,8 +86,7 @@ def summarize(
     slo_ttft_ms: float = float("inf"),
     slo_tpot_ms: float = float("inf"),
 ) -> ServingResult:
-    """Statistics over the successful requests; goodput counts those whose TTFT and
-    TPOT are both within the SLO (``vllm bench serve --goodput``)."""
+    """Statistics over the successful requests; goodput as ``vllm bench serve --goodput``."""
     done = [r for r in records if r.ok]
     tpots = [t for r in done if (t := r.tpot) is not None]
     good = [

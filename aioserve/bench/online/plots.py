@@ -9,8 +9,7 @@ from aioserve.bench.online.serving import RequestRecord
 
 
 def run_title(source: str, send_times: list[float], endpoint: str) -> str:
-    """A plot title naming the workload actually run: ``source`` (a file's name, or
-    the arrival process) and the mean arrival rate of ``send_times`` (seconds)."""
+    """A title naming the workload run: ``source`` and the mean arrival rate of ``send_times``."""
     span = max(send_times, default=0.0) - min(send_times, default=0.0)
     count = len(send_times)
     rate = ("all at once" if span <= 0 or count < 2
@@ -19,18 +18,12 @@ def run_title(source: str, send_times: list[float], endpoint: str) -> str:
 
 
 def _bins(values: list[float]) -> int:
-    """40 bins, or one where the values (ms) are all but equal (numpy cannot split a
-    range of rounding errors)."""
+    """40 bins, or one where the values are all but equal (numpy cannot split rounding errors)."""
     return 40 if values and max(values) - min(values) > 1e-6 else 1
 
 
 def serving_figure(records: list[RequestRecord], title: str = "") -> Any:
-    """A 2x2 matplotlib Figure: TTFT, TPOT and ITL histograms (ms, from zero; TTFT per
-    tenant where the requests have several), and each request's span over time.
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
-    """
+    """A 2x2 Figure: TTFT, TPOT and ITL histograms (ms) and each request's span."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,11 +71,7 @@ def serving_figure(records: list[RequestRecord], title: str = "") -> Any:
 
 
 def plot_serving(records: list[RequestRecord], path: str | Path, title: str = "") -> Path:
-    """Save :func:`serving_figure`; returns the path written (PNG, SVG or PDF by suffix).
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
-    """
+    """Save :func:`serving_figure` (PNG, SVG or PDF by suffix); returns the path."""
     import matplotlib.pyplot as plt
 
     fig = serving_figure(records, title)

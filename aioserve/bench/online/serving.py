@@ -1,11 +1,4 @@
-"""Online serving benchmark client: Poisson arrivals against a running server.
-
-Each request streams from ``POST /v1/completions`` (OpenAI server-sent events:
-``data: {json}`` chunks, then ``data: [DONE]``) or from the websocket ``GET /ws``
-(aioserve's own protocol); the client records when each chunk arrives. Metrics
-follow ``vllm bench serve``: TTFT (request sent to first token), TPOT (mean time per
-output token after the first), ITL (every gap between chunks) and E2E latency.
-"""
+"""The serving benchmark client: Poisson or replayed arrivals over SSE or the websocket."""
 
 from __future__ import annotations
 
@@ -15,20 +8,72 @@ import math
 import random
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from aioserve.bench.online.records import AuthenticationError, RequestRecord, refused
 from aioserve.bench.workloads import BenchRequest
 
 __all__ = ["AuthenticationError", "RequestRecord", "run_serving"]
 
 
+class AuthenticationError(Exception):
+    """The server answered 401: the API key is missing or wrong."""
+
+
+def refused(base_url: str, api_key: str | None, detail: str) -> AuthenticationError:
+    advice = ("the API key was refused" if api_key
+              else "the server needs an API key (--api-key, $OPENAI_API_KEY or "
+                   "$AIOSERVE_API_KEY)")
+    return AuthenticationError(f"{base_url}: 401 Unauthorized: {advice}: {detail}")
+
+
+@dataclass
+class RequestRecord:
+    """One request's timings (seconds, ``time.perf_counter``).
+
+    ``chunk_times`` holds each chunk that carried tokens; over SSE each network read (events read
+    together count once, as ``vllm bench serve`` counts a chunk). ``slo_ms``: its own (TTFT,
+    TPOT) objectives, None for the run's."""
+
+    prompt_len: int
+    output_len: int
+    start: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    end: float = 0.0
+    error: str | None = None
+    cached_tokens: int = 0
+    group: tuple[str | None, int] = (None, 0)
+    slo_ms: tuple[float | None, float | None] = (None, None)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.chunk_times)
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.start
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean seconds per output token after the first (None for one token)."""
+        if self.output_tokens < 2:
+            return None
+        return (self.chunk_times[-1] - self.chunk_times[0]) / (self.output_tokens - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+
+
 async def sse_reads(blocks: AsyncIterator[bytes]) -> AsyncIterator[list[str]]:
-    """The ``data:`` payloads of a server-sent-event stream, grouped by the network read
-    (``blocks``: the bytes of each read) that completed them: events that arrive together
-    arrive at one time (a line split across reads completes with the later one)."""
+    """The ``data:`` payloads of an SSE stream, grouped by the network read that completed them."""
     pending = b""
     async for block in blocks:
         *lines, pending = (pending + block).split(b"\n")
@@ -39,8 +84,7 @@ async def sse_reads(blocks: AsyncIterator[bytes]) -> AsyncIterator[list[str]]:
 
 
 def extra_fields(request: BenchRequest, unix_start: float) -> dict[str, Any]:
-    """The request's fields beyond prompt and length; its deadline as Unix time
-    (``unix_start``: the run's start)."""
+    """The request's body fields beyond prompt and length, its deadline as Unix time."""
     fields = dict(request.fields)
     if request.deadline_s is not None:
         fields["deadline"] = unix_start + request.deadline_s
@@ -51,7 +95,7 @@ async def send_completion(
     session: aiohttp.ClientSession, base_url: str, model: str | None, record: RequestRecord,
     request: BenchRequest, unix_start: float = 0.0,
 ) -> None:
-    """Stream one completion over HTTP into ``record`` (errors are recorded, not raised)."""
+    """Stream one completion into ``record`` (errors are recorded, not raised)."""
     body: dict[str, Any] = {
         "prompt": request.prompt_token_ids, "max_tokens": request.output_len,
         "temperature": 0.0, "ignore_eos": True, "stream": True,
@@ -91,7 +135,7 @@ async def send_completion(
 
 
 class WebsocketClient:
-    """One websocket to ``/ws`` shared by all requests; messages are routed by id."""
+    """One ``/ws`` shared by all requests; messages routed by id."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.ws = ws
@@ -111,7 +155,6 @@ class WebsocketClient:
 
     async def send(self, request_id: str, record: RequestRecord, request: BenchRequest,
                    unix_start: float = 0.0) -> None:
-        """Stream one generation into ``record`` (errors are recorded, not raised)."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.queues[request_id] = queue
         record.start = time.perf_counter()
@@ -142,11 +185,7 @@ class WebsocketClient:
 async def detect_endpoint(
     session: aiohttp.ClientSession, base_url: str, api_key: str | None = None,
 ) -> tuple[str, str | None]:
-    """``("completions", model name)`` when ``GET /v1/models`` answers, else ``("ws", None)``.
-
-    Raises:
-        AuthenticationError: the server answered 401 (no key, or a wrong one).
-    """
+    """``("completions", model)`` when ``GET /v1/models`` answers, else ``("ws", None)``."""
     try:
         async with session.get(f"{base_url}/v1/models") as response:
             if response.status == 401:
@@ -161,12 +200,7 @@ async def detect_endpoint(
 
 async def connect_ws(session: aiohttp.ClientSession, base_url: str,
                      api_key: str | None) -> WebsocketClient:
-    """Open ``/ws``.
-
-    Raises:
-        AuthenticationError: the handshake was answered 401.
-        aiohttp.ClientError: the server cannot be reached.
-    """
+    """Open ``/ws``; AuthenticationError on 401, aiohttp.ClientError when unreachable."""
     try:
         return WebsocketClient(await session.ws_connect(f"{base_url}/ws"))
     except aiohttp.WSServerHandshakeError as exc:
@@ -176,8 +210,7 @@ async def connect_ws(session: aiohttp.ClientSession, base_url: str,
 
 
 def arrival_gaps(num: int, request_rate: float, seed: int) -> list[float]:
-    """Seconds to wait before each request: exponential (a Poisson process) at
-    ``request_rate`` per second, or all zero when the rate is infinite."""
+    """Exponential gaps at ``request_rate`` per second (a Poisson process); zeros when infinite."""
     if math.isinf(request_rate):
         return [0.0] * num
     rng = random.Random(seed)
@@ -185,8 +218,7 @@ def arrival_gaps(num: int, request_rate: float, seed: int) -> list[float]:
 
 
 def send_times(requests: list[BenchRequest], request_rate: float, seed: int) -> list[float]:
-    """When to send each request, seconds after the start: its own ``arrival_s`` when
-    the workload gives one, else Poisson arrivals at ``request_rate``."""
+    """Seconds after the start to send each request: its ``arrival_s``, else Poisson arrivals."""
     times, t = [], 0.0
     for request, gap in zip(requests, arrival_gaps(len(requests), request_rate, seed)):
         t += gap
@@ -205,18 +237,12 @@ async def run_serving(
     progress: bool = False,
     api_key: str | None = None,
 ) -> tuple[list[RequestRecord], float, str]:
-    """Send ``requests`` with Poisson arrivals and wait for all of them.
-
-    Returns:
-        The records (request order), the wall duration in seconds, and the endpoint used.
-
-    ``api_key`` is sent as ``Authorization: Bearer KEY`` on every request and the
-    websocket.
+    """Send ``requests`` and wait for all; returns the records (request order), the wall seconds
+    and the endpoint used. ``api_key`` goes as a Bearer token.
 
     Raises:
         ValueError: unknown endpoint. aiohttp.ClientError: the server is unreachable (ws).
-        AuthenticationError: the server refused the key (or wants one).
-    """
+        AuthenticationError: the server refused the key (or wants one)."""
     from tqdm import tqdm
 
     if endpoint not in ("auto", "completions", "ws"):

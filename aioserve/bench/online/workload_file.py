@@ -1,5 +1,4 @@
-"""Benchmark requests from a simulator workload (``aioserve bench serve --workload
-FILE.jsonl``), so a live server replays the very file ``aioserve simulate`` reads."""
+"""Benchmark requests from a simulator workload (``bench serve --workload``)."""
 
 from __future__ import annotations
 
@@ -12,9 +11,7 @@ from aioserve.sim.workloads import WorkloadRequest
 
 
 def body_fields(item: WorkloadRequest) -> dict[str, Any]:
-    """The request-body fields a workload request carries beyond its prompt and length:
-    ``priority``, ``user`` (its tenant), the objectives, ``metadata`` and
-    ``length_hint`` (only those it sets)."""
+    """The body fields a workload request sets beyond its prompt and length."""
     fields: dict[str, Any] = {}
     meta = item.meta
     if meta.priority:
@@ -32,14 +29,8 @@ def body_fields(item: WorkloadRequest) -> dict[str, Any]:
 
 
 def workload_requests(spec: str, vocab_size: int) -> list[BenchRequest]:
-    """The requests of a workload (a JSONL file or a named workload, as
-    ``aioserve simulate --workload``): the simulator's prompt ids, ``output_len``
-    tokens each (EOS ignored), sent at ``arrival_s``.
-
-    Raises:
-        ValueError: an unreadable workload, or a request whose ``max_tokens`` exceeds its
-            ``output_len`` (a server cannot be told where the model stops).
-    """
+    """The requests of a workload (file or name), sent at ``arrival_s``; ValueError if
+    unreadable."""
     requests = []
     for item in load_workload(spec):
         if item.limit != item.output_len:

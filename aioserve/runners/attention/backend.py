@@ -1,19 +1,10 @@
 """The attention-backend seam: what any forward asks of an attention implementation.
 
-A backend (like vLLM's attention backends) builds the step's metadata once,
-attends one layer over the paged cache, and says which layer rules it supports;
-the runner refuses at load a model with a layer the backend cannot serve
-exactly. Every forward reaches attention through this seam only: transformers'
-forward through the attention function registered under
-:attr:`AttentionBackend.attention_name` (the layer's rules come with each call,
-:class:`~aioserve.runners.attention.layer_rules.LayerRules`), the lean forward
-(:mod:`~aioserve.runners.model.lean_llama`) through :meth:`AttentionBackend.layer_attention`,
-one callable per layer bound at load, so a step pays no dispatch per layer.
-
-The backends are :class:`~aioserve.runners.attention.reference.ReferenceBackend` (exact,
-any device) and :class:`~aioserve.runners.attention.flex.backend.FlexBackend`
-(FlexAttention); :mod:`~aioserve.runners.attention.registry` names them.
-"""
+A backend (as vLLM's) builds the step's metadata once, attends one layer over the paged cache,
+and says which layer rules it supports, so the runner refuses at load a layer it cannot serve
+exactly. transformers' forward reaches it through the function registered under
+:attr:`AttentionBackend.attention_name`; the lean forward through
+:meth:`AttentionBackend.layer_attention`, bound per layer at load so a step pays no dispatch."""
 
 from __future__ import annotations
 
@@ -39,9 +30,7 @@ class AttentionBackend(Protocol):
 
     Attributes:
         attention_name: the name transformers' ``AttentionInterface`` knows it by.
-        head_major: whether it wants the CPU KV cache head-major
-            (:func:`~aioserve.runners.model.loader.allocate_kv_cache`).
-    """
+        head_major: whether it wants the CPU KV cache head-major."""
 
     attention_name: str
     head_major: bool
@@ -67,8 +56,8 @@ class AttentionBackend(Protocol):
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         meta: PagedAttentionMetadata, rules: LayerRules, sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        """One layer: ``q`` ``[T, q_heads, k_dim]`` (the step's K/V already in the
-        cache) -> ``[T, q_heads, v_dim]``."""
+        """One layer, K/V already cached: ``q`` ``[T, q_heads, k_dim]`` -> ``[T, q_heads,
+        v_dim]``."""
         ...
 
     def layer_attention(self, rules: LayerRules) -> LayerAttention:
@@ -77,8 +66,7 @@ class AttentionBackend(Protocol):
 
 
 def uneven_heads(rules: LayerRules) -> str | None:
-    """Why no backend can serve a layer whose query heads do not share its KV heads
-    evenly (grouped-query attention needs a whole group per KV head), or None."""
+    """Why no backend can serve query heads that do not share the KV heads evenly, or None."""
     if rules.q_heads % rules.kv_heads:
         return f"{rules.q_heads} query heads do not share {rules.kv_heads} KV heads evenly"
     return None

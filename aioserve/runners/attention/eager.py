@@ -1,10 +1,5 @@
-"""Attention in eager math, for layers whose rules ``scaled_dot_product_attention``
-cannot express: logit soft-capping (gemma2) and attention sinks (gpt_oss).
-
-The arithmetic follows the models' own ``eager_attention_forward`` step for step
-(scores, soft-cap, mask, sink column, softmax, values), so float32 results stay
-within rounding of ``generate()`` on the eager path.
-"""
+"""Eager attention for what SDPA cannot express (soft-cap, sinks), as
+``eager_attention_forward``."""
 
 from __future__ import annotations
 
@@ -15,7 +10,6 @@ from aioserve.runners.attention.layer_rules import LayerRules
 
 
 def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[b, kv_heads, L, d]`` -> ``[b, kv_heads * groups, L, d]`` (each head repeated)."""
     if groups == 1:
         return states
     b, heads, length, dim = states.shape
@@ -28,18 +22,8 @@ def attend(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
     rules: LayerRules, sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Eager attention of padded queries over gathered keys.
-
-    Args:
-        q: ``[b, q_heads, Q, k_dim]``.
-        keys: ``[b, kv_heads, L, k_dim]``; values ``[b, kv_heads, L, v_dim]``.
-        mask: ``[b, 1, Q, L]`` additive (0 / -inf), or None.
-        rules: the layer's rules (scaling, soft-cap).
-        sinks: ``[q_heads]`` sink logits, or None.
-
-    Returns:
-        ``[b, q_heads, Q, v_dim]`` in ``q``'s dtype.
-    """
+    """``q`` ``[b, q_heads, Q, k_dim]`` over ``[b, kv_heads, L, dim]`` K/V -> ``[b, q_heads, Q,
+    v_dim]``."""
     groups = q.shape[1] // keys.shape[1]
     keys, values = _repeat_kv(keys, groups), _repeat_kv(values, groups)
     scaling = rules.scaling if rules.scaling is not None else rules.k_dim**-0.5

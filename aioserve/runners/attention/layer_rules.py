@@ -1,19 +1,7 @@
-"""Each attention layer's own rules, as the model states them when it calls attention.
-
-A transformers model calls its attention function with the layer's query, key and
-value and keyword arguments that carry the layer's rules: ``scaling``,
-``sliding_window`` (mistral, gemma2/3, gpt_oss, cohere2, starcoder2: a query at
-position p sees keys k with ``p - window < k <= p``), ``softcap`` (gemma2:
-``tanh(scores / softcap) * softcap`` before the mask) and ``s_aux`` (gpt_oss: one
-learned sink logit per head, a softmax column dropped afterwards). K and V widths
-come from the tensors themselves (MLA models such as deepseek_v3 have narrower V).
-
-:func:`discover` runs the model once on two tokens with a recording attention
-(no cache needed), so the runner learns every layer's rules before it sizes the KV
-cache. The step's metadata reaches the attention function through a context
-variable as well as through keyword arguments, for models that drop kwargs on the
-way to their attention (stablelm).
-"""
+"""Each attention layer's rules as the model states them when it calls attention (``scaling``,
+``sliding_window``, ``softcap``, ``s_aux`` sinks, K/V widths). :func:`discover` records them on
+one two-token forward before the KV cache is sized; the step's metadata also travels by context
+variable for models dropping kwargs (stablelm)."""
 
 from __future__ import annotations
 
@@ -38,16 +26,7 @@ RECORDING: contextvars.ContextVar[dict[int, LayerRules] | None] = contextvars.Co
 
 @dataclass(frozen=True)
 class LayerRules:
-    """One attention layer's rules.
-
-    Attributes:
-        q_heads, kv_heads: query and key/value heads.
-        k_dim, v_dim: key (and query) and value head widths.
-        scaling: score scale (None: ``k_dim ** -0.5``).
-        window: sliding window in tokens, or None for full causal attention.
-        softcap: logit soft-cap, or None.
-        sinks: the layer has per-head attention sinks.
-    """
+    """One attention layer's rules (``scaling`` None: ``k_dim ** -0.5``)."""
 
     q_heads: int
     kv_heads: int
@@ -69,8 +48,7 @@ class LayerRules:
         cls, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         scaling: float | None, kwargs: dict[str, Any],
     ) -> LayerRules:
-        """The rules of one attention call (query ``[1, H, T, Dk]``, key ``[1, KV, T, Dk]``,
-        value ``[1, KV, T, Dv]``)."""
+        """The rules of one call (query ``[1, H, T, Dk]``, value ``[1, KV, T, Dv]``)."""
         window = kwargs.get("sliding_window")
         softcap = kwargs.get("softcap")
         return cls(
@@ -84,7 +62,6 @@ class LayerRules:
 
 @contextmanager
 def metadata_context(meta: Any) -> Iterator[None]:
-    """Make ``meta`` the step's metadata for attention calls in this context."""
     token = CURRENT_METADATA.set(meta)
     try:
         yield
@@ -93,11 +70,7 @@ def metadata_context(meta: Any) -> Iterator[None]:
 
 
 def record(module: torch.nn.Module, rules: LayerRules, recorder: dict[int, LayerRules]) -> None:
-    """Note ``rules`` for ``module``'s layer during :func:`discover`.
-
-    Raises:
-        ValueError: the attention module has no ``layer_idx``.
-    """
+    """Note ``rules`` for ``module``'s layer; ValueError without ``layer_idx``."""
     index = getattr(module, "layer_idx", None)
     if index is None:
         raise ValueError(f"{type(module).__name__} has no layer_idx: cannot map it to a KV cache")
@@ -105,9 +78,7 @@ def record(module: torch.nn.Module, rules: LayerRules, recorder: dict[int, Layer
 
 
 def discover(model: torch.nn.Module, device: torch.device) -> dict[int, LayerRules]:
-    """Every layer's rules, from one forward over two tokens with recording attention
-    (which returns zeros and writes nothing). Layers missing from the result compute
-    attention without transformers' attention interface."""
+    """Every layer's rules from one recording two-token forward."""
     recorder: dict[int, LayerRules] = {}
     token = RECORDING.set(recorder)
     try:

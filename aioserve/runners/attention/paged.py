@@ -1,23 +1,10 @@
-"""Paged attention for packed batches, plugged into transformers' attention interface.
+"""Paged attention for packed batches through transformers' ``AttentionInterface`` (the hook its
+continuous batching uses): the reference path, exact on any device.
 
-Any transformers decoder model runs unchanged: the model is loaded with
-``attn_implementation=ATTENTION_NAME``; each attention layer then calls
-:func:`paged_attention`, which writes the step's new keys/values into the paged KV
-cache and attends over each sequence's own context only (no padding is shared
-between requests, so a request never attends its batch-mates' keys). The
-hook points are the ones transformers' own continuous batching uses
-(``AttentionInterface`` / ``AttentionMaskInterface``, Apache-2.0).
-
-This is the reference path: exact on CPU (``scaled_dot_product_attention`` per layer
-over a gathered, masked context: one call for the decoding sequences, one for the
-prefilling ones; on the CPU, float32 decode groups go through the compiled kernel when
-it is loaded (:mod:`~aioserve.runners.cpu.native_kernels`), else read a head-major cache in
-place through sparse kernels, :mod:`~aioserve.runners.attention.sparse_decode`, or with heads
-narrower than 32 take two batched products over its gathered blocks,
-:mod:`~aioserve.runners.attention.decode_gather`). No mask function is registered, so
-transformers skips building a causal mask (``masking_utils`` exits early for attention
-implementations without one).
-"""
+Each layer writes the step's K/V into the cache and attends each group over its own context only.
+CPU float32 decode groups take the compiled kernel when loaded, else sparse kernels on a
+head-major cache, else (narrow heads) two batched products. No mask function is registered, so
+transformers builds no causal mask."""
 
 from __future__ import annotations
 
@@ -54,9 +41,7 @@ __all__ = [
 
 
 def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether a decode group reads the cache in place through the sparse kernels
-    (:mod:`~aioserve.runners.attention.sparse_decode`): float32 on the CPU, a head-major cache,
-    heads at least ``MIN_HEAD_DIM`` wide."""
+    """Whether a decode group reads the cache in place through the sparse kernels."""
     return (q.device.type == "cpu"
             and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
             and int(k_cache.shape[-1]) >= sparse_decode.MIN_HEAD_DIM
@@ -64,8 +49,7 @@ def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> 
 
 
 def _once_a_step(cache: dict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
-    """``cache[key]`` of a group's per-step caches, built by the first layer that asks
-    and read by the others."""
+    """``cache[key]``, built by the first layer that asks and read by the others."""
     value = cache.get(key)
     if value is None:
         value = cache[key] = build()
@@ -83,9 +67,7 @@ def _attend(
     sinks: torch.Tensor | None = None,
     buffers: GatherBuffers | None = None,
 ) -> torch.Tensor:
-    """One group's attention: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``
-    (keys and values gathered into ``buffers``, see
-    :mod:`~aioserve.runners.attention.kv_gather`)."""
+    """One group: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``."""
     plain = rules is None or rules.plain
     kv_heads, rows = int(k_cache.shape[1]), int(k_cache.shape[0])
     if plain and group.seq_lens is not None:  # the metadata chose the compiled kernel
@@ -143,27 +125,10 @@ def paged_attention(
     paged_metadata: PagedAttentionMetadata | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention over the paged KV cache for a packed batch.
-
-    Writes the step's keys and values into the cache, then attends each group of
-    sequences (decode, prefill) over its own gathered context, under the layer's
-    rules (:class:`~aioserve.runners.attention.layer_rules.LayerRules`: window, soft-cap,
-    sinks, K/V widths) taken from the call.
-
-    Args:
-        module: the model's attention module (a ``torch.nn.Module`` with its
-            ``layer_idx``, an int set by transformers).
-        query: ``[1, q_heads, T, k_dim]``; key ``[1, kv_heads, T, k_dim]``, value
-            ``[1, kv_heads, T, v_dim]``.
-        paged_metadata: this step's :class:`PagedAttentionMetadata` (else the one the
-            runner set in :data:`~aioserve.runners.attention.layer_rules.CURRENT_METADATA`).
-
-    Returns:
-        ``([1, T, q_heads, v_dim], None)``.
-
-    Raises:
-        RuntimeError: no metadata for this step.
-    """
+    """transformers' attention function: writes the step's K/V into the cache, then attends each
+    group under the layer's rules. ``query`` ``[1, q_heads, T, k_dim]``, ``key``/``value`` ``[1,
+    kv_heads, T, dim]`` -> ``([1, T, q_heads, v_dim], None)``; RuntimeError without the step's
+    metadata."""
     rules = None
     if kwargs.get("sliding_window") or kwargs.get("softcap") or kwargs.get("s_aux") is not None \
             or key.shape[-1] != value.shape[-1]:
@@ -188,12 +153,7 @@ def attend_layer(
     scaling: float | None, rules: LayerRules | None, q: torch.Tensor, k_cache: torch.Tensor,
     v_cache: torch.Tensor, meta: PagedAttentionMetadata, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Each group's attention over its gathered context (the step's keys and values
-    already written): ``q`` ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]``.
-    ``rules`` None: a plain layer (no window, soft-cap or sinks; equal K/V widths).
-    The layer's own arguments come first, so ``functools.partial(attend_layer,
-    scaling, rules)`` is one layer's attention at the cost of a direct call
-    (:meth:`~aioserve.runners.attention.reference.ReferenceBackend.layer_attention`)."""
+    """Each group's attention: ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]``; args first."""
     size = meta.block_size
     if len(meta.groups) == 1 and meta.groups[0].token_index is None:
         return _attend(q, k_cache, v_cache, meta.groups[0], scaling, size, rules, sinks,
@@ -219,11 +179,6 @@ def attend_groups(
 
 
 def register() -> str:
-    """Register the attention function with transformers; returns its name.
-
-    The attention function builds each sequence's mask itself; with no mask function
-    registered under the same name, the model skips its own mask creation (about
-    0.1 ms a step: packed-sequence detection over the position ids).
-    """
+    """Register the attention function (no mask function: transformers builds none); its name."""
     AttentionInterface.register(ATTENTION_NAME, paged_attention)
     return ATTENTION_NAME

@@ -1,13 +1,7 @@
-"""Per-step paged-attention metadata, built on the host once per step.
-
-A packed batch is split into groups that attend separately, so one sequence's
-prefill never pads the decoding sequences' queries: *decode* groups (sequences
-feeding one token, Q = 1; split in up to four by context length when the short
-ones would mostly attend padding) and a *prefill* group (prompts, prompt chunks and recomputes,
-padded to the longest of them). Keys are gathered by whole blocks. The index
-arithmetic runs in numpy (a microsecond per array where a small torch op costs
-several) and each result is copied to the device once.
-"""
+"""Per-step paged-attention metadata, built on the host once per step: decode groups (Q = 1,
+split by length when short ones would mostly attend padding) and a prefill group (padded to the
+longest), so a prefill never pads decoding queries. Index arithmetic in numpy (a small torch op
+costs several microseconds), each result copied to the device once."""
 
 from __future__ import annotations
 
@@ -16,10 +10,28 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from aioserve.runners.attention.additive_masks import visible_prefix, window_mask
 from aioserve.runners.attention.kv_gather import GatherBuffers
 from aioserve.runners.attention.sparse_decode import SparseDecodeIndex
 from aioserve.runners.batch_invariance import MIN_CONTEXT_WIDTH
+
+# Additive masks: 0 where a query may attend a key, -inf elsewhere (transformers' convention).
+_PREFIX_MASKS = np.zeros((1, 0), dtype=np.float32)
+
+
+def visible_prefix(lengths: np.ndarray, width: int) -> np.ndarray:
+    """``[len(lengths), width]``: row i is 0 at its first ``lengths[i]`` columns."""
+    global _PREFIX_MASKS
+    if _PREFIX_MASKS.shape[1] < width:  # row i: -inf from column i on
+        _PREFIX_MASKS = np.triu(np.full((width + 1, width), -np.inf, dtype=np.float32))
+    return _PREFIX_MASKS[np.minimum(lengths, width), :width]
+
+
+def window_mask(query_pos: np.ndarray, width: int, window: int) -> np.ndarray:
+    """``[b, 1, Q, width]`` mask of ``p - window < k <= p`` for ``query_pos`` ``[b, Q]``."""
+    keys = np.arange(width)[None, None, :]
+    pos = query_pos[:, :, None]
+    allowed = (keys <= pos) & (keys > pos - window)
+    return np.where(allowed, np.float32(0.0), np.float32(-np.inf))[:, None]
 
 
 @dataclass(frozen=True)
@@ -27,31 +39,13 @@ class AttentionGroup:
     """Sequences that attend in one call (b sequences, Q padded queries, L keys).
 
     Attributes:
-        token_index: ``[n]`` int64 rows of the packed tokens this group's queries come
-            from, in order; None when the group holds every token in packed order.
-        gather_blocks: ``[b, L / block_size]`` int64 KV blocks of each sequence's
-            context (past its table: its first block again, masked).
-        mask: ``[b, 1, Q, L]`` additive mask in the cache dtype, 0 where a query may
-            attend a key and ``-inf`` elsewhere; None when no key is masked.
-        query_index: ``[b * Q]`` int64 row (into this group's n queries) of each padded
-            query, or None when Q = 1.
-        query_valid: ``[n]`` int64 rows of the ``[b * Q]`` padded queries that are real,
-            in order; None when Q = 1.
-        window_masks: per sliding window (tokens), the ``[b, 1, Q, L]`` additive mask of
-            windowed layers (a query at position p sees keys ``p - window < k <= p``).
-        sparse_indices: a decode group's sparse patterns by (kv_heads, q_heads, cache
-            rows), built by the first layer that reads the cache in place
-            (:mod:`~aioserve.runners.attention.sparse_decode`).
-        gather_indices: block-gather rows
-            (:func:`~aioserve.runners.attention.kv_gather.gather_index`)
-            by (kv_heads, cache rows, token-major), built by the first layer of that
-            cache layout and read by the others.
-        decode_biases: a decode group's additive mask laid out ``[kv_heads * b, 1, L]``
-            for the batched products, by kv_heads, built once a step.
-        seq_lens: a decode group's ``[b]`` int64 context lengths (tokens, the new one
-            included) when the compiled kernel attends it, walking the block table
-            (:mod:`~aioserve.runners.cpu.native_kernels`); None otherwise.
-    """
+        token_index: ``[n]`` int64 packed rows of the queries; None: every token in order.
+        gather_blocks: ``[b, L / block_size]`` int64 KV blocks (past a table: masked).
+        mask: ``[b, 1, Q, L]`` additive mask in the cache dtype; None when none is masked.
+        query_index, query_valid: ``[b * Q]`` and ``[n]`` int64 padded/real rows; None at Q = 1.
+        window_masks: per sliding window, its ``[b, 1, Q, L]`` additive mask.
+        sparse_indices, gather_indices, decode_biases: per-step caches built by the first layer.
+        seq_lens: ``[b]`` int64 contexts when the compiled kernel attends the group, else None."""
 
     token_index: torch.Tensor | None
     gather_blocks: torch.Tensor
@@ -67,17 +61,7 @@ class AttentionGroup:
 
 @dataclass(frozen=True)
 class PagedAttentionMetadata:
-    """What every attention layer of one step needs (T new tokens in the batch).
-
-    Attributes:
-        kv_caches: per layer, (K, V) of shapes ``[num_blocks * block_size, kv_heads, k_dim]``
-            and ``[num_blocks * block_size, kv_heads, v_dim]`` (widths differ for MLA).
-        slot_mapping: ``[T]`` int64, the cache slot each new token's K/V is written to.
-        groups: the decode and prefill :class:`AttentionGroup` (one to six).
-        block_size: tokens per KV block.
-        buffers: where the layers' block gathers are written (reused from step to
-            step, :class:`~aioserve.runners.attention.kv_gather.GatherBuffers`); None: new tensors.
-    """
+    """What every layer of one step needs: caches, ``slot_mapping`` ``[T]``, groups, buffers."""
 
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     slot_mapping: torch.Tensor
@@ -102,8 +86,7 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def block_table_array(block_tables: list[list[int]]) -> np.ndarray:
-    """``[B, W]`` int64, each row a block table padded with its own first block (0
-    for an empty table)."""
+    """``[B, W]`` int64, each row padded with its own first block (0 when empty)."""
     width = max(map(len, block_tables))
     flat: list[int] = []
     for table in block_tables:
@@ -127,8 +110,7 @@ def _group(
     native_decode: bool = False,
     min_context: int = MIN_CONTEXT_WIDTH,
 ) -> AttentionGroup:
-    """The group of sequences ``rows`` (indices into the batch), spanning at least
-    ``min_context`` keys."""
+    """The group of batch ``rows``, spanning at least ``min_context`` keys."""
     starts, counts, offsets = starts[rows], counts[rows], offsets[rows]
     seq_lens = starts + counts
     num_blocks = -(-max(int(seq_lens.max()), min_context) // block_size)
@@ -177,15 +159,7 @@ def _group(
 def split_by_length(
     rows: np.ndarray, seq_lens: np.ndarray, call_cost: int, max_groups: int = 2
 ) -> list[np.ndarray]:
-    """Split rows into up to ``max_groups`` groups by length when that saves work.
-
-    Attention over a group costs about (rows x largest ``seq_lens``) visits, where
-    ``seq_lens`` is the context for decode rows (or new tokens x context for
-    prefill rows), plus ``call_cost`` for each extra call; the rows are sorted by
-    it and cut in two where the total is least, and each part is cut again while
-    ``max_groups`` allows (a sequence attends only its own context in any group; only
-    the padding's length, and so the rounding of its sums, differs).
-    """
+    """Split rows into up to ``max_groups`` by length where padding saved beats ``call_cost``."""
     if rows.size < 4 or max_groups < 2:
         return [rows]
     order = rows[np.argsort(seq_lens[rows], kind="stable")]
@@ -219,29 +193,15 @@ def build_metadata(
     native_decode: bool = False,
     min_context: int = MIN_CONTEXT_WIDTH,
 ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
-    """Build the step's metadata and the packed position ids (``[T]`` int64).
+    """The step's metadata and packed positions ``[T]`` int64.
 
     Args:
-        kv_caches: the runner's per-layer (K, V) caches.
-        start_positions: per sequence, the position of its first new token.
-        num_new_tokens: per sequence, how many tokens it feeds (>= 1).
-        block_tables: per sequence, its KV blocks in position order (lists), or a
-            ``[B, W]`` int64 array whose entries past a table are any valid block.
-        block_size: tokens per block.
-        device: where the tensors go.
-        split_cost: the cost of one more attention call for :func:`split_by_length`
-            (None: ``SPLIT_COST``; a huge value: never split).
-        always_mask: give every group a mask, even one that masks nothing.
-        windows: the model's sliding windows (tokens); each group gets a mask per window.
-        buffers: the gather buffers the step's layers reuse (None: new tensors).
-        native_decode: the decoding sequences are attended by the compiled kernel
-            (:mod:`~aioserve.runners.cpu.native_kernels`): one group, with its ``seq_lens``
-            (the kernel reads only each sequence's own context, so cutting the rows by
-            length would save it nothing and cost a call per group).
-        min_context: fewest keys a group spans, padding masked (the batch-invariance
-            policy's floor, :data:`~aioserve.runners.batch_invariance.MIN_CONTEXT_WIDTH`;
-            1 when the policy is off).
-    """
+        start_positions, num_new_tokens: per sequence, first new position and count (>= 1).
+        block_tables: lists, or a ``[B, W]`` int64 array (entries past a table any valid block).
+        split_cost: one more call's cost for :func:`split_by_length` (None: ``SPLIT_COST``).
+        always_mask: give every group a mask; windows: one mask per sliding window.
+        native_decode: one decode group with ``seq_lens`` for the compiled kernel.
+        min_context: the batch-invariance floor (1 when off)."""
     batch = len(start_positions)
     tables = (block_tables if isinstance(block_tables, np.ndarray)
               else block_table_array(block_tables))

@@ -1,10 +1,4 @@
-"""ReferenceBackend: the exact attention backend, on any device.
-
-Plain layers through ``scaled_dot_product_attention`` (plus the CPU decode fast paths:
-the compiled kernel, sparse kernels, batched products), sliding windows through
-per-window masks, soft-cap and sinks in eager math, K and V of their own widths; see
-:mod:`~aioserve.runners.attention.paged`.
-"""
+"""ReferenceBackend: the exact attention backend on any device (see :mod:`.paged`)."""
 
 from __future__ import annotations
 
@@ -26,15 +20,7 @@ __all__ = ["ReferenceBackend"]
 
 
 class ReferenceBackend:
-    """The exact backend: every rule of :class:`LayerRules`, on any device. Its
-    layers gather blocks into buffers it keeps (:class:`GatherBuffers`), so one
-    backend serves one runner, whose steps run one after another. On the CPU it
-    reads a head-major cache (:mod:`~aioserve.runners.attention.sparse_decode`).
-
-    Args:
-        invariance: the batch-invariance policy (its context floor: every group spans
-            at least ``invariance.min_context_width`` keys).
-    """
+    """Every rule of :class:`LayerRules`, any device; one backend per runner (it owns buffers)."""
 
     attention_name = attention.ATTENTION_NAME
     head_major = True

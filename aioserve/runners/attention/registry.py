@@ -1,10 +1,4 @@
-"""The attention backends by name: a new backend is one module plus one
-:func:`register_backend` call.
-
-This module imports no backend (nor torch) until one is asked for, so the command
-line can list the names and a forward/backend mismatch is refused before a model
-loads.
-"""
+"""The attention backends by name; none (nor torch) is imported until asked."""
 
 from __future__ import annotations
 
@@ -31,16 +25,7 @@ FORWARDS = ("transformers", "lean-llama")
 
 @dataclass(frozen=True)
 class BackendEntry:
-    """One registered backend.
-
-    Attributes:
-        factory: ``factory(device, invariance)`` makes the backend for ``device`` under
-            the batch-invariance policy; raises ValueError where it cannot run there
-            (the message names the backend).
-        forwards: the forwards it serves (a subset of :data:`FORWARDS`); the others are
-            refused before the model loads.
-        reason: why it does not serve the other forwards (in the refusal).
-    """
+    """One backend: its ``factory``, the ``forwards`` it serves, ``reason`` for the others."""
 
     factory: Factory
     forwards: tuple[str, ...] = FORWARDS
@@ -54,11 +39,7 @@ def register_backend(
     name: str, factory: Factory,
     forwards: tuple[str, ...] = FORWARDS, reason: str = "",
 ) -> None:
-    """Make ``name`` an ``--attention-backend`` (``EngineConfig.attention_backend``).
-
-    Raises:
-        ValueError: ``name`` is taken, or ``forwards`` names an unknown forward.
-    """
+    """Make ``name`` an ``--attention-backend``; ValueError when taken or a forward is unknown."""
     if name in _BACKENDS:
         raise ValueError(f"attention backend {name!r} is already registered")
     unknown = [f for f in forwards if f not in FORWARDS]
@@ -68,7 +49,6 @@ def register_backend(
 
 
 def backend_names() -> tuple[str, ...]:
-    """The registered names, in registration order."""
     return tuple(_BACKENDS)
 
 
@@ -80,22 +60,12 @@ def _entry(name: str) -> BackendEntry:
 
 
 def backend_serves(name: str, forward: str) -> bool:
-    """Whether the backend ``name`` serves ``forward`` (one of :data:`FORWARDS`).
-
-    Raises:
-        ValueError: an unknown backend.
-    """
+    """Whether backend ``name`` serves ``forward``; ValueError for an unknown backend."""
     return forward in _entry(name).forwards
 
 
 def check_forward(forward: str, name: str) -> None:
-    """Refuse a forward the backend ``name`` does not serve (``"auto"`` picks one it
-    serves, so any backend takes it).
-
-    Raises:
-        ValueError: an unknown backend, or ``forward`` it does not serve (the message
-            names both options).
-    """
+    """Refuse a forward backend ``name`` does not serve (ValueError naming both options)."""
     entry = _entry(name)
     if forward != "auto" and forward not in entry.forwards:
         served = ", ".join(entry.forwards) or "none"
@@ -107,13 +77,7 @@ def backend_for(
     name: str, device: torch.device, forward: str = "transformers",
     invariance: BatchInvariance | None = None,
 ) -> AttentionBackend:
-    """The attention backend called ``name`` for ``device``, the model forward
-    ``forward`` and the batch-invariance policy (None: on).
-
-    Raises:
-        ValueError: an unknown name, a forward the backend does not serve, or a device
-            where it cannot run.
-    """
+    """The backend ``name`` for ``device`` and ``forward``; ValueError where it cannot be."""
     check_forward(forward, name)
     if invariance is None:
         from aioserve.runners.batch_invariance import BatchInvariance

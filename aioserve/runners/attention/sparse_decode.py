@@ -1,25 +1,8 @@
-"""Decode attention on the CPU that reads the paged cache in place, through sparse kernels.
-
-A decode group's attention is, per KV head, a sparse problem: query row (sequence b,
-query head j) meets only the cache rows (slots) of sequence b. Two stock PyTorch CPU
-kernels compute exactly that part without first copying each context out of the
-paged cache:
-
-* scores: ``torch.sparse.sampled_addmm`` (SDDMM) with a batched CSR pattern whose row
-  (b, j) lists b's slots: ``mask + scale * q . K[slot]`` only at those entries, for
-  every KV head in one call; the pattern's stored values are the group's additive
-  mask, so padding slots come out ``-inf``;
-* weighted values: ``F.embedding_bag(mode="sum", per_sample_weights=...)`` (an FBGEMM
-  kernel): bag (KV head, b, j) sums its softmax weights times V's rows at b's slots.
-
-Every (sequence, head) row is computed on its own, in a fixed order, so a request's
-numbers do not depend on its batch-mates. Measured on the 2-core development box,
-one layer of 32 sequences, 2 threads, against a block gather plus two batched
-products (:mod:`~aioserve.runners.attention.decode_gather`): SmolLM2-135M's heads (9 query,
-3 KV, dim 64) 2.45 -> 1.49 ms at 304 keys, 0.98 -> 0.62 ms at 160; the test model's
-(8 / 4, dim 8, one thread) 0.93 -> 1.04 ms at 256, so heads narrower than
-:data:`MIN_HEAD_DIM` keep the gather.
-"""
+"""CPU decode attention reading the paged cache in place through stock sparse kernels: scores by
+``torch.sparse.sampled_addmm`` over a batched CSR pattern of each sequence's slots (its values
+the additive mask), values by ``F.embedding_bag(mode="sum")``. Each (sequence, head) is computed
+alone in a fixed order: batch-invariant. Heads narrower than :data:`MIN_HEAD_DIM` keep the
+gather."""
 
 from __future__ import annotations
 
@@ -39,17 +22,7 @@ MIN_HEAD_DIM = 32
 
 @dataclass(frozen=True)
 class SparseDecodeIndex:
-    """One decode group's sparse pattern for layers of one head layout (built once a
-    step, shared by those layers).
-
-    Attributes:
-        pattern: batched CSR ``[kv_heads, b * group, rows]`` (rows: the cache's slots),
-            values the additive mask (0 or ``-inf``), ``b * group * L`` entries per head.
-        bag_rows: ``[kv_heads * b * group * L]`` int64 rows of V's ``[kv_heads * rows,
-            v_dim]`` view, bag by bag.
-        bag_offsets: ``[kv_heads * b * group]`` int64, where each bag starts.
-        length: L, keys per sequence (padding included).
-    """
+    """One decode group's CSR pattern and embedding bags for one head layout."""
 
     pattern: torch.Tensor
     bag_rows: torch.Tensor
@@ -61,10 +34,7 @@ class SparseDecodeIndex:
         cls, gather_blocks: torch.Tensor, mask: torch.Tensor | None, block_size: int,
         kv_heads: int, group: int, rows: int,
     ) -> SparseDecodeIndex:
-        """The pattern of ``b`` sequences reading ``gather_blocks`` (``[b, L /
-        block_size]`` int64) with additive ``mask`` (``[b, 1, 1, L]`` or None), for
-        ``kv_heads`` KV heads shared by ``group`` query heads each, in a cache of
-        ``rows`` slots."""
+        """The pattern of ``b`` sequences reading ``gather_blocks`` under ``mask``."""
         batch, num_blocks = (int(n) for n in gather_blocks.shape)
         length = num_blocks * block_size
         device = gather_blocks.device
@@ -93,19 +63,7 @@ def sparse_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     index: SparseDecodeIndex, scaling: float | None,
 ) -> torch.Tensor:
-    """Attention of one query per sequence over a head-major cache, in place.
-
-    Args:
-        q: ``[b, heads, k_dim]`` float32; heads a multiple of kv_heads (head h reads
-            KV head ``h // (heads // kv_heads)``).
-        k_cache, v_cache: ``[rows, kv_heads, dim]`` transposed views of head-major
-            ``[kv_heads, rows, dim]`` storage (``allocate_kv_cache(head_major=True)``).
-        index: the group's :class:`SparseDecodeIndex` for this head layout.
-        scaling: score scale (default ``k_dim ** -0.5``).
-
-    Returns:
-        ``[b, heads, v_dim]``.
-    """
+    """``[b, heads, k_dim]`` float32 queries over a head-major cache, in place."""
     batch, heads, dim = (int(n) for n in q.shape)
     kv_heads, v_dim = int(k_cache.shape[1]), int(v_cache.shape[2])
     group = heads // kv_heads

@@ -1,13 +1,4 @@
-"""The kernel build folder's lock: one build at a time per folder, and never a lock
-that outlives its builder.
-
-The builder holds ``aioserve.lock`` (created exclusively, holding its PID and host) and
-touches it every :data:`HEARTBEAT_S` seconds while it builds, however slow the build (a
-niced build on a busy machine takes minutes). A lock whose PID is gone on this host is
-removed at once; any lock not touched for :data:`STALE_LOCK_S` seconds (its builder
-killed on another host sharing the folder, or its PID reused) is removed
-(:func:`wait_for_build_lock`); otherwise a process waits for the build.
-"""
+"""The kernel build folder's lock: one build at a time, none outliving its builder."""
 
 from __future__ import annotations
 
@@ -32,8 +23,7 @@ STALE_LOCK_S = 120.0
 
 
 def _lock_owner(lock: Path) -> tuple[int, str] | None:
-    """(PID, host) written in ``lock``; None where it is missing, unreadable or not yet
-    written."""
+    """(PID, host) written in ``lock``; None when missing, unreadable or not yet written."""
     try:
         text = lock.read_text(encoding="ascii").split()
     except (OSError, UnicodeDecodeError):
@@ -44,8 +34,7 @@ def _lock_owner(lock: Path) -> tuple[int, str] | None:
 
 
 def lock_owner_alive(lock: Path) -> bool:
-    """Whether ``lock`` exists and its owner may still build: alive on this host, on
-    another host, or not yet written (False: no lock, or its PID is gone here)."""
+    """Whether ``lock`` exists and its owner may still build."""
     owner = _lock_owner(lock)
     if owner is None:
         return lock.exists()
@@ -61,7 +50,6 @@ def lock_owner_alive(lock: Path) -> bool:
 
 
 def _age(path: Path) -> float:
-    """Seconds since ``path`` was modified (0 when it is gone)."""
     try:
         return time.time() - path.stat().st_mtime
     except FileNotFoundError:
@@ -69,9 +57,7 @@ def _age(path: Path) -> float:
 
 
 def wait_for_build_lock(lock: Path, stale_s: float = STALE_LOCK_S) -> None:
-    """Wait while another process builds (its ``lock`` file younger than ``stale_s``
-    seconds), and remove a lock left by a build that was killed: torch's loader would
-    wait for it for ever."""
+    """Wait while another process builds; remove a killed build's lock."""
     while True:
         try:
             age = time.time() - lock.stat().st_mtime
@@ -86,8 +72,7 @@ def wait_for_build_lock(lock: Path, stale_s: float = STALE_LOCK_S) -> None:
 
 
 def take_lock(lock: Path, finished: Callable[[], bool]) -> bool:
-    """Hold ``lock`` (True), or find the build ``finished`` by another process meanwhile
-    (False). A dead local owner's lock is removed; another host's is waited for."""
+    """Hold ``lock`` (True), or find the build ``finished`` meanwhile (False)."""
     while True:
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -114,7 +99,6 @@ def take_lock(lock: Path, finished: Callable[[], bool]) -> bool:
 
 
 def heartbeat(lock: Path, done: threading.Event) -> None:
-    """Touch ``lock`` every :data:`HEARTBEAT_S` seconds until ``done``."""
     while not done.wait(HEARTBEAT_S):
         with contextlib.suppress(OSError):
             os.utime(lock)

@@ -1,5 +1,4 @@
-"""The CPU this process runs on, as /proc/cpuinfo states it: its model and the
-instruction-set flags its kernels are chosen (and compiled) for."""
+"""The CPU this process runs on, per /proc/cpuinfo: its model and instruction-set flags."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_til
 
 
 def _cpuinfo_line(prefixes: tuple[str, ...]) -> str:
-    """The first /proc/cpuinfo line starting with one of ``prefixes`` ("" if none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
             return next((line for line in cpuinfo if line.startswith(prefixes)), "")
@@ -23,18 +21,15 @@ def _cpuinfo_line(prefixes: tuple[str, ...]) -> str:
 
 
 def cpu_flags_line() -> str:
-    """The CPU's instruction-set flags as /proc/cpuinfo states them (x86 ``flags``, Arm
-    ``Features``); :func:`platform.processor` where there is no /proc/cpuinfo."""
+    """The CPU's flags line (x86 ``flags``, Arm ``Features``), else :func:`platform.processor`."""
     return _cpuinfo_line(("flags", "Features")) or platform.processor()
 
 
 def cpu_features() -> list[str]:
-    """The :data:`CPU_FEATURES` this CPU has, in that order."""
     flags = set(cpu_flags_line().split(":", 1)[-1].split())
     return [feature for feature in CPU_FEATURES if feature in flags]
 
 
 def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else :func:`platform.processor`, else "?"."""
     line = _cpuinfo_line(("model name", "Model"))
     return line.split(":", 1)[1].strip() if ":" in line else platform.processor() or "?"

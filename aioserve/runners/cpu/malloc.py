@@ -1,21 +1,5 @@
-"""glibc ``malloc`` settings that keep a CPU forward's large temporaries off the page-fault path.
-
-PyTorch's CPU allocator is the C library's ``malloc``. glibc serves a block of more
-than its mmap threshold (128 KiB, raised as such blocks are freed) with a fresh
-``mmap`` and gives the heap's free top back to the OS past its trim threshold, so a
-step whose temporaries are megabytes (a decode step's logits, ``[32, 49152]`` float32 =
-6.3 MB; every activation of a prefill chunk) faults in every 4 KiB page it writes, on
-every step. vLLM preloads tcmalloc into its CPU workers for the same reason; PyTorch's
-CPU tuning guide recommends a caching allocator ("Switch Memory allocator",
-https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html). Raising both
-thresholds once (``mallopt``, man 3 mallopt) keeps freed blocks in the heap for reuse.
-Measured on the 2-core development box, one 32-row decode step of SmolLM2-135M's shape
-(its gathers already in reused buffers): 142-159 ms -> 138-139 ms, medians of 100 steps.
-
-The setting is process-wide; each malloc arena (glibc gives threads their own) keeps up
-to :data:`TRIM_THRESHOLD_BYTES` of freed memory that the OS could otherwise take back.
-``AIOSERVE_MALLOC_TUNING=0`` leaves ``malloc`` as it is.
-"""
+"""glibc ``malloc`` thresholds raised so a CPU step's large temporaries are reused, not
+page-faulted."""
 
 from __future__ import annotations
 
@@ -39,13 +23,7 @@ _M_MMAP_THRESHOLD = -3
 
 @functools.cache
 def tune_malloc() -> bool:
-    """Raise glibc's mmap and trim thresholds (once per process); True when they are
-    set, False where the C library is not glibc, ``mallopt`` refused, or
-    ``AIOSERVE_MALLOC_TUNING`` is ``0``.
-
-    Raises:
-        ValueError: ``AIOSERVE_MALLOC_TUNING`` is set to something other than 0 or 1.
-    """
+    """Raise glibc's mmap and trim thresholds once; False where not glibc, refused or off."""
     setting = os.environ.get("AIOSERVE_MALLOC_TUNING", "1").strip() or "1"
     if setting not in ("0", "1"):
         raise ValueError(f"AIOSERVE_MALLOC_TUNING must be 0 or 1, got {setting!r}")

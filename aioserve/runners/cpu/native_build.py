@@ -1,24 +1,10 @@
-"""Building the compiled CPU kernels: one build folder per environment, never on the
-serving path.
+"""Building the compiled CPU kernels: one build folder per environment, never on the serving
+path.
 
-The kernels (:mod:`~aioserve.runners.cpu.native_kernels`) are compiled with torch's C++
-extension loader (a C++ compiler and ninja; 15-60 s on a 2-core machine). Two rules:
-
-* **A folder per environment.** torch's loader writes the include paths of the running
-  interpreter and torch, and the sources' paths, into the folder's ``build.ninja`` and
-  rebuilds whenever they change: two virtualenvs (or two checkouts) sharing one folder
-  rebuilt it in turn on every start (issue 26: 8 rebuilds in 14 minutes). The folder's
-  name is a hash of everything the build depends on: the sources, torch's version and
-  location, the interpreter's prefix and version, the compiler (``$CXX`` or ``c++``:
-  its path, size and time) and the CPU's instruction-set flags (``-march=native``);
-  the sources are copied into it, so its ``build.ninja`` never changes.
-* **In the background.** A process that finds no finished build starts one in a child
-  process (``python -m aioserve.runners.cpu.native_build``, its own session, nice 10)
-  and serves at once with the stock kernels; the child writes ``READY`` (or ``FAILED``
-  with the reason, so a machine without a compiler tries once per compiler) and exits.
-
-One build at a time per folder (:mod:`~aioserve.runners.cpu.build_lock`).
-"""
+The folder is named by a hash of all the build depends on (sources, torch, interpreter, compiler,
+CPU flags), since torch's loader rebuilds whenever its ``build.ninja`` changes. A process with no
+finished build starts one in a niced child of its own session and serves with the stock kernels;
+the child writes ``READY`` or ``FAILED``."""
 
 from __future__ import annotations
 
@@ -57,7 +43,6 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
 def _compiler() -> str:
-    """The C++ compiler torch's loader runs (``$CXX``, else ``c++``): path, size, time."""
     name = os.environ.get("CXX", "c++")
     path = shutil.which(name)
     if path is None:
@@ -67,7 +52,7 @@ def _compiler() -> str:
 
 
 def environment_key(sources: list[Path] | None = None) -> str:
-    """16 hex digits naming what a build depends on (see the module's docstring)."""
+    """16 hex digits naming what a build depends on."""
     import torch
 
     digest = hashlib.sha256()
@@ -83,8 +68,7 @@ def environment_key(sources: list[Path] | None = None) -> str:
 
 
 def _root() -> Path:
-    """``$TORCH_EXTENSIONS_DIR``, else torch's default root (``~/.cache/torch_extensions``,
-    ``$XDG_CACHE_HOME`` respected), without importing torch's loader."""
+    """``$TORCH_EXTENSIONS_DIR``, else torch's default root, without importing torch's loader."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if root is not None:
         return Path(root)
@@ -94,12 +78,7 @@ def _root() -> Path:
 
 
 class BuildFolder:
-    """The build folder of this environment, and the files that say its state.
-
-    Args:
-        sources: the C++ sources (default :data:`SOURCES`).
-        root: where build folders go (default :func:`_root`).
-    """
+    """The build folder of this environment and the files that say its state."""
 
     def __init__(self, sources: list[Path] | None = None, root: Path | None = None) -> None:
         self.sources = list(sources if sources is not None else SOURCES)
@@ -112,8 +91,7 @@ class BuildFolder:
         self.log = self.path / "build.log"
 
     def state(self) -> str:
-        """``"ready"``, ``"failed"``, ``"building"`` (a live builder holds the lock) or
-        ``"absent"``."""
+        """``"ready"``, ``"failed"``, ``"building"`` or ``"absent"``."""
         if self.ready.exists() and self.library.exists():
             return "ready"
         if self.failed.exists():
@@ -121,16 +99,13 @@ class BuildFolder:
         return "building" if lock_owner_alive(self.lock) else "absent"
 
     def failure(self) -> str:
-        """Why the build failed (the first line of ``FAILED``)."""
         with contextlib.suppress(OSError):
             return self.failed.read_text(encoding="utf-8").splitlines()[0]
         return "unknown"
 
 
 def _ninja_on_path() -> None:
-    """Put the ``ninja`` package's binary (the ``kernels`` extra) on ``PATH`` when no ``ninja`` is
-    there: torch's loader runs it by name, and pip may install console scripts outside
-    ``PATH``."""
+    """Put the ``ninja`` package's binary on ``PATH`` (torch runs it by name)."""
     if shutil.which("ninja") is None:
         with contextlib.suppress(ImportError, AttributeError):
             import ninja
@@ -139,8 +114,6 @@ def _ninja_on_path() -> None:
 
 
 def _compile(folder: BuildFolder) -> None:
-    """Copy the sources into the folder and compile them there (torch's loader, which
-    also loads the library into this process)."""
     from torch.utils.cpp_extension import load
 
     _ninja_on_path()
@@ -162,9 +135,7 @@ def _compile(folder: BuildFolder) -> None:
 
 
 def build(folder: BuildFolder | None = None) -> bool:
-    """Build the kernels into ``folder`` (default: this environment's) unless done, in
-    this process, waiting for another builder; True when ``READY``. Never raises: a
-    failure is written to ``FAILED`` and logged."""
+    """Build the kernels into ``folder`` unless done; True when ``READY``; never raises."""
     folder = folder if folder is not None else BuildFolder()
     folder.path.mkdir(parents=True, exist_ok=True)
     if not take_lock(folder.lock, lambda: folder.state() in ("ready", "failed")):
@@ -193,9 +164,7 @@ def build(folder: BuildFolder | None = None) -> bool:
 
 
 def build_in_background(folder: BuildFolder) -> subprocess.Popen[bytes] | None:
-    """Start a child process that builds ``folder`` (its own session, so it outlives a
-    short command such as ``aioserve generate``; nice 10, so serving keeps the CPUs);
-    None where one is building already or the build failed before."""
+    """Start a niced child building ``folder``; None when building or failed before."""
     if folder.state() != "absent":
         return None
     folder.path.mkdir(parents=True, exist_ok=True)

@@ -1,37 +1,11 @@
-"""Compiled CPU kernels for the step's memory-bound parts: decode attention over the
-paged cache in place, linear products over panels, and greedy token choice.
+"""Compiled CPU kernels for the step's memory-bound parts: decode attention over the paged cache
+in place (each K/V row read once for all its query heads, as vLLM's CPU backend), rope-and-cache,
+and greedy choice.
 
-A decode group's attention (one query per sequence) is memory work: every key and
-value row of every context is read once per step. Stock PyTorch kernels either copy
-each context out of the paged cache first (:mod:`~aioserve.runners.attention.decode_gather`)
-or read a row once per query head (:mod:`~aioserve.runners.attention.sparse_decode`). The op in
-``csrc/decode_attention.cpp`` walks each sequence's block table and reads each K/V row once
-for all the query heads that share it (grouped-query attention), split over
-(sequence, KV head) pairs on torch's intra-op threads, with each pair's scores and
-softmax in a buffer of its own (e^x by Cephes' polynomial). vLLM's CPU backend does
-the same in its own C++ kernels (``csrc/cpu/attention.cpp``); these are written for
-this engine's cache layouts. ``torch.argmax`` over a step's logits is a scalar loop;
-the second op reads each row once in vector lanes. Linear products of packed models
-run over weights in panels of 16 columns (``csrc/panel_linear.cpp``,
-:mod:`~aioserve.runners.cpu.panel_linear`).
-
-Every (sequence, head) result is summed in a fixed order that depends only on that
-sequence's own context, so a request's numbers do not depend on its batch-mates.
-Measured on the 2-core development box, one layer, 32 sequences with 7,486 keys in
-all (blocks in order, cache warm): SmolLM2-135M's heads (9 query, 3 KV, dim 64)
-1.63 ms (sparse kernels) -> 0.46 ms; 4 sequences 193 -> 60 us; the test model's heads
-(8 / 4, dim 8) 0.76 (block gather and batched products) -> 0.24 ms. Greedy choice over
-``[32, 49152]`` logits: 1.9 ms (``argmax``) -> 0.43 ms.
-
-The kernels are built once per environment, never on the serving path
-(:mod:`~aioserve.runners.cpu.native_build`: a build folder per interpreter, torch,
-compiler and sources; a background build where none is finished). A process that finds a
-finished build loads it in milliseconds; one that does not serves with the stock kernels
-and switches to the compiled ones once their build is ready, at a moment no request
-runs (:class:`KernelSwitch`): the compiled decode attention sums in another order than
-the stock paths, so a request must run on one or the other from its first token to its
-last. ``AIOSERVE_NATIVE_KERNELS=0`` keeps the stock kernels.
-"""
+Each (sequence, head) sums in a fixed order of its own context, so results do not depend on
+batch-mates. But that order differs from the stock paths', so a process switches to a build that
+finishes in the background only while no request runs (:class:`KernelSwitch`).
+``AIOSERVE_NATIVE_KERNELS=0`` keeps the stock kernels."""
 
 from __future__ import annotations
 
@@ -62,7 +36,6 @@ def _wanted() -> bool:
 
 
 def _load(folder: BuildFolder) -> bool:
-    """Load a finished build into this process (False, logged, where that fails)."""
     try:
         torch.ops.load_library(str(folder.library))
         return hasattr(torch.ops.aioserve_cpu, "decode_attention")
@@ -73,7 +46,6 @@ def _load(folder: BuildFolder) -> bool:
 
 
 def _first_use() -> bool:
-    """Load this environment's finished build, or start one in the background."""
     global _pending
     if not _wanted():
         return False
@@ -102,9 +74,7 @@ def _first_use() -> bool:
 
 
 def available() -> bool:
-    """Whether the compiled kernels are in use in this process. Never compiles: the first
-    call loads this environment's finished build (milliseconds) or starts one in the
-    background and answers False until :func:`activate` switches the kernels in."""
+    """Whether the compiled kernels are in use; never compiles."""
     global _active
     if _active is None:
         with _lock:
@@ -114,8 +84,7 @@ def available() -> bool:
 
 
 def activate() -> bool:
-    """Switch the compiled kernels in if the build this process waits for is finished
-    (True once: the caller makes sure no request is running)."""
+    """Switch the kernels in once their build is finished (True once)."""
     global _active, _pending, _builder
     if _pending is None or _active:
         return False
@@ -137,8 +106,7 @@ def activate() -> bool:
 
 
 def build_now() -> bool:
-    """Build (or wait for another process's build) and load the kernels, blocking
-    (tests; an image's build step: ``python -m aioserve.runners.cpu.native_build``)."""
+    """Build (or wait for) and load the kernels, blocking (tests, image builds)."""
     global _active, _pending
     if available() or not _wanted():
         return bool(_active)
@@ -150,8 +118,7 @@ def build_now() -> bool:
 
 
 class KernelSwitch:
-    """One runner's part in :func:`activate`: the kernels switch in only while every
-    live runner of the process is idle (between :meth:`idle` and :meth:`busy`)."""
+    """One runner's part in :func:`activate`: it switches only while every runner is idle."""
 
     _runners: weakref.WeakSet[KernelSwitch] = weakref.WeakSet()
 
@@ -161,18 +128,14 @@ class KernelSwitch:
 
     @property
     def pending(self) -> bool:
-        """Whether a background build may still switch the kernels in (the engine then
-        calls :meth:`idle` now and then while it is idle, so that the switch, and its
-        log line, come when the build finishes, not at the next request)."""
+        """Whether a background build may still switch in (the engine then polls :meth:`idle`)."""
         return _pending is not None and not _active
 
     def busy(self) -> None:
-        """A step is about to run."""
         self.is_idle = False
 
     def idle(self) -> bool:
-        """No request of this runner is running: switch if every runner is idle and the
-        build is ready (True: switched)."""
+        """No request of this runner runs: switch if possible (True: switched)."""
         self.is_idle = True
         if _pending is None or not all(r.is_idle for r in KernelSwitch._runners):
             return False
@@ -187,22 +150,13 @@ def decode_attention(
     """Attention of one query per sequence over its own context in the paged cache.
 
     Args:
-        q: ``[b, heads, k_dim]`` float32; heads a multiple of kv_heads (head
-            h reads KV head ``h // (heads // kv_heads)``).
-        k_cache, v_cache: ``[rows, kv_heads, dim]`` float32 with unit stride over dim
-            (head-major or token-major storage).
-        block_tables: ``[b, W]`` int64, contiguous, each sequence's KV blocks in order.
-        seq_lens: ``[b]`` int64, each sequence's context length (tokens, <= W *
-            block_size).
-        block_size: tokens per block.
+        q: ``[b, heads, k_dim]`` float32; head h reads KV head ``h // (heads // kv_heads)``.
+        k_cache, v_cache: ``[rows, kv_heads, dim]`` float32, unit stride over dim.
+        block_tables: ``[b, W]`` int64, contiguous; seq_lens: ``[b]`` int64 tokens.
         scaling: score scale (default ``k_dim ** -0.5``).
 
     Returns:
-        ``[b, heads, v_dim]`` float32.
-
-    Raises:
-        RuntimeError: shapes, dtypes or layouts other than the above (from the kernels).
-    """
+        ``[b, heads, v_dim]`` float32. RuntimeError for other shapes, dtypes or layouts."""
     q = q.contiguous()
     scale = scaling if scaling is not None else int(q.shape[-1]) ** -0.5
     out = q.new_empty((int(q.shape[0]), int(q.shape[1]), int(v_cache.shape[-1])))
@@ -213,16 +167,7 @@ def decode_attention(
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """``[R]`` int64, each row's first index of its largest value, as
-    ``logits.argmax(-1)`` (NaN counts as largest); the compiled kernel reads each row
-    once, about 4x faster than ``argmax`` on ``[32, 49152]`` float32.
-
-    Args:
-        logits: ``[R, V]`` float32 on the CPU (any layout; copied when not contiguous).
-
-    Raises:
-        RuntimeError: not float32 / not two-dimensional, or the kernels are not loaded.
-    """
+    """``logits.argmax(-1)`` of ``[R, V]`` float32 CPU logits, each row read once."""
     out = torch.empty(int(logits.shape[0]), dtype=torch.int64)
     torch.ops.aioserve_cpu.greedy_tokens(logits.contiguous(), out)
     return out
@@ -232,26 +177,10 @@ def rope_and_cache(
     qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
     slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int,
 ) -> torch.Tensor:
-    """The lean forward's rotary step in one call: ``x * cos + swap_halves(x) *
-    signed_sin`` for queries and keys (one product, one product, one sum, each rounded:
-    torch's bits), keys and values written to their cache slots; returns the queries.
-
-    Args:
-        qk: ``[T, heads + kv_heads, dim]`` float32 (unit stride over dim), queries then keys.
-        v: ``[T, kv_heads, v_dim]`` float32 (unit stride over v_dim).
-        cos, signed_sin: ``[T, 1, dim]`` float32, contiguous
-            (:meth:`~aioserve.runners.model.lean_llama.LeanLlama._rope`).
-        slot_mapping: ``[T]`` int64, each token's cache slot.
-        k_cache, v_cache: ``[rows, kv_heads, dim]`` / ``[rows, kv_heads, v_dim]``, written.
-        heads: query heads.
-
-    Returns:
-        ``[T, heads, dim]`` float32, contiguous: the rotated queries.
-
-    Raises:
-        RuntimeError: shapes, dtypes or layouts other than the above, a slot outside the
-            cache (from the kernel).
-    """
+    """The lean forward's rotary step in one call with torch's bits: rotates queries and keys of
+    ``qk`` ``[T, heads + kv_heads, dim]``, writes keys and ``v`` to their ``slot_mapping`` slots,
+    and returns the queries ``[T, heads, dim]``. RuntimeError for other shapes or a slot outside
+    the cache."""
     q = qk.new_empty((int(qk.shape[0]), heads, int(qk.shape[2])))
     torch.ops.aioserve_cpu.rope_and_cache(qk, v, cos, signed_sin, slot_mapping, k_cache,
                                           v_cache, q)

@@ -1,40 +1,12 @@
 """Row padding: steps padded so a row's numbers never depend on the step's row count.
 
-On the CPU, ``torch.nn.functional.linear`` on plain (not oneDNN-packed) float32
-weights calls MKL's ``sgemm``, which computes rows in groups (four on the AVX2
-development box) and the rows of a call's last partial group, in calls of fewer than
-12 rows, with another kernel that sums in another order. ATen's vectorised elementwise
-loops take ``2 x`` a vector of floats at a time (16 with AVX2, 32 with AVX-512, found by
-:func:`elementwise_chunk`) and finish a tensor with scalar code, whose SiLU (exp, sin,
-...) rounds differently; a tensor of more than ``GRAIN_SIZE`` elements is first cut
-into one contiguous range per thread, and each range has such a tail. A request's
-logits then depended on how many tokens shared its step: on the test model, its decode
-logits alone and beside 3+ others differed by up to 7e-6 (greedy tokens can flip on a
-near-tie), where continuous batching must never change what a user gets.
-
-All of this depends on the machine (ISA, MKL's code path, thread count), so it is
-measured at load, never assumed: for each row count ``m`` up to :data:`PROBE_ROWS`, the
-smallest count ``m' >= m`` whose every row equals the same row computed in a large
-call, for each of the model's linear shapes (larger counts: multiples of MKL's period,
-checked up to ``4 x PROBE_ROWS``), with ``m' x width`` a multiple of the elementwise
-chunk for every width an elementwise op runs over (the linear outputs', the head
-width); at each step, the count also grows until every thread's range of such an op
-ends on a chunk boundary (:meth:`RowPadding.padded`, at the step's thread count). The
-runner pads a step's tokens (and the rows it keeps for the logits) up to that count
-with throw-away rows. Where no count is exact, the table says so
-(:attr:`RowPadding.exact` False, with its :attr:`~RowPadding.reason`): under
-``MKL_CBWR=COMPATIBLE``, and under MKL's AVX2 code path on an AVX-512 CPU
-(``MKL_CBWR=AVX2`` or ``MKL_ENABLE_INSTRUCTIONS=AVX2``), which computes small, middle
-and large calls with different kernels (on the test model's 172 x 64 weight, at 2
-threads, rows of calls of up to 32, 33-175 and 176+ rows each agree only among
-themselves; measured on a Xeon with AVX-512 and AMX), so no padding short of 176 rows
-makes a one-row step exact. The runner then takes its products off MKL
-(:func:`~aioserve.runners.worker.setup.exact_row_padding`), or, where that fails too,
-logs a warning. oneDNN's packed products (big models,
-:mod:`~aioserve.runners.cpu.packed_linear`) need no row padding: their rows measured
-the same at every count (big models: not probed, nothing padded; packed layers passed
-to :func:`probe_row_padding` are measured like plain weights).
-"""
+On the CPU, MKL's ``sgemm`` on plain float32 weights computes a call's last partial row group
+with another kernel, and ATen's vectorised elementwise loops finish each thread's range with
+scalar code that rounds differently; so a request's logits could depend on its batch-mates. Both
+depend on the machine, so the exact row counts are probed at load (:func:`probe_row_padding`) and
+steps padded with throw-away rows up to the next one. Where none is exact (``MKL_CBWR`` modes,
+MKL's AVX2 path on AVX-512) the table says so (:attr:`RowPadding.exact`) and the runner takes its
+products off MKL. oneDNN-packed products need no padding."""
 
 from __future__ import annotations
 
@@ -65,12 +37,9 @@ class RowPadding:
     Args:
         targets: ``targets[m]`` for ``m`` in ``0..len(targets) - 1``.
         multiple: counts past the table are rounded up to a multiple of it.
-        widths: widths of the tensors elementwise ops run over (``[rows, width]``).
+        widths: widths of the ``[rows, width]`` tensors elementwise ops run over.
         chunk: floats per step of ATen's vectorised loops (1: no tail effect).
-        exact: whether every count was made exact (False: the probe found counts it
-            could not fix; logits may then depend on batch-mates in the last bits).
-        reason: why not, where ``exact`` is False ("" otherwise).
-    """
+        exact: whether every count was made exact; ``reason`` says why not."""
 
     def __init__(self, targets: list[int], multiple: int = 1, widths: Iterable[int] = (),
                  chunk: int = 1, exact: bool = True, reason: str = "") -> None:
@@ -82,8 +51,7 @@ class RowPadding:
         self.reason = reason
 
     def padded(self, rows: int) -> int:
-        """The row count ``rows`` rows are computed as, at the calling thread's
-        intra-op thread count."""
+        """The row count ``rows`` rows are computed as, at the calling thread's count."""
         if rows < len(self.targets):
             rows = self.targets[rows]
         else:
@@ -97,8 +65,7 @@ class RowPadding:
         return rows
 
     def _split_aligned(self, numel: int, threads: int) -> bool:
-        """Whether every thread's range of an ``numel``-element op (at::parallel_for's
-        split: ``ceil(numel / used)`` each) ends on a chunk boundary."""
+        """Whether every thread's range of a ``numel``-element op ends on a chunk boundary."""
         if numel <= GRAIN_SIZE or threads <= 1:
             return numel % self.chunk == 0
         used = min(threads, -(-numel // GRAIN_SIZE))
@@ -106,16 +73,12 @@ class RowPadding:
 
     @property
     def needed(self) -> bool:
-        """Whether any count is padded at all."""
         return self.multiple > 1 or self.chunk > 1 or any(
             target != rows for rows, target in enumerate(self.targets))
 
 
 def elementwise_chunk() -> int:
-    """Floats ATen's vectorised elementwise loops take per step on this machine (two
-    vectors: 16 with AVX2, 32 with AVX-512), measured: elements whose vector and scalar
-    SiLU differ, tiled, give a length whose result matches the long tensor's only at
-    multiples of the chunk. 1 when the two paths agree (``ATEN_CPU_CAPABILITY=default``)."""
+    """Floats ATen's vectorised loops take per step here, measured; 1 when paths agree."""
     generator = torch.Generator(device="cpu").manual_seed(0)
     values = 8 * torch.rand(512, generator=generator) - 4
     vector = F.silu(values)
@@ -144,12 +107,7 @@ class LinearProduct:
 
     @classmethod
     def of(cls, layer: torch.Tensor | PackedLinear) -> LinearProduct:
-        """A plain weight ``[out, in]`` through ``F.linear`` (MKL's), or a packed layer's
-        product (its packed weight taken now: a later ``release`` does not stop it).
-
-        Raises:
-            ValueError: the packed layer's weight was already released.
-        """
+        """A plain weight through ``F.linear``, or a packed layer's product (taken now)."""
         if isinstance(layer, PackedLinear):
             weight, packed, bias = layer.weight, layer.packed, layer.bias
             if packed is None:
@@ -163,7 +121,6 @@ class LinearProduct:
 
 
 def _probe_rows(product: LinearProduct, max_rows: int) -> torch.Tensor:
-    """``4 x max_rows`` seeded random rows for ``product``."""
     generator = torch.Generator(device="cpu").manual_seed(0)
     rows = torch.randn(4 * max_rows, product.in_features, generator=generator)
     return rows.to(device=product.device, dtype=product.dtype)
@@ -171,26 +128,17 @@ def _probe_rows(product: LinearProduct, max_rows: int) -> torch.Tensor:
 
 def _row_exact_counts(product: Callable[[torch.Tensor], torch.Tensor], counts: Iterable[int],
                       rows: torch.Tensor) -> dict[int, bool]:
-    """``exact[m]``: every row of ``product`` over the first ``m`` of ``rows`` equals the
-    same row of the product of all of ``rows``."""
+    """``exact[m]``: every row of ``product`` over the first ``m`` rows equals that over all."""
     reference = product(rows)
     return {m: torch.equal(product(rows[:m]), reference[:m]) for m in counts}
 
 
 def probe_row_padding(weights: Iterable[torch.Tensor | LinearProduct],
                       max_rows: int = PROBE_ROWS, widths: Iterable[int] = ()) -> RowPadding:
-    """The padding that makes every row of each weight's products, and of the
-    elementwise ops over ``[rows, width]`` tensors, independent of the row count.
-
-    Args:
-        weights: the model's linear weights ``[out, in]`` (MKL's products), or the
-            products of its packed layers (:meth:`LinearProduct.of`), one per distinct
-            shape is enough, on the device and in the dtype the model runs in.
-        max_rows: counts probed one by one; past it, five counts up to ``4 x max_rows``
-            that are multiples of MKL's period are checked.
-        widths: widths elementwise ops run over besides the weights' outputs (the
-            rotary tables' head width).
-    """
+    """The padding making each product's rows, and elementwise ops over ``[rows, width]``,
+    independent of the row count: ``weights`` one per distinct shape in the model's device and
+    dtype; counts up to ``max_rows`` probed one by one, then multiples of MKL's period up to ``4
+    x max_rows``; ``widths`` besides the outputs (the rotary head width)."""
     shapes: dict[tuple[int, int, torch.dtype, bool], LinearProduct] = {}
     for weight in weights:
         product = weight if isinstance(weight, LinearProduct) else LinearProduct.of(weight)

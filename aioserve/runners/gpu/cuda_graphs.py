@@ -1,19 +1,10 @@
-"""CUDA-graph capture of decode steps, one graph per bucketed batch size.
+"""CUDA-graph capture of decode steps, one graph per bucketed batch size (vLLM's capture sizes
+and padding; PyTorch's "CUDA Graphs" recipe: side-stream warm-up, one shared pool, largest
+first).
 
-A decode step's kernels are launched from Python one by one; a CUDA graph replays
-the whole forward as one launch. Graphs need static addresses and shapes, so the
-inputs live in static device buffers (:class:`DecodeInputs`) that each step
-overwrites in place, and the batch is padded to the smallest captured size that
-holds it (vLLM's cudagraph capture sizes and padding, ``vllm/config``). Padding rows
-feed token 0 at position 0 and write their K/V into a scratch slot (slot 0 of a
-block the runner reserves for this), attend only that slot, and their logits are
-dropped. The capture follows the PyTorch docs ("CUDA Graphs", ``torch.cuda.graph``):
-warm-up runs on a side stream first, graphs share one memory pool
-(``torch.cuda.graph_pool_handle``), captured largest first.
-
-The pure logic (sizes, bucket choice, padding plan, staging of the host rows) runs
-anywhere; :meth:`DecodeGraphs.capture` and :meth:`DecodeGraphs.replay` need CUDA.
-"""
+Inputs live in static buffers overwritten each step; padding rows feed token 0 at position 0 into
+a reserved scratch slot and their logits are dropped. Only :meth:`DecodeGraphs.capture` and
+:meth:`DecodeGraphs.replay` need CUDA."""
 
 from __future__ import annotations
 
@@ -29,12 +20,7 @@ from aioserve.runners.attention import layer_rules
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Batch sizes to capture: 1, 2, 4, 8, then every 8 up to ``max_num_seqs``, which
-    is always the last (so every batch up to it has a bucket).
-
-    Raises:
-        ValueError: ``max_num_seqs`` below 1.
-    """
+    """Batch sizes to capture: 1, 2, 4, 8, then every 8 up to ``max_num_seqs``."""
     if max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
     sizes = [size for size in (1, 2, 4, 8) if size < max_num_seqs]
@@ -57,29 +43,18 @@ class PaddingPlan:
 
     @property
     def pad_rows(self) -> range:
-        """Rows of the static buffers that hold padding."""
         return range(self.batch, self.bucket)
 
 
 def padding_plan(batch: int, sizes: Sequence[int]) -> PaddingPlan | None:
-    """The plan for ``batch`` rows, or None when no captured size holds them (or
-    the batch is empty): run that step eagerly."""
+    """The plan for ``batch`` rows, or None (empty, or no captured size holds it): run eagerly."""
     bucket = bucket_for(batch, sizes) if batch > 0 else None
     return None if bucket is None else PaddingPlan(batch, bucket)
 
 
 @dataclass(frozen=True)
 class DecodeInputs:
-    """One decode step's inputs, B rows (static buffers or their host staging).
-
-    Attributes:
-        input_ids: ``[B]`` int64 token fed by each row.
-        positions: ``[B]`` int64 its position.
-        slot_mapping: ``[B]`` int64 cache slot its K/V is written to.
-        block_table: ``[B, W]`` int32 its KV blocks (the first
-            ``ceil(seq_len / block_size)`` columns are read).
-        seq_lens: ``[B]`` int32 its context length including the new token.
-    """
+    """One decode step's B rows of inputs (int64 ids, positions, slots; int32 tables, lengths)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -91,8 +66,7 @@ class DecodeInputs:
     def allocate(
         cls, rows: int, width: int, device: torch.device, pin_memory: bool = False
     ) -> DecodeInputs:
-        """Zeroed buffers of ``rows`` rows and ``width`` blocks (pinned host memory
-        with ``pin_memory``, for asynchronous copies to the GPU)."""
+        """Zeroed buffers of ``rows`` x ``width`` blocks (pinned with ``pin_memory``)."""
         def make(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory)
 
@@ -101,11 +75,9 @@ class DecodeInputs:
                    make(rows, dtype=torch.int32))
 
     def narrow(self, rows: int) -> DecodeInputs:
-        """Views of the first ``rows`` rows (same storage)."""
         return DecodeInputs(*(getattr(self, f.name)[:rows] for f in fields(self)))
 
     def copy_(self, source: DecodeInputs, non_blocking: bool = False) -> None:
-        """Copy ``source`` (same shapes) into these buffers."""
         for f in fields(self):
             getattr(self, f.name).copy_(getattr(source, f.name), non_blocking=non_blocking)
 
@@ -114,13 +86,7 @@ def stage_rows(
     host: DecodeInputs, plan: PaddingPlan, input_ids: list[int], positions: list[int],
     block_tables: list[list[int]], block_size: int, scratch_block: int,
 ) -> None:
-    """Write the step's rows and its padding rows into the first ``plan.bucket`` rows
-    of the CPU buffers ``host``; padding rows feed token 0 at position 0 into slot 0
-    of ``scratch_block``, with a table of that block only.
-
-    Raises:
-        ValueError: a table wider than the buffers or missing its position's block.
-    """
+    """Write the step's rows, then padding rows, into the first ``plan.bucket`` rows of ``host``."""
     n, width = plan.batch, int(host.block_table.shape[1])
     tables = host.block_table.numpy()
     for row, table in enumerate(block_tables):
@@ -147,9 +113,7 @@ def model_decode_forward(
     model: torch.nn.Module, backend: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     block_size: int, windows: tuple[int, ...],
 ) -> Callable[[DecodeInputs], torch.Tensor]:
-    """A ``forward(inputs) -> logits [B, vocab]`` of ``model`` over static inputs,
-    attending through ``backend.decode_metadata`` (graph-safe, e.g.
-    :class:`~aioserve.runners.attention.flex.backend.FlexBackend`)."""
+    """``forward(inputs) -> logits [B, vocab]`` over static inputs (graph-safe)."""
 
     def forward(inputs: DecodeInputs) -> torch.Tensor:
         meta = backend.decode_metadata(kv_caches, inputs.slot_mapping, inputs.block_table,
@@ -164,16 +128,7 @@ def model_decode_forward(
 
 
 class DecodeGraphs:
-    """Static buffers, their pinned host staging, and one graph per captured size.
-
-    Args:
-        max_batch: rows of the buffers (``max_num_seqs``).
-        width: blocks per row (``ceil(max_model_len / block_size)``).
-        block_size: tokens per block.
-        scratch_block: a KV block the runner never hands out; padding rows write there.
-        device: where the static buffers live (graphs need CUDA).
-        sizes: batch sizes to capture (default :func:`capture_sizes`), sorted.
-    """
+    """Static buffers, their pinned staging, and one graph per size."""
 
     def __init__(self, max_batch: int, width: int, block_size: int, scratch_block: int,
                  device: torch.device, sizes: Sequence[int] | None = None) -> None:
@@ -190,9 +145,7 @@ class DecodeGraphs:
 
     def stage(self, input_ids: list[int], positions: list[int],
               block_tables: list[list[int]]) -> PaddingPlan | None:
-        """Fill the pinned rows and start their copy to the static buffers (on the
-        current stream, so later work on it sees them); None: no bucket holds the
-        batch, nothing staged."""
+        """Fill and copy the pinned rows; None when no bucket holds the batch."""
         plan = padding_plan(len(input_ids), self.sizes)
         if plan is None:
             return None
@@ -207,12 +160,7 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self, forward: Callable[[DecodeInputs], torch.Tensor], warmup: int = 2) -> None:
-        """Capture ``forward`` over the first s rows of the static buffers, for every
-        size s (the buffers then hold padding rows: only the scratch slot is written).
-
-        Raises:
-            RuntimeError: the buffers are not on a CUDA device.
-        """
+        """Capture ``forward`` for every size; RuntimeError when the buffers are not on CUDA."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need the static buffers on a CUDA device")
         order = sorted(self.sizes, reverse=True)
@@ -231,8 +179,7 @@ class DecodeGraphs:
             self._graphs[size] = (graph, logits)
 
     def replay(self, plan: PaddingPlan) -> torch.Tensor:
-        """Replay the bucket's graph; logits ``[plan.batch, vocab]`` of the real rows,
-        a view of the graph's output: valid until the next replay of any graph."""
+        """Logits ``[plan.batch, vocab]``, valid until the next replay."""
         graph, logits = self._graphs[plan.bucket]
         graph.replay()
         return logits[: plan.batch]

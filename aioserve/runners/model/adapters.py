@@ -1,20 +1,5 @@
-"""What a model needs before aioserve's paged attention can serve it, or why it cannot.
-
-Most transformers decoders call attention through ``AttentionInterface`` and need
-nothing. Two kinds need help or a refusal:
-
-* falcon before transformers 5.25 picks its attention class from a private table
-  (``FALCON_ATTENTION_CLASSES``) keyed by the attention implementation; where that table
-  exists :func:`prepare` adds a paged entry (rotary falcon only), whose forward projects
-  q/k/v as falcon does and calls the paged attention. From 5.25 falcon calls the
-  interface itself and needs nothing; should a release drop the table without doing
-  so, :func:`check_coverage` refuses the model by name rather than run it wrongly.
-* ALiBi models (bloom, mpt, falcon with ``alibi``) compute attention themselves and
-  bypass the interface: refused at load (:class:`UnsupportedModelError`), never run
-  with wrong attention. Any other model whose layers do not all reach the interface
-  is refused by :func:`check_coverage` after
-  :func:`~aioserve.runners.attention.layer_rules.discover`.
-"""
+"""What a model needs before paged attention can serve it, or why it cannot (refused, never
+wrong)."""
 
 from __future__ import annotations
 
@@ -39,11 +24,7 @@ REFUSED = {
 
 
 def check_config(config: Any) -> None:
-    """Refuse a model known to bypass the attention interface (before loading it).
-
-    Raises:
-        UnsupportedModelError: the reason, naming the architecture.
-    """
+    """Refuse a model known to bypass the attention interface, before loading."""
     model_type = getattr(config, "model_type", "?")
     if model_type in REFUSED:
         raise UnsupportedModelError(REFUSED[model_type])
@@ -66,8 +47,7 @@ def prepare(config: Any, attention_name: str) -> None:
 
 
 def _paged_falcon_attention(modeling_falcon: Any) -> type[FalconAttention]:
-    """A ``FalconAttention`` whose forward attends through the registered paged
-    attention (rotary falcon: the q/k/v split and rotary of falcon's own forward)."""
+    """A ``FalconAttention`` attending through the paged attention."""
     from transformers import AttentionInterface
 
     class PagedFalconAttention(modeling_falcon.FalconAttention):  # type: ignore[misc]
@@ -94,11 +74,7 @@ def _paged_falcon_attention(modeling_falcon: Any) -> type[FalconAttention]:
 
 
 def check_coverage(model_type: str, num_layers: int, rules: dict[int, LayerRules]) -> None:
-    """Refuse a model some of whose layers never called the attention interface.
-
-    Raises:
-        UnsupportedModelError: the reason, naming the architecture.
-    """
+    """Refuse a model some of whose layers never called the attention interface."""
     missing = sorted(set(range(num_layers)) - set(rules))
     if missing:
         raise UnsupportedModelError(

@@ -1,27 +1,11 @@
-"""The opt-in lean forward for Llama-architecture checkpoints (``--forward lean-llama``):
-transformers' arithmetic in fewer Python calls, for small models on the CPU.
+"""The opt-in lean Llama forward (``--forward lean-llama``): transformers' arithmetic in fewer
+Python calls, for small models on the CPU, where a step costs what its ops cost to launch.
 
-transformers' ``LlamaForCausalLM`` is written for every use (training, caches,
-tensor parallelism): module calls, decorators and config look-ups around a few
-hundred aten ops per step. On the CPU a small model's step costs what its ops cost
-to launch from Python, so this forward runs the same computation with fewer ops and
-no module calls: the rotary embedding applied to queries and keys together, views
-without shape arithmetic, and each layer's attention called through the backend's seam
-(:meth:`~aioserve.runners.attention.backend.AttentionBackend.layer_attention`, bound
-at load), so it runs on any attention backend. When the
-model's linear layers are packed (:mod:`~aioserve.runners.cpu.packed_linear`: oneDNN's
-layout or compiled panels) the q/k/v projections are one matrix product and gate/up
-another (either way a column's bits are the same fused or not); on plain weights they
-stay separate (fused, MKL's single-row kernel sums in another order and the logits are
-no longer bitwise transformers').
-
-Every element is computed by the same operations in the same order as in
-transformers (RMSNorm in float32, ``q * cos + rotate_half(q) * sin``, residual
-adds, SiLU-gated MLP), and the runner checks at load that its logits equal the
-model's own bit for bit on a probe step (else it refuses the option).
-Supported: ``model_type == "llama"`` without projection biases, SiLU activation, a
-static rotary embedding and plain attention layers.
-"""
+Each element is computed by the same ops in the same order as transformers (float32 RMSNorm,
+rotary, residuals, SiLU MLP), attention goes through the backend's seam, and the load checks the
+logits equal transformers' bit for bit. q/k/v and gate/up are fused only on packed weights: there
+a column's bits do not depend on fusion, while MKL's single-row kernel would sum in another
+order."""
 
 from __future__ import annotations
 
@@ -55,7 +39,7 @@ _dense_linear = cast(Callable[[torch.Tensor, PackedWeight], torch.Tensor], F.lin
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """True for a transformers Llama model this forward reproduces."""
+    """True for a transformers Llama this forward reproduces."""
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
     rotary = getattr(inner, "rotary_emb", None)
@@ -72,13 +56,7 @@ def supports(model: torch.nn.Module) -> bool:
 
 
 class LeanLlama(torch.nn.Module):
-    """The step forward of a supported Llama model over plain tensors.
-
-    Args:
-        model: a transformers ``LlamaForCausalLM`` (see :func:`supports`).
-        backend: the attention backend the model was loaded with.
-        rules: each layer's rules by layer index (plain layers).
-    """
+    """The step forward of a supported Llama over plain tensors."""
 
     def __init__(self, model: Any, backend: AttentionBackend,
                  rules: dict[int, LayerRules]) -> None:
@@ -105,8 +83,7 @@ class LeanLlama(torch.nn.Module):
                        and native_kernels.available())
 
     def _layer(self, layer: Any) -> LayerWeights:
-        """One layer's weights: dense, or on packed models one packed weight for
-        q/k/v and one for gate/up."""
+        """One layer's weights; on packed models one weight for q/k/v and one for gate/up."""
         attn, mlp = layer.self_attn, layer.mlp
         norm1 = layer.input_layernorm.weight.detach()
         norm2 = layer.post_attention_layernorm.weight.detach()
@@ -137,7 +114,6 @@ class LeanLlama(torch.nn.Module):
                 _dense_linear(h, v_w))
 
     def _mlp(self, h: torch.Tensor, weights: tuple[PackedWeight, ...]) -> torch.Tensor:
-        """``down(silu(gate(h)) * up(h))``."""
         if self.packed:
             gate_up = linear_pointwise(h, weights[0])
             width = gate_up.shape[1] // 2
@@ -149,9 +125,7 @@ class LeanLlama(torch.nn.Module):
         return _dense_linear(F.silu(_dense_linear(h, gate_w)) * _dense_linear(h, up_w), down_w)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """transformers' LlamaRMSNorm (float32 statistics). For float32 on the CPU,
-        ``F.rms_norm``: one call from Python for the same six aten ops in the same order
-        (torch's composite CPU ``rms_norm``; the load probe checks the bits)."""
+        """LlamaRMSNorm; ``F.rms_norm`` for float32 on the CPU (the same ops)."""
         if x.dtype == torch.float32 and x.device.type == "cpu":
             return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         x32 = x.to(torch.float32)
@@ -159,13 +133,8 @@ class LeanLlama(torch.nn.Module):
         return weight * (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos and signed sin ``[T, 1, head_dim]``: cos as transformers'
-        LlamaRotaryEmbedding makes it, sin with its first half negated.
-
-        transformers rotates ``q * cos + rotate_half(q) * sin`` with ``rotate_half(q) =
-        cat(-q2, q1)``; ``cat(q2, q1) * cat(-s1, s2)`` is the same product bit for bit
-        (IEEE multiplication is symmetric in sign), so the layers swap halves without
-        negating them: one op less per layer, the negation done once a step."""
+        """cos and signed sin ``[T, 1, head_dim]``: swapped halves times ``cat(-s1, s2)`` is
+        exact."""
         freqs = positions[:, None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
@@ -181,13 +150,7 @@ class LeanLlama(torch.nn.Module):
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
         meta: PagedAttentionMetadata,
     ) -> torch.Tensor:
-        """Logits ``[S, vocab]`` of the kept tokens.
-
-        Args:
-            input_ids, position_ids: ``[T]`` int64, the step's packed tokens.
-            keep: ``[S]`` int64, the packed indices whose logits are wanted.
-            meta: the step's paged-attention metadata (its KV caches are written).
-        """
+        """Logits ``[S, vocab]`` of the ``keep`` indices of the step's ``[T]`` tokens."""
         x = F.embedding(input_ids, self.embed)  # [T, hidden]
         cos, signed_sin = self._rope(position_ids, x.dtype)
         half = self.head_dim // 2
@@ -220,15 +183,7 @@ def lean_forward(
     model: Any, backend: AttentionBackend, rules: dict[int, LayerRules],
     probe: Callable[[LeanLlama | None], list[torch.Tensor]],
 ) -> LeanLlama:
-    """The lean forward of ``model`` (loaded with ``backend``; its layers' ``rules``),
-    checked: ``probe(forward)`` runs the same probe steps through transformers' forward
-    (None) or the lean one and returns the logits; the lean forward is returned only if
-    they are equal bit for bit.
-
-    Raises:
-        ValueError: the model is not a supported Llama (``forward``), or the lean
-            forward's logits differ from transformers' on the probe.
-    """
+    """The lean forward of ``model`` if ``probe`` gives transformers' logits bit for bit."""
     if not (supports(model) and all(layer.plain for layer in rules.values())):
         raise ValueError(
             "forward: lean-llama needs a Llama model (no projection biases, SiLU, a static "

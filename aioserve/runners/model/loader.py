@@ -1,9 +1,4 @@
-"""Loading a model for paged attention: adapters, refusals, per-layer rules, KV cache.
-
-The runner calls :func:`load_model` once; it returns the model with every attention
-layer's :class:`~aioserve.runners.attention.layer_rules.LayerRules`, or refuses the model
-(:class:`~aioserve.errors.UnsupportedModelError`) before anything is served.
-"""
+"""Loading a model for paged attention: adapters, refusals, per-layer rules, KV cache."""
 
 from __future__ import annotations
 
@@ -28,9 +23,7 @@ logger = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def weights_bar() -> Iterator[None]:
-    """transformers' "Loading weights" progress bar only where aioserve logs at debug
-    level (``--log-level debug``, or ``logging`` configured so); hidden otherwise, in the
-    CLI, the Python API and each Ray Serve replica alike."""
+    """transformers' "Loading weights" bar only where aioserve logs at debug level."""
     from transformers.utils import logging as hf_logging
 
     if logger.isEnabledFor(logging.DEBUG) or not hf_logging.is_progress_bar_enabled():
@@ -46,16 +39,13 @@ def weights_bar() -> Iterator[None]:
 def load_model(
     path: str, dtype: torch.dtype, device: torch.device, backend: AttentionBackend
 ) -> tuple[PreTrainedModel, dict[int, LayerRules]]:
-    """The model (eval mode, on ``device``, attention through ``backend``; its linear
-    layers on packed weights where :func:`~aioserve.runners.cpu.packed_linear.available`)
-    and its layers' rules by layer index.
+    """The model (eval, on ``device``, attention through ``backend``, packed linear weights where
+    available) and its layers' rules by index.
 
     Raises:
-        OSError: the model cannot be loaded (a missing local directory, or one without
-            ``config.json``, is named as such: :func:`~aioserve.model_path.check_model_path`).
-        UnsupportedModelError: an ALiBi model, layers that bypass transformers'
-            attention interface, or a rule ``backend`` does not support.
-    """
+        OSError: the model cannot be loaded (a missing directory is named as such).
+        UnsupportedModelError: ALiBi, layers bypassing the attention interface, or a rule
+            ``backend`` does not support."""
     check_model_path(path)
     name = backend.register()
     hf_config = AutoConfig.from_pretrained(path)
@@ -80,11 +70,7 @@ def load_model(
 
 
 def context_length(text_config: Any) -> int:
-    """The model's ``max_position_embeddings``.
-
-    Raises:
-        UnsupportedModelError: the config states no context length.
-    """
+    """The model's ``max_position_embeddings``; UnsupportedModelError when unstated."""
     length = getattr(text_config, "max_position_embeddings", None)
     if length is None:
         raise UnsupportedModelError(
@@ -104,14 +90,7 @@ def allocate_kv_cache(
     rules: dict[int, LayerRules], rows: int, dtype: torch.dtype, device: torch.device,
     head_major: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, zeroed K ``[rows, kv_heads, k_dim]`` and V ``[rows, kv_heads, v_dim]``:
-    separate K and V tensors let MLA layers (deepseek_v3) keep a narrower V.
-
-    ``head_major``: each tensor is a transposed view of ``[kv_heads, rows, dim]``
-    storage (same shape and indexing, not contiguous), so a gather of one sequence's
-    blocks is one contiguous ``[L, dim]`` matrix per KV head and a KV head's keys one
-    ``[rows, dim]`` matrix (the CPU decode paths, :mod:`~aioserve.runners.attention.sparse_decode`
-    and :mod:`~aioserve.runners.attention.decode_gather`)."""
+    """Per layer, zeroed K ``[rows, kv_heads, k_dim]`` and V ``[rows, kv_heads, v_dim]``."""
 
     def zeros(heads: int, dim: int) -> torch.Tensor:
         if head_major:

@@ -1,6 +1,5 @@
-"""The FlexAttention backend (compiled on CUDA; runs on the CPU for tests): the
-backend, its block masks and its per-step metadata.
+"""The FlexAttention backend (compiled on CUDA; on the CPU for tests): backend, block masks,
+metadata.
 
 Imports (checked by tests/test_import_rules.py):
-    may import: aioserve.runners.attention
-"""
+    may import: aioserve.runners.attention"""

@@ -1,21 +1,7 @@
-"""FlexBackend: attention through torch's FlexAttention over the paged KV cache.
-
-The fast path on CUDA, where ``flex_attention`` runs compiled (``torch.compile``,
-fused Triton kernels that read the cache in place, block-sparse by each sequence's
-block table; see :mod:`~aioserve.runners.attention.flex.masks`). Sliding windows are mask
-functions and logit soft-capping a score function (``tanh(s / cap) * cap`` after
-scaling, as gemma2's eager attention), per the FlexAttention paper
-(arXiv:2412.05496) and the PyTorch blog "FlexAttention: The Flexibility of PyTorch
-with the Performance of FlashAttention". Layers it cannot serve exactly (attention
-sinks, K and V of different widths, query heads that do not share KV heads evenly,
-on CUDA heads narrower than 16) are refused by :meth:`FlexBackend.unsupported`.
-
-On the CPU ``flex_attention`` runs unfused (eager): exact, but it materialises
-``[b, q_heads, Q, S]`` float32 scores over the whole cache of S slots, so it is
-for tests only. A step attends in up to two calls (decoding and prefilling
-sequences, queries of the latter padded to the longest), with metadata from
-:mod:`~aioserve.runners.attention.flex.metadata`.
-"""
+"""FlexBackend: torch's FlexAttention over the paged KV cache (arXiv:2412.05496), compiled on
+CUDA into kernels reading the cache in place; windows as mask functions, soft-cap as a score
+function. Unfused on the CPU it materialises ``[b, heads, Q, S]`` scores over the whole cache:
+tests only."""
 
 from __future__ import annotations
 
@@ -44,7 +30,7 @@ ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tor
 
 @functools.cache
 def softcap_mod(cap: float) -> ScoreMod:
-    """The score function of logit soft-capping (one function object per cap)."""
+    """The soft-cap score function (one object per cap)."""
 
     def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
                   kv: torch.Tensor) -> torch.Tensor:
@@ -55,7 +41,7 @@ def softcap_mod(cap: float) -> ScoreMod:
 
 @functools.cache
 def flex_function(device_type: str) -> Callable[..., Any]:
-    """``flex_attention`` compiled on CUDA (``fullgraph``), as is elsewhere."""
+    """``flex_attention``, compiled (``fullgraph``) on CUDA."""
     if device_type == "cuda":
         return torch.compile(flex_attention, fullgraph=True)
     return flex_attention
@@ -65,7 +51,6 @@ def _attend_group(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: FlexGroup,
     rules: LayerRules, block_size: int,
 ) -> torch.Tensor:
-    """One group: ``q`` ``[n, q_heads, k_dim]`` -> ``[n, q_heads, v_dim]``."""
     heads, dim = int(q.shape[1]), int(q.shape[2])
     if group.query_index is None:
         batch = q.unsqueeze(2)  # [b, heads, 1, k_dim]
@@ -89,9 +74,8 @@ def attend(
     rules: LayerRules, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta: FlexMetadata,
 ) -> torch.Tensor:
-    """One layer over the paged cache (the step's K/V already written): ``q``
-    ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]`` in ``q``'s dtype (the layer's
-    ``rules`` first, so a positional partial binds them)."""
+    """One layer (K/V cached): ``[T, q_heads, k_dim]`` -> ``[T, q_heads, v_dim]``; ``rules``
+    first."""
     keys = k_cache.permute(1, 0, 2).unsqueeze(0)  # [1, kv_heads, S, k_dim], a view
     values = v_cache.permute(1, 0, 2).unsqueeze(0)
     size = meta.block_size
@@ -111,9 +95,7 @@ def flex_paged_attention(
     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
     paged_metadata: PagedAttentionMetadata | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The attention function registered as :data:`ATTENTION_NAME` (shapes as
-    :func:`~aioserve.runners.attention.paged.paged_attention`); without
-    :class:`FlexMetadata` (rule discovery) the reference function answers."""
+    """Registered as :data:`ATTENTION_NAME`; without :class:`FlexMetadata` the reference answers."""
     meta = paged_metadata if paged_metadata is not None else layer_rules.CURRENT_METADATA.get()
     if not isinstance(meta, FlexMetadata):
         return attention.paged_attention(module, query, key, value, attention_mask, scaling,
@@ -129,7 +111,7 @@ def flex_paged_attention(
 
 
 class FlexBackend:
-    """The FlexAttention backend (see the module docstring) for ``device``."""
+    """The FlexAttention backend for ``device``."""
 
     attention_name = ATTENTION_NAME
     head_major = False
@@ -139,12 +121,7 @@ class FlexBackend:
 
     @classmethod
     def for_device(cls, device: torch.device) -> FlexBackend:
-        """The backend for ``device``, checked.
-
-        Raises:
-            ValueError: a device other than cuda or cpu; no ``torch.compile`` (dynamo) in
-                this Python/torch; CUDA without Triton.
-        """
+        """The backend for ``device``; ValueError where dynamo or (on CUDA) Triton is missing."""
         if device.type not in ("cuda", "cpu"):
             raise ValueError(f"attention backend 'flex' runs on cuda or cpu, not {device.type}")
         from torch._dynamo.eval_frame import is_dynamo_supported
@@ -180,7 +157,6 @@ class FlexBackend:
         block_tables: list[list[int]] | np.ndarray, block_size: int,
         device: torch.device, windows: tuple[int, ...],
     ) -> tuple[FlexMetadata, torch.Tensor]:
-        """See :func:`aioserve.runners.attention.flex.metadata.build_metadata`."""
         return flex_metadata.build_metadata(
             kv_caches, start_positions, num_new_tokens, block_tables, block_size, device, windows
         )
@@ -190,8 +166,6 @@ class FlexBackend:
         block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
         windows: tuple[int, ...],
     ) -> FlexMetadata:
-        """Graph-safe decode metadata (static buffers, no host sync): see
-        :func:`aioserve.runners.attention.flex.metadata.decode_metadata`."""
         return flex_metadata.decode_metadata(
             kv_caches, slot_mapping, block_table, seq_lens, block_size, windows
         )
@@ -200,8 +174,7 @@ class FlexBackend:
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         meta: PagedAttentionMetadata, rules: LayerRules, sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        """See :func:`attend`. Raises TypeError without :class:`FlexMetadata` and
-        ValueError with sinks."""
+        """See :func:`attend`; TypeError without :class:`FlexMetadata`, ValueError with sinks."""
         if not isinstance(meta, FlexMetadata):
             raise TypeError("FlexBackend.attend needs FlexMetadata (FlexBackend.build_metadata)")
         if sinks is not None:
@@ -209,5 +182,4 @@ class FlexBackend:
         return attend(rules, q, k_cache, v_cache, meta)
 
     def layer_attention(self, rules: LayerRules) -> LayerAttention:
-        """:func:`attend` bound to ``rules`` (its metadata must be :class:`FlexMetadata`)."""
         return functools.partial(attend, rules)

@@ -1,13 +1,4 @@
-"""Per-step metadata of the FlexAttention backend: host-built for any step, or
-graph-safe from static device buffers for a decode step.
-
-A step attends in up to two groups: the decoding sequences (one query each; the
-reference backend may cut them into up to four by context length) and the prefilling
-ones (queries padded to the
-longest; padding queries see nothing and are dropped). Each group carries one
-:class:`~torch.nn.attention.flex_attention.BlockMask` per sliding window (see
-:mod:`~aioserve.runners.attention.flex.masks`), built once per step and shared by every layer.
-"""
+"""Per-step FlexAttention metadata: host-built, or graph-safe for decode; a mask per window."""
 
 from __future__ import annotations
 
@@ -24,18 +15,7 @@ from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata, to
 
 @dataclass(frozen=True)
 class FlexGroup:
-    """Sequences attending in one ``flex_attention`` call (``size`` rows of ``q_len``).
-
-    Attributes:
-        token_index: ``[n]`` int64 packed rows of the group's queries; None when the
-            group is every token in packed order.
-        query_index: ``[size * q_len]`` int64 row (into the n queries) of each padded
-            query; None when ``q_len`` is 1.
-        query_valid: ``[n]`` int64 rows of the padded queries that are real; None
-            when ``q_len`` is 1.
-        size, q_len: sequences and (padded) queries per sequence.
-        masks: per sliding window (None: full causal), the group's block mask.
-    """
+    """Sequences in one ``flex_attention`` call, index maps as :class:`AttentionGroup`'s."""
 
     token_index: torch.Tensor | None
     query_index: torch.Tensor | None
@@ -58,13 +38,7 @@ def build_metadata(
     block_tables: list[list[int]] | np.ndarray, block_size: int,
     device: torch.device, windows: tuple[int, ...],
 ) -> tuple[FlexMetadata, torch.Tensor]:
-    """The step's :class:`FlexMetadata` and packed positions ``[T]`` int64 (inputs as
-    :func:`aioserve.runners.attention.paged_metadata.build_metadata`). Index arithmetic in
-    numpy on the host, the block masks by torch ops on ``device``.
-
-    Raises:
-        ValueError: a block at two positions, or a block size CUDA cannot tile.
-    """
+    """The step's :class:`FlexMetadata` and positions ``[T]`` (inputs as the reference's)."""
     flex_masks.check_block_size(block_size, device)
     tables = (block_tables if isinstance(block_tables, np.ndarray)
               else paged_metadata.block_table_array(block_tables))
@@ -118,24 +92,7 @@ def decode_metadata(
     block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
     windows: tuple[int, ...],
 ) -> FlexMetadata:
-    """Graph-safe metadata of a decode batch from static device buffers.
-
-    Args:
-        kv_caches: the runner's per-layer (K, V) caches.
-        slot_mapping: ``[B]`` int64, the slot each new token's K/V is written to.
-        block_table: ``[B, W]`` int32, W fixed; of a row only the first
-            ``ceil(seq_len / block_size)`` columns are read (the rest may be stale).
-        seq_lens: ``[B]`` int32 context lengths including the new token (>= 1).
-        block_size: tokens per block.
-        windows: the model's sliding windows (tokens).
-
-    Only torch ops whose shapes depend on B and W, no host synchronisation: a CUDA
-    graph can capture it. Memory per step: the block-to-position map
-    (``num_blocks + 1`` int32) and per window two block lists ``[B, 1, 1, W]`` int32
-    plus ``[B, W]`` sort temporaries; keys and values are read in place by the fused
-    kernel (no gathered copy, no score matrix), so the cost does not grow with the
-    context (beyond W).
-    """
+    """Graph-safe decode metadata: shapes depend on B and W only, no host sync."""
     masks = flex_masks.decode_block_masks(
         block_table, seq_lens, block_size, int(kv_caches[0][0].shape[0]), (None, *windows)
     )

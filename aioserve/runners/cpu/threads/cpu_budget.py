@@ -1,17 +1,4 @@
-"""How many CPUs this process may really use: its CPU affinity and its cgroup's CPU quota.
-
-``os.cpu_count()`` counts the machine's CPUs, not this process's: a container limited to
-1.5 CPUs by its cgroup (``docker --cpus 1.5``, a Kubernetes CPU limit) or a process pinned
-to two cores (``taskset``, a cpuset) still sees every CPU of the host. An OpenMP team
-larger than what the kernel grants waits at every barrier for the threads it did not
-run (issue 26: 18x slower). The count here is the smaller of
-
-* the CPUs in the affinity mask (``sched_getaffinity(2)``), and
-* the quota, rounded up: cgroup v2 ``cpu.max`` (``"QUOTA PERIOD"`` or ``"max PERIOD"``)
-  or v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (``-1``: none), of the process's
-  cgroup and of every cgroup above it (a parent's limit applies to its children); the
-  same rule as the JVM's active processor count and Go's container-aware GOMAXPROCS.
-"""
+"""How many CPUs this process may really use: affinity and cgroup quota, not ``os.cpu_count()``."""
 
 from __future__ import annotations
 
@@ -25,7 +12,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def affinity_cpus() -> frozenset[int]:
-    """The CPU ids this process may run on (all CPUs where affinity is unknown)."""
+    """The CPU ids this process may run on (all where affinity is unknown)."""
     if hasattr(os, "sched_getaffinity"):
         return frozenset(os.sched_getaffinity(0))
     return frozenset(range(os.cpu_count() or 1))
@@ -39,7 +26,6 @@ def _read(path: Path) -> str | None:
 
 
 def _v2_quota(directory: Path) -> float | None:
-    """CPUs that ``cpu.max`` in ``directory`` allows (None: no limit, no file)."""
     text = _read(directory / "cpu.max")
     if text is None:
         return None
@@ -54,7 +40,6 @@ def _v2_quota(directory: Path) -> float | None:
 
 
 def _v1_quota(directory: Path) -> float | None:
-    """CPUs that ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` allow (None: -1, no file)."""
     quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
     try:
         q, p = int(quota or ""), int(period or "")
@@ -64,24 +49,13 @@ def _v1_quota(directory: Path) -> float | None:
 
 
 def _ancestors(base: Path, cgroup_path: str) -> list[Path]:
-    """``base/cgroup_path`` and every folder above it up to ``base`` itself (inside a
-    container the host's path may not exist and ``base`` is the container's own cgroup)."""
+    """``base/cgroup_path`` and each folder above it up to ``base``."""
     parts = [p for p in cgroup_path.split("/") if p]
     return [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
 
 
 def cgroup_cpu_quota(proc_cgroup: str, root: Path = CGROUP_ROOT) -> float | None:
-    """The smallest CPU quota, in CPUs (e.g. 1.5), over this process's cgroups.
-
-    Args:
-        proc_cgroup: the text of ``/proc/self/cgroup`` (``ID:CONTROLLERS:PATH`` lines;
-            ``0::PATH`` is cgroup v2).
-        root: where cgroup file systems are mounted (v2 at ``root`` or, on hybrid
-            systems, ``root/unified``; v1 controllers at ``root/<controllers>``).
-
-    Returns:
-        None where no quota applies or none can be read.
-    """
+    """The smallest CPU quota (e.g. 1.5) over this process's cgroups, or None."""
     quotas: list[float] = []
     for line in proc_cgroup.splitlines():
         fields = line.split(":", 2)
@@ -101,8 +75,7 @@ def cgroup_cpu_quota(proc_cgroup: str, root: Path = CGROUP_ROOT) -> float | None
 
 
 def usable_cpus(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> int:
-    """CPUs this process may keep busy at once: ``min(affinity, ceil(cgroup quota))``, at
-    least 1 (``root`` and ``proc_cgroup`` are parameters for tests)."""
+    """``min(affinity, ceil(cgroup quota))``, at least 1."""
     count = len(affinity_cpus())
     text = _read(proc_cgroup)
     quota = cgroup_cpu_quota(text, root) if text is not None else None

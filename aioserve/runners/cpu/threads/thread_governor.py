@@ -1,36 +1,12 @@
 """ThreadGovernor: as many intra-op threads as other processes leave CPUs free.
 
-An OpenMP team runs each parallel region at the pace of its slowest thread. When other
-processes keep the CPUs busy, the kernel shares each CPU among them and some of the
-team's threads wait on a run queue while the rest spin at the region's barrier: on the
-2-core box, with two busy co-tenants, two threads gave 299 output tokens/s and one
-gave 2,355 (issue 26). The governor measures, over short windows of serving
-(:class:`~aioserve.runners.cpu.threads.cpu_load.LoadWindow`), the CPUs left to this process,
-``free = (own CPU time + idle CPU time) / wall time`` (what the others did not take:
-they use ``CPUs - free``), and moves the team's size with hysteresis, so that a
-flickering load (a benchmark client's bursts) does not flip it back and forth:
-
-* **down** from ``n`` threads when ``free`` is below ``n - DOWN_MARGIN`` (n threads
-  would wait on the others) and the runner's worker waited on a run queue for at least
-  :attr:`WAIT_FRACTION` of its runnable time, in every window for :attr:`DOWN_HOLD_S`
-  of serving; to the count ``free + DOWN_MARGIN`` allows. A window over an idle engine
-  that long measured the others alone and is evidence by itself;
-* **up** to ``m`` threads when ``free`` is at least ``m - UP_MARGIN`` in every window
-  for the up hold (:attr:`UP_HOLD_S`; doubled, up to :attr:`MAX_UP_HOLD_S`, when a move
-  up is undone within :attr:`FLAP_S`; reset once a move up holds). The margins leave a
-  band (1.5 to 1.75 free CPUs for two threads) where the count stays as it is;
-* never two moves within :attr:`MIN_MOVE_GAP_S` of serving.
-
-Over the evidence the idle counter's error (up to a clock tick per CPU) counts against
-the move. Each move is logged with the numbers it was decided on (``CPU threads 2 -> 1:
-other processes used 1.30 of 2 CPUs over 0.5 s, leaving 0.70; 2 threads need 1.50 ...``).
-
-On a quiet machine ``free`` is every usable CPU, so nothing moves (the same count as
-without the governor: the quiet case costs one ``perf_counter`` per step and about 30 us
-of ``/proc`` reads per window). The counts it may choose are given: the runner allows
-only those whose logits equal the full count's bit for bit on its probe, so a
-request's tokens do not depend on when the team changes.
-"""
+An OpenMP team runs at its slowest thread's pace, so when others keep the CPUs busy part of the
+team waits on run queues. The governor measures ``free = (own + idle CPU time) / wall`` over
+windows and moves with hysteresis: down when ``free < n - DOWN_MARGIN`` and the worker waited at
+least :attr:`WAIT_FRACTION` of its runnable time, for :attr:`DOWN_HOLD_S`; up when ``free >= m -
+UP_MARGIN`` for the up hold (doubled after a flap); never two moves within
+:attr:`MIN_MOVE_GAP_S`. Its counts all give the full count's bits on the runner's probe, so
+tokens do not depend on when it moves."""
 
 from __future__ import annotations
 
@@ -51,18 +27,7 @@ EPSILON_S = 1e-9
 
 
 class ThreadGovernor:
-    """Chooses the intra-op thread count from :class:`LoadWindow` measurements.
-
-    Args:
-        counts: the thread counts it may use; it starts at the largest.
-        meter: the source of windows for :meth:`tick` (None: only :meth:`decide`).
-        set_threads: applies a count (``torch.set_num_threads``; called by :meth:`tick`,
-            so on the thread that runs the steps).
-        clock: seconds, for :meth:`tick`'s windows.
-
-    Raises:
-        ValueError: no count, or a count below 1.
-    """
+    """Chooses the intra-op thread count among ``counts`` from :class:`LoadWindow` readings."""
 
     #: Seconds of serving per window (evidence is gathered per window).
     WINDOW_S = 0.1
@@ -114,8 +79,7 @@ class ThreadGovernor:
             self.window_s = max(self.WINDOW_S, 0.8 * len(meter.cpus) * meter.tick_s / band)
 
     def _fit(self, cpus: float) -> int:
-        """The largest allowed count of at most ``floor(cpus)`` threads (at least the
-        smallest allowed)."""
+        """The largest allowed count of at most ``floor(cpus)`` (at least the smallest)."""
         limit = math.floor(cpus)
         return max([c for c in self.counts if c <= limit], default=self.counts[0])
 
@@ -135,8 +99,7 @@ class ThreadGovernor:
         return 1 if self._fit(free + self.UP_MARGIN) > n else 0
 
     def decide(self, window: LoadWindow) -> int:
-        """The count to use after ``window`` (also kept in :attr:`threads`, with the
-        reason of a move in :attr:`reason`)."""
+        """The count after ``window`` (a move's reason in :attr:`reason`)."""
         if window.wall_s <= 0:
             return self.threads
         n = self.threads
@@ -191,8 +154,7 @@ class ThreadGovernor:
         return target
 
     def tick(self) -> None:
-        """Call before each step, on the thread that runs the steps: closes a window
-        every :attr:`WINDOW_S` seconds, decides, and applies a new count."""
+        """Before each step, on the step thread: close a window, decide, apply."""
         if self.meter is None or self._reading is None:
             return
         if self.clock() - self._reading.wall_s < self.window_s:
@@ -205,15 +167,13 @@ class ThreadGovernor:
             self.set_threads(after)
 
     def close(self) -> None:
-        """Stop measuring (idempotent)."""
         if self.meter is not None:
             self.meter.close()
         self._reading = None
 
 
 def threads_in_use(runner: object) -> int | None:
-    """The intra-op threads ``runner`` computes with now: its governor's count, else its
-    fixed ``num_threads`` (None: unknown, or torch's own setting off the CPU)."""
+    """``runner``'s thread count now: its governor's, else its fixed one (None: unknown)."""
     governor = getattr(runner, "governor", None)
     if isinstance(governor, ThreadGovernor):
         return governor.threads

@@ -30,11 +30,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"`` picks CUDA when present, else the CPU.
-
-    Raises:
-        ValueError: CUDA asked for where this torch build or machine has none.
-    """
+    """``"auto"``: CUDA when present, else the CPU; ValueError when CUDA is asked for and absent."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -46,13 +42,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def context_length(requested: int | None, text_config: object) -> int:
-    """The context length in tokens: ``requested`` or the model's
-    ``max_position_embeddings``.
-
-    Raises:
-        ValueError: ``requested`` exceeds what the model was built for (as vLLM refuses
-            it); UnsupportedModelError: neither is known.
-    """
+    """``requested`` or the model's context length (ValueError beyond it)."""
     if requested is None:
         return model_loader.context_length(text_config)
     model_len = getattr(text_config, "max_position_embeddings", None)
@@ -63,14 +53,12 @@ def context_length(requested: int | None, text_config: object) -> int:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``"auto"`` is bfloat16 on CUDA and float32 elsewhere."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
 
 
 def eos_token_ids(model_path: str, generation_config: GenerationConfig | None) -> tuple[int, ...]:
-    """End-of-sequence ids from the model's generation config (int or list)."""
     eos = generation_config.eos_token_id if generation_config is not None else None
     if eos is None:
         return ()
@@ -78,8 +66,7 @@ def eos_token_ids(model_path: str, generation_config: GenerationConfig | None) -
 
 
 def free_memory_bytes(device: torch.device) -> int:
-    """Free memory of ``device`` in bytes: the GPU's free memory, or the RAM available
-    to new allocations on the CPU."""
+    """Free bytes of ``device``: the GPU's free memory, or the RAM available on the CPU."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -88,13 +75,7 @@ def free_memory_bytes(device: torch.device) -> int:
 def num_kv_blocks(
     config: EngineConfig, device: torch.device, block_bytes: int, max_model_len: int,
 ) -> int:
-    """KV-cache blocks: ``config.num_kv_blocks``, else what the memory budget holds
-    (``kv_cache_memory_fraction`` of the free memory, or ``kv_cache_memory_bytes``), at
-    most what ``max_num_seqs`` full contexts need.
-
-    Raises:
-        ValueError: the budget is too small for one block.
-    """
+    """``config.num_kv_blocks``, else what the memory budget holds (ValueError: none)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     budget = config.kv_cache_memory_bytes
@@ -109,11 +90,7 @@ def num_kv_blocks(
 
 
 def env_count(name: str) -> int | None:
-    """A positive integer from the environment variable ``name`` (None when unset).
-
-    Raises:
-        ValueError: the value is not a positive integer (the message names the variable).
-    """
+    """A positive integer from environment variable ``name``, or None."""
     value = os.environ.get(name)
     if not value:
         return None
@@ -123,19 +100,7 @@ def env_count(name: str) -> int | None:
 
 
 def cpu_threads(device: torch.device) -> int | None:
-    """Intra-op threads of the forward: ``AIOSERVE_NUM_THREADS``, else on the CPU the
-    CPUs this process may use (:func:`~aioserve.runners.cpu.threads.cpu_budget.usable_cpus`: its
-    affinity and cgroup CPU quota, not ``os.cpu_count()``). Off the CPU:
-    ``AIOSERVE_NUM_THREADS`` or None (torch's own setting).
-
-    Every usable core pays for small models too once one thread does all the compute
-    (see :class:`~aioserve.runners.worker.torch_runner.TorchRunner`): on the 2-core box
-    the test model (292,800 parameters) went from about 2,300 output tokens/s on one
-    thread to about 2,900 on two (64-request workload, three alternations).
-
-    Raises:
-        ValueError: ``AIOSERVE_NUM_THREADS`` is not a positive integer.
-    """
+    """Intra-op threads: ``AIOSERVE_NUM_THREADS``, else every usable CPU, else None."""
     budget = env_count("AIOSERVE_NUM_THREADS")
     if device.type != "cpu" or budget is not None:
         return budget
@@ -143,7 +108,7 @@ def cpu_threads(device: torch.device) -> int | None:
 
 
 def _candidates(threads: int) -> list[int]:
-    """Counts below ``threads`` the governor may use: 1, 2, 4, ... (one probe each)."""
+    """Counts below ``threads`` the governor may use: 1, 2, 4, ..."""
     return [1 << i for i in range(threads.bit_length()) if 1 << i < threads]
 
 
@@ -151,10 +116,7 @@ def padding_probe(
     model: torch.nn.Module, rules: dict[int, LayerRules], invariance: BatchInvariance,
     device: torch.device, packed: bool = False,
 ) -> Callable[[], RowPadding]:
-    """The row-padding probe of ``model`` under ``invariance``: over its plain linear
-    weights (with ``packed``, also its packed layers) and its layers' rotary widths
-    (``rules``), at the thread count of the call (see
-    :meth:`~aioserve.runners.batch_invariance.BatchInvariance.row_padding`)."""
+    """The row-padding probe of ``model`` at the current thread count."""
     linears: list[torch.Tensor | LinearProduct] = []
     for module in model.modules():
         if type(module) is torch.nn.Linear:
@@ -178,16 +140,7 @@ def exact_row_padding(
     model: torch.nn.Module, rules: dict[int, LayerRules], invariance: BatchInvariance,
     device: torch.device, dtype: torch.dtype,
 ) -> tuple[RowPadding, Callable[[], RowPadding]]:
-    """The row padding of ``model`` (see :func:`padding_probe`) and its probe.
-
-    Where no padding makes MKL's rows exact (MKL's AVX2 path on an AVX-512 CPU,
-    ``MKL_CBWR``'s modes: see :mod:`~aioserve.runners.cpu.row_padding`), the linear
-    layers are packed (:mod:`~aioserve.runners.cpu.packed_linear`, whose rows measured
-    the same at every count) and probed again, so decode steps (attention through the
-    compiled kernel) stay exact. Attention over a prefill step's prompts still runs on
-    MKL (``scaled_dot_product_attention``), whose products then depend on the step's
-    prompts: the padding returned says so (``exact`` False, its reason; logged).
-    """
+    """The row padding of ``model``; where MKL's rows cannot be exact, packed and probed again."""
     probe = padding_probe(model, rules, invariance, device)
     padding = probe()
     if not padding.exact and packed_linear.can_pack(device, dtype):
@@ -209,14 +162,8 @@ def thread_governor(
     device: torch.device, threads: int | None, probe: Callable[[], list[torch.Tensor]],
     padding: RowPadding | None = None, probe_padding: Callable[[], RowPadding] | None = None,
 ) -> ThreadGovernor | None:
-    """A :class:`~aioserve.runners.cpu.threads.thread_governor.ThreadGovernor` for the CPU
-    forward, or None where the count stays fixed: off the CPU, ``AIOSERVE_NUM_THREADS``
-    set, one usable CPU, no ``/proc`` to measure, or no smaller count where ``probe``
-    (the logits of the runner's probe steps) gives ``threads``' bits and
-    ``probe_padding`` the row ``padding`` found at ``threads`` (run here once per
-    candidate count, so call this on the worker thread, at load, with ``threads`` set).
-    The candidates are 1, 2, 4, ... below ``threads``: about log2(CPUs) probes.
-    """
+    """A :class:`ThreadGovernor` for the CPU forward, or None where the count stays fixed; it
+    probes each candidate count, so call it on the worker thread at load."""
     if device.type != "cpu" or threads is None or threads < 2 \
             or os.environ.get("AIOSERVE_NUM_THREADS"):
         return None
@@ -253,17 +200,7 @@ def choose_forward(
     rules: dict[int, LayerRules], auto_lean: bool,
     probe: Callable[[lean_llama.LeanLlama | None], list[torch.Tensor]],
 ) -> tuple[lean_llama.LeanLlama | None, str]:
-    """The forward ``name`` asks for, and a line saying which runs and why.
-
-    ``"auto"`` (the default) takes the lean forward where ``auto_lean`` (the runner's
-    word: the CPU with an attention backend that serves it, where the lean forward pays),
-    all attention layers are plain (``rules``), the model is a Llama it reproduces
-    (:func:`~aioserve.runners.model.lean_llama.supports`) and its logits equal
-    transformers' bit for bit on ``probe``; else transformers' own forward.
-
-    Raises:
-        ValueError: ``"lean-llama"`` asked for where it cannot run or its logits differ.
-    """
+    """The forward ``name`` asks for and why (``"auto"``: lean where it is bit-exact)."""
     if name == "transformers":
         return None, "transformers"
     if name == "lean-llama":
@@ -283,16 +220,7 @@ def probe_steps(
     run_model: Callable[..., torch.Tensor], num_kv_blocks: int, block_size: int,
     vocab_size: int, device: torch.device,
 ) -> list[torch.Tensor]:
-    """Logits of two probe steps (two prompts of 7 and 4 tokens, then one decode step
-    each) on KV blocks 0-3, before any request holds them (the load checks).
-
-    Args:
-        run_model: ``(input_ids, starts, counts, block_table, keep) -> logits``
-            (:meth:`TorchRunner._run_model` with its forward chosen).
-
-    Raises:
-        ValueError: fewer than 4 KV blocks.
-    """
+    """Logits of two probe steps on KV blocks 0-3 (ValueError for fewer blocks)."""
     if num_kv_blocks < 4:
         raise ValueError("forward: lean-llama's load check needs at least 4 KV blocks")
     table = np.array([[0, 1], [2, 3]], dtype=np.int64)

@@ -1,12 +1,4 @@
-"""The runner's persistent per-request state, and each step's inputs built from it.
-
-As vLLM V1's persistent ``InputBatch``: a request takes a *slot* (a row of the
-persistent arrays) when it arrives in a :class:`~aioserve.runners.base.NewRequest`
-and keeps it until it is released; each step then only applies the changes the
-engine sends (new requests, new blocks, released ids) and reads the rest from here.
-The block table lives on the host (numpy); each step's attention metadata reads its
-rows (one host-to-device copy of the step's rows off the CPU).
-"""
+"""The runner's persistent per-request state (vLLM V1's ``InputBatch``) and each step's inputs."""
 
 from __future__ import annotations
 
@@ -20,14 +12,7 @@ from aioserve.runners.base import NewRequest, ScheduledBatch
 
 @dataclass
 class RequestState:
-    """One request's state in the runner.
-
-    Attributes:
-        slot: its row in the persistent arrays.
-        token_ids: its tokens known at arrival (prompt, then output so far); later
-            positions are fed from the tokens the runner samples.
-        num_blocks: entries of its block-table row in use.
-    """
+    """One request's slot, tokens known at arrival and block-table entries in use."""
 
     slot: int
     token_ids: list[int]
@@ -36,18 +21,10 @@ class RequestState:
 
 @dataclass(frozen=True)
 class StepInputs:
-    """One step's model inputs (T tokens, B sequences, S of them sampled).
-
-    Attributes:
-        input_ids: ``[T]`` int64 on the device (previously sampled tokens filled in).
-        start_positions, num_new_tokens: ``[B]`` int64 numpy, per sequence.
-        block_table: ``[B, W]`` int64 numpy, each sequence's blocks (unused entries 0).
-        slots: ``[B]`` int64 numpy, each sequence's slot.
-        sample_rows: ``[S]`` int64 numpy, the sequences that sample, in batch order.
-        logits_index: ``[S]`` int64 on the device, packed index of each sampled
-            sequence's last token.
-        sample_slots: ``[S]`` int64 on the device, their slots.
-    """
+    """One step's inputs, T tokens, B sequences, S sampled: ``input_ids`` ``[T]`` and
+    ``logits_index``/``sample_slots`` ``[S]`` on the device; ``start_positions``,
+    ``num_new_tokens``, ``slots`` ``[B]``, ``block_table`` ``[B, W]`` and ``sample_rows`` ``[S]``
+    int64 numpy."""
 
     input_ids: torch.Tensor
     start_positions: np.ndarray
@@ -60,21 +37,7 @@ class StepInputs:
 
 
 class InputBatch:
-    """Slots, token ids, block tables and last sampled tokens of the running requests.
-
-    Args:
-        max_num_seqs: slots.
-        max_model_len: context length in tokens.
-        block_size: tokens per KV block.
-        device: where the model runs.
-
-    Attributes:
-        requests: request id -> :class:`RequestState`.
-        last_sampled: ``[max_num_seqs]`` int64 on the device, each slot's last sampled
-            token (the next step's input when the request decodes).
-        host_block_table: ``[max_num_seqs, max_blocks_per_seq]`` int64 numpy, each
-            slot's blocks (entries past a table are 0), kept up to date in place.
-    """
+    """Slots, token ids, host block tables and each slot's last sampled token."""
 
     def __init__(
         self, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device
@@ -88,12 +51,7 @@ class InputBatch:
         self.last_sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
 
     def apply(self, batch: ScheduledBatch) -> tuple[list[int], list[tuple[int, NewRequest]]]:
-        """Apply a step's changes: release, then add, then extend block tables.
-        Returns the slots released and the (slot, request) pairs added, for the sampler.
-
-        Raises:
-            RuntimeError: no free slot, or a block table longer than the context.
-        """
+        """Release, add, extend block tables; the released slots and added (slot, request) pairs."""
         released = []
         for request_id in batch.released_ids:
             state = self.requests.pop(request_id, None)
@@ -122,12 +80,7 @@ class InputBatch:
         state.num_blocks = end
 
     def inputs(self, batch: ScheduledBatch) -> StepInputs:
-        """The step's inputs: known tokens from the host, each decoding request's last
-        sampled token from :attr:`last_sampled` (it may still be on the device).
-
-        Raises:
-            KeyError: a scheduled request the runner holds no state for.
-        """
+        """The step's inputs, decoding tokens from :attr:`last_sampled`."""
         requests = self.requests
         states = [requests[request_id] for request_id in batch.request_ids]
         slots = np.fromiter((s.slot for s in states), dtype=np.int64, count=len(states))

@@ -1,8 +1,4 @@
-"""Vectorised on-device sampling over persistent per-request slots: a request holds a
-slot (a row ``0..num_slots-1``) from :meth:`BatchSampler.add` to :meth:`~BatchSampler.remove`;
-its parameters, seed, draw index and (with a repetition penalty) token history live in
-device tensors indexed by slot, so a step samples all rows with batched ops, no host sync.
-"""
+"""Vectorised on-device sampling over persistent slots, no host sync."""
 
 from __future__ import annotations
 
@@ -13,20 +9,13 @@ from dataclasses import dataclass
 import torch
 
 from aioserve.outputs import TokenLogprob
-from aioserve.runners.worker import sampling_ops as ops
+from aioserve.runners.torch import sampling_ops as ops
 from aioserve.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
 class LogprobTensors:
-    """Log-probabilities (natural log, on the device) of the rows that asked for them.
-
-    Attributes:
-        token_logprobs: ``[L]`` float32, log-probability of each such row's sampled token.
-        top_ids: ``[L, K]`` int64 ids of the K most likely tokens, most likely first;
-            K (may be 0) is the largest ``logprobs`` asked in the batch.
-        top_logprobs: ``[L, K]`` float32, their log-probabilities.
-    """
+    """Log-probabilities on the device of the rows that asked (K top entries, may be 0)."""
 
     token_logprobs: torch.Tensor
     top_ids: torch.Tensor
@@ -35,14 +24,7 @@ class LogprobTensors:
 
 @dataclass(frozen=True)
 class SampledBatch:
-    """The tokens of one step, still on the device.
-
-    Attributes:
-        token_ids: ``[R]`` int64, one sampled token per row.
-        logprobs: the rows that asked for log-probabilities; None when none did.
-        rows_with_logprobs: the row of each entry of ``logprobs``, ascending.
-        num_top: how many top entries each of those rows asked for.
-    """
+    """One step's tokens ``[R]`` int64 on the device, with logprobs where asked."""
 
     token_ids: torch.Tensor
     logprobs: LogprobTensors | None
@@ -50,8 +32,7 @@ class SampledBatch:
     num_top: list[int]
 
     def to_host(self) -> tuple[list[int], list[TokenLogprob | None] | None]:
-        """Plain data (blocking copy): the token ids, and one :class:`TokenLogprob` per
-        row (None for rows that did not ask), or None when no row asked."""
+        """Token ids and one :class:`TokenLogprob` per row (None where not asked), blocking."""
         tokens = self.token_ids.tolist()
         if self.logprobs is None:
             return tokens, None
@@ -68,24 +49,11 @@ class SampledBatch:
 class BatchSampler:
     """Picks one token per row of logits, all rows at once, on the logits' device.
 
-    Per row: the repetition penalty (CTRL rule, as transformers applies it) on the
-    tokens of the slot's prompt and outputs; then greedy rows take ``argmax``, and the
-    others divide by their temperature, drop tokens outside their top-k (ties with the
-    k-th value kept) and outside their top-p nucleus (on the probabilities after
-    top-k; the most likely token always kept), and take the exponential race
-    ``argmax(w / q)``: ``w = exp(x / T - max)`` is the softmax before normalisation (the
-    normaliser cannot change the argmax) and ``q ~ Exp(1)`` comes from
-    :mod:`aioserve.runners.worker.sampling_ops`, a hash of (seed, draw index, token id). So a
-    request's token depends only on its logits, its parameters, its seed and its
-    output index: not on its batch-mates, its row, or a preemption in between.
-
-    Args:
-        num_slots: rows of the per-slot tensors (most requests held at once).
-        vocab_size: V, the width of the logits.
-        device: where the logits and the per-slot tensors live.
-        seed: seeds the generator that draws a seed for each request without one
-            (so a run is reproducible given this seed and the order of ``add`` calls).
-    """
+    Per row: the repetition penalty (transformers' CTRL rule), then greedy ``argmax``, or
+    temperature, top-k (ties kept), top-p (after top-k) and the exponential race ``argmax(w /
+    q)`` with ``q ~ Exp(1)`` hashed from (seed, draw index, token id). So a token depends only on
+    the request's logits, parameters, seed and output index: not on batch-mates, row or
+    preemption. ``seed`` seeds the seeds of requests without one."""
 
     def __init__(self, num_slots: int, vocab_size: int, device: torch.device, seed: int) -> None:
         self.num_slots = num_slots
@@ -106,16 +74,7 @@ class BatchSampler:
     def add(
         self, slot: int, params: SamplingParams, token_ids: Sequence[int], num_output_tokens: int
     ) -> None:
-        """Give ``slot`` to a request.
-
-        Args:
-            slot: a free slot in ``[0, num_slots)``.
-            params: the request's sampling parameters.
-            token_ids: its prompt and the output tokens known now (the history the
-                repetition penalty looks at); ids outside ``[0, V)`` are ignored.
-            num_output_tokens: the output index of its next draw (its outputs so far
-                when it comes back after a preemption).
-        """
+        """Give ``slot`` to a request (``token_ids``: the penalty's history)."""
         if not 0 <= slot < self.num_slots or self._params[slot] is not None:
             raise ValueError(f"slot {slot} is not a free slot of {self.num_slots}")
         if params.seed is None:
@@ -138,23 +97,16 @@ class BatchSampler:
                 self._seen[slot, self._to_device(ids)] = True
 
     def remove(self, slot: int) -> None:
-        """Free ``slot`` (its tensors are overwritten by the next :meth:`add`)."""
         self._params[slot] = None
 
     def seed_of(self, slot: int) -> int:
-        """The int64 seed the request in ``slot`` draws with (drawn at :meth:`add` when
-        its params had none): re-add a preempted unseeded request with
-        ``dataclasses.replace(params, seed=seed_of(slot))`` to continue its stream."""
+        """The seed ``slot`` draws with (re-add a preempted request with it)."""
         return ops.to_int64(self._slot_params(slot).seed or 0)
 
     def penalise(
         self, logits: torch.Tensor, slots: torch.Tensor, slot_list: list[int]
     ) -> torch.Tensor:
-        """The logits ``[R, V]`` float32 with each row's repetition penalty applied to the
-        tokens of its slot's history: ``x / p`` where ``x >= 0``, ``x * p`` where
-        ``x < 0``, bit for bit as ``transformers.RepetitionPenaltyLogitsProcessor``
-        (which on CUDA multiplies by the float32 reciprocal ``1 / p``). Returns
-        ``logits`` itself when no row has a penalty."""
+        """``logits`` with each row's repetition penalty, as transformers' processor."""
         params = [self._slot_params(s) for s in slot_list]
         if self._seen is None or all(p.repetition_penalty == 1.0 for p in params):
             return logits
@@ -167,14 +119,7 @@ class BatchSampler:
     def sample(
         self, logits: torch.Tensor, slots: torch.Tensor, slot_list: list[int]
     ) -> SampledBatch:
-        """Sample one token per row, advance each row's draw index and record the token
-        in its slot's history; no host sync.
-
-        Args:
-            logits: ``[R, V]`` float32 on the device (may be modified in place).
-            slots: ``[R]`` int64 on the device, each row's slot (distinct).
-            slot_list: the same slots as a host list.
-        """
+        """One token per row of ``logits`` ``[R, V]`` for ``slots`` ``[R]``; no host sync."""
         if logits.shape != (len(slot_list), self.vocab_size):
             raise ValueError(f"logits {tuple(logits.shape)} for {len(slot_list)} rows")
         params = [self._slot_params(s) for s in slot_list]
@@ -207,7 +152,6 @@ class BatchSampler:
         return params
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
-        """A host list as an int64 device tensor (pinned, non-blocking copy on CUDA)."""
         if self.device.type != "cuda":
             return torch.tensor(values, dtype=torch.int64, device=self.device)
         host = torch.tensor(values, dtype=torch.int64, pin_memory=True)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from aioserve.config import EngineConfig
+from aioserve.outputs import TokenLogprob
 from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.registry import backend_for, backend_serves
@@ -22,10 +23,9 @@ from aioserve.runners.cpu import native_kernels
 from aioserve.runners.gpu.cuda_graphs import DecodeGraphs, model_decode_forward
 from aioserve.runners.model import loader as model_loader
 from aioserve.runners.model.lean_llama import LeanLlama
-from aioserve.runners.worker.batch_sampler import BatchSampler
-from aioserve.runners.worker.input_batch import InputBatch, StepInputs
-from aioserve.runners.worker.pending_output import PendingOutput
-from aioserve.runners.worker.setup import (
+from aioserve.runners.torch.batch_sampler import BatchSampler, SampledBatch
+from aioserve.runners.torch.input_batch import InputBatch, StepInputs
+from aioserve.runners.torch.setup import (
     choose_forward,
     context_length,
     cpu_threads,
@@ -43,31 +43,54 @@ from aioserve.startup_clock import PhaseClock
 __all__ = ["TorchRunner", "free_memory_bytes"]
 
 
+class PendingOutput:
+    """A launched step's sampled tokens, until the host has them."""
+
+    __slots__ = ("num_rows", "sample_rows", "sampled", "host")
+
+    def __init__(
+        self, num_rows: int, sample_rows: np.ndarray | None, sampled: SampledBatch | None,
+        host: tuple[torch.Tensor, torch.cuda.Event] | None,
+    ) -> None:
+        self.num_rows = num_rows
+        self.sample_rows = sample_rows
+        self.sampled = sampled
+        self.host = host
+
+    def result(self) -> RunnerOutput:
+        """Wait for this step's tokens (not later steps'); -1 for rows that did not sample."""
+        tokens = [-1] * self.num_rows
+        if self.sampled is None or self.sample_rows is None:
+            return RunnerOutput(token_ids=tokens)
+        logprobs: list[TokenLogprob | None] | None = None
+        if self.host is not None and self.sampled.logprobs is None:
+            buffer, event = self.host
+            event.synchronize()
+            sampled = buffer.tolist()
+        else:
+            sampled, row_logprobs = self.sampled.to_host()
+            if row_logprobs is not None:
+                logprobs = [None] * self.num_rows
+                for row, entry in zip(self.sample_rows.tolist(), row_logprobs):
+                    logprobs[row] = entry
+        for row, token in zip(self.sample_rows.tolist(), sampled):
+            tokens[row] = token
+        return RunnerOutput(token_ids=tokens, logprobs=logprobs)
+
+
 class TorchRunner:
     """Runs a transformers causal LM over packed batches with a paged KV cache.
 
-    The KV cache is, per layer, K ``[num_kv_blocks * block_size, kv_heads, k_dim]`` and
-    V ``[..., kv_heads, v_dim]`` (the model's dtype), indexed by the engine's block ids
-    and shaped from each layer's own rules, found by one recording forward at load
-    (:func:`~aioserve.runners.attention.layer_rules.discover`). Per-request state (tokens, block
-    tables, sampling parameters, last sampled tokens) persists between steps
-    (:class:`~aioserve.runners.worker.input_batch.InputBatch`); each step applies the engine's
-    changes. The load and every step run in order in one worker thread (one OpenMP
-    team, see ``__init__``), so the event loop stays free and the engine can schedule
-    step N+1 while step N runs; N+1 reads N's sampled tokens on the device. On CUDA the
-    tokens come back through pinned host buffers and an event, waited for in a second
-    thread, so the worker launches N+1 at once.
-
-    Args:
-        config: the engine configuration (model, dtype, device, cache size, slots).
+    Each layer's KV shape comes from its rules, found by one recording forward at load;
+    per-request state persists in :class:`InputBatch`. The load and every step run in order on
+    one worker thread (one OpenMP team), so the engine schedules step N+1 while N runs and N+1
+    reads N's tokens on the device; on CUDA the tokens come back through pinned buffers waited
+    for in a second thread.
 
     Raises:
         OSError: the model cannot be loaded.
-        UnsupportedModelError: the model cannot be served exactly (ALiBi, layers that
-            bypass transformers' attention interface, rules the backend lacks).
-        ValueError: the KV-cache budget holds no block; an unknown attention backend,
-            or one that does not serve ``config.forward`` (refused before the model loads).
-    """
+        UnsupportedModelError: the model cannot be served exactly.
+        ValueError: the KV budget holds no block, or an unknown or unfit attention backend."""
 
     def __init__(self, config: EngineConfig) -> None:
         # One thread does all the compute: load, load checks and every step (one OpenMP
@@ -80,7 +103,6 @@ class TorchRunner:
             raise
 
     def _load(self, config: EngineConfig) -> None:
-        """Everything :meth:`__init__` documents, on the worker thread."""
         clock = PhaseClock()  # its parts: self.load_times
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -160,9 +182,7 @@ class TorchRunner:
         self.load_times = clock.parts
 
     def on_idle(self) -> bool:
-        """Called by the engine when no request has started: switch to the compiled CPU
-        kernels if their background build has finished (True: switched; the engine then
-        empties its prefix cache, whose blocks the stock kernels computed)."""
+        """Switch to the compiled kernels once built (True: switched)."""
         switched = self._kernels.idle()
         if switched and self.lean is not None:
             self.lean.native = self.device.type == "cpu" and self.dtype == torch.float32
@@ -170,17 +190,14 @@ class TorchRunner:
 
     @property
     def idle_poll_s(self) -> float | None:
-        """Seconds between :meth:`on_idle` calls while the engine is idle: 1 while the
-        compiled CPU kernels build in the background, else None (none needed)."""
+        """1 while the compiled kernels build in the background, else None."""
         return 1.0 if self._kernels.pending else None
 
     def kv_bytes_per_block(self) -> int:
-        """Bytes one block takes over all layers (K and V, each layer's own widths)."""
         return model_loader.kv_bytes_per_token(self.layer_rules, self.dtype) * self.block_size
 
     def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
-        """Start the step in the worker thread (after the steps submitted before it)
-        and return at once; the future resolves to the step's output."""
+        """Queue the step on the worker thread and return at once."""
         loop = asyncio.get_running_loop()
         self._kernels.busy()
         if self._waiter is None:
@@ -194,22 +211,14 @@ class TorchRunner:
         return await asyncio.get_running_loop().run_in_executor(self._waiter, pending.result)
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
-        """Run one step (see :meth:`submit`)."""
         return await self.submit(batch)
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
-        """One step, blocking: :meth:`launch`, then wait for its tokens."""
         return self.launch(batch).result()
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> PendingOutput:
-        """Apply the batch's changes, run the forward and sample, without waiting for
-        the device; the sampled tokens stay on the device as the next step's inputs.
-
-        Raises:
-            KeyError: a scheduled request the runner holds no state for.
-            RuntimeError: no free slot; a failed forward.
-        """
+        """Apply the changes, run the forward and sample without waiting for the device."""
         if self.governor is not None:  # the team's size, on this (the worker) thread
             self.governor.tick()
         released, added = self.batch.apply(batch)
@@ -237,8 +246,7 @@ class TorchRunner:
         return PendingOutput(len(batch.request_ids), step.sample_rows, sampled, host)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
-        """Logits ``[S, vocab]`` of the sampled sequences' last tokens: a CUDA graph's
-        replay for a decode-only step that fits a captured size, else the forward."""
+        """Logits ``[S, vocab]``: a CUDA graph's replay where one fits, else the forward."""
         graphs = self.graphs
         if graphs is not None and int(step.num_new_tokens.max()) == 1:
             rows = len(step.slots)
@@ -285,14 +293,11 @@ class TorchRunner:
 
     @torch.inference_mode()
     def _probe(self, lean: LeanLlama | None) -> list[torch.Tensor]:
-        """The logits of :func:`~aioserve.runners.worker.setup.probe_steps` through
-        transformers' forward (None) or the lean one."""
         return probe_steps(functools.partial(self._run_model, lean=lean), self.num_kv_blocks,
                            self.block_size, self.vocab_size, self.device)
 
     def close(self) -> None:
-        """Stop the worker threads (idempotent), first putting back on the worker the
-        thread count set there (torch's setting is per thread under OpenMP)."""
+        """Stop the threads (idempotent), restoring the worker's thread count first."""
         if self.num_threads is not None:
             with contextlib.suppress(RuntimeError):  # closed before: no new work accepted
                 self._executor.submit(torch.set_num_threads, self._saved_threads).result()
