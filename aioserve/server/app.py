@@ -22,8 +22,8 @@ from aioserve.engine import AsyncEngine
 from aioserve.server import access, openapi
 from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
-from aioserve.server.openai.openai_chat import create_chat_completion
-from aioserve.server.openai.openai_completions import create_completion
+from aioserve.server.openai.chat import create_chat_completion
+from aioserve.server.openai.completions import create_completion
 from aioserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,
@@ -34,7 +34,7 @@ from aioserve.server.state import (
     model_names,
     served_model_name,
 )
-from aioserve.server.ws import stats_feed, websocket, ws_outbox
+from aioserve.server.ws import outbox, stats_feed, websocket
 
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
@@ -124,12 +124,12 @@ def create_app(
     app[_STARTED_KEY] = time.time()
     metrics = ServerMetrics(engine)
     app[METRICS_KEY] = metrics
-    app[ws_outbox.SOCKETS_KEY] = weakref.WeakSet()
+    app[outbox.SOCKETS_KEY] = weakref.WeakSet()
     app[MODEL_NAMES_KEY] = model_names(config, engine)
     feed = stats_feed.StatsFeed(engine, app[MODEL_NAMES_KEY][0],
                                 interval=config.stats_interval)
     app[stats_feed.STATS_FEED_KEY] = feed
-    app[ws_outbox.OUTBOXES_KEY] = weakref.WeakSet()
+    app[outbox.OUTBOXES_KEY] = weakref.WeakSet()
 
     async def engine_lifetime(app: web.Application) -> AsyncIterator[None]:
         await engine.start()
@@ -141,7 +141,7 @@ def create_app(
         await engine.shutdown()
 
     app.cleanup_ctx.append(engine_lifetime)
-    app.on_shutdown.append(ws_outbox.close_all)
+    app.on_shutdown.append(outbox.close_all)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)

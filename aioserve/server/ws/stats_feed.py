@@ -20,7 +20,7 @@ from aioserve.dashboard.frames import FrameMaker
 from aioserve.engine import AsyncEngine
 from aioserve.errors import EngineNotRunningError
 from aioserve.request import Request
-from aioserve.server.ws.ws_outbox import SOCKETS_KEY, bound_send_buffer
+from aioserve.server.ws.outbox import SOCKETS_KEY, bound_send_buffer
 from aioserve.step_snapshot import StepSnapshot
 
 

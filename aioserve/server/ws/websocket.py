@@ -8,7 +8,7 @@ Client messages: ``{"type": "generate", "id": "r1", "prompt": "..." | [ids], "ma
 
 A bad message gets an error message and the socket stays open (aiohttp closes it with
 1007 for a text frame that is not UTF-8, 1009 for one over ``max_body_bytes``). A client
-that stops reading pauses its own generations (:mod:`~aioserve.server.ws.ws_outbox`); after
+that stops reading pauses its own generations (:mod:`~aioserve.server.ws.outbox`); after
 ``ws_stall_timeout`` seconds they are aborted and the socket closes with 1008.
 
 Every generate message ends exactly once, with ``done`` or ``error``, whatever the
@@ -32,14 +32,14 @@ from aiohttp import WSMsgType, web
 from anyio.abc import TaskGroup
 
 from aioserve.errors import EngineError
-from aioserve.server.body import check_text, is_text
 from aioserve.server.choices import Choices
 from aioserve.server.errors import ApiError
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
-from aioserve.server.openai.openai_call import engine_error, served
+from aioserve.server.openai.call import engine_error, served
+from aioserve.server.pipeline import check_text, is_text
 from aioserve.server.schema import RequestFieldError, WsGenerate, field_of_message, parse
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig
-from aioserve.server.ws.ws_outbox import (
+from aioserve.server.ws.outbox import (
     OUTBOXES_KEY,
     SOCKETS_KEY,
     Outbox,

@@ -7,15 +7,15 @@ from typing import Any
 from aiohttp import web
 
 from aioserve.outputs import RequestOutput
-from aioserve.server.body import read_json_object
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
-from aioserve.server.openai.openai_call import (
+from aioserve.server.openai.call import (
     ResponseFormat,
     answer,
     refused,
     served,
     start_choices,
 )
+from aioserve.server.pipeline import read_json_object
 from aioserve.server.schema import CompletionRequest, RequestFieldError, parse
 from aioserve.server.state import ENGINE_KEY
 

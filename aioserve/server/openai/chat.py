@@ -7,17 +7,17 @@ from typing import Any
 from aiohttp import web
 
 from aioserve.outputs import RequestOutput
-from aioserve.server.body import read_json_object
 from aioserve.server.errors import ApiError
 from aioserve.server.logprobs import TokenText, chat_logprobs
-from aioserve.server.openai.chat_template import ChatTemplate
-from aioserve.server.openai.openai_call import (
+from aioserve.server.openai.call import (
     ResponseFormat,
     answer,
     refused,
     served,
     start_choices,
 )
+from aioserve.server.openai.chat_template import ChatTemplate
+from aioserve.server.pipeline import read_json_object
 from aioserve.server.schema import ChatCompletionRequest, RequestFieldError, parse
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY
 
