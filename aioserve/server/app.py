@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from pydantic import BaseModel
 
 from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
@@ -24,6 +25,7 @@ from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
 from aioserve.server.openai.chat import create_chat_completion
 from aioserve.server.openai.completions import create_completion
+from aioserve.server.schema import responses as out
 from aioserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,
@@ -39,33 +41,34 @@ from aioserve.server.ws import outbox, stats_feed, websocket
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
 
+def json_response(body: BaseModel, status: int = 200) -> web.Response:
+    """A response model as a JSON response."""
+    return web.json_response(text=body.model_dump_json(), status=status)
+
+
 async def health(request: web.Request) -> web.Response:
     """``GET /health``: 200 while the engine runs and admits work, else 503 (also while
     draining on shutdown)."""
     engine = request.app[ENGINE_KEY]
     if engine.is_draining:
-        return web.json_response({"status": "shutting down"}, status=503)
+        return json_response(out.Health(status="shutting down"), 503)
     if engine.is_running:
-        return web.json_response({"status": "ok"})
-    return web.json_response({"status": "engine not running"}, status=503)
+        return json_response(out.Health(status="ok"))
+    return json_response(out.Health(status="engine not running"), 503)
 
 
-def _model_card(app: web.Application) -> dict[str, object]:
+def _model_card(app: web.Application) -> out.Model:
     engine = app[ENGINE_KEY]
     core = engine.core
-    return {
-        "id": served_model_name(app),
-        "object": "model",
-        "created": int(app.get(_STARTED_KEY, time.time())),
-        "owned_by": "aioserve",
-        "root": default_model_name(engine.config.model),
-        "max_model_len": core.max_model_len if core is not None else None,
-    }
+    return out.Model(
+        id=served_model_name(app), object="model", created=int(app.get(_STARTED_KEY, time.time())),
+        owned_by="aioserve", root=default_model_name(engine.config.model),
+        max_model_len=core.max_model_len if core is not None else None)
 
 
 async def list_models(request: web.Request) -> web.Response:
     """``GET /v1/models``: the one served model."""
-    return web.json_response({"object": "list", "data": [_model_card(request.app)]})
+    return json_response(out.ModelList(object="list", data=[_model_card(request.app)]))
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
@@ -80,7 +83,7 @@ async def retrieve_model(request: web.Request) -> web.Response:
         raise ApiError(404, f"model {name!r} does not exist; this server serves "
                        f"{served_model_name(request.app)!r}", param="model",
                        code="model_not_found")
-    return web.json_response(_model_card(request.app))
+    return json_response(_model_card(request.app))
 
 
 _STARTED_KEY: web.AppKey[float] = web.AppKey("started", float)

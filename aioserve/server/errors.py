@@ -1,10 +1,6 @@
-"""OpenAI-style JSON errors, and the middleware that turns every failure into one.
-
-Every error the HTTP API answers has the body
-``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``,
-including aiohttp's own (413 body too large, 404 unknown path, 405 wrong method), and
-an unexpected exception becomes a 500 of that shape instead of a text page.
-"""
+"""Every fault of a request mapped to its status and code once, for HTTP and the
+websocket alike; the HTTP body is ``{"error": {"message", "type", "param", "code"}}``,
+aiohttp's own errors (413, 404, 405) and unexpected exceptions (500) included."""
 
 from __future__ import annotations
 
@@ -13,6 +9,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+from aioserve.errors import EngineError, EngineNotRunningError, RequestShedError
+from aioserve.server.schema import RequestFieldError, field_of_message
+from aioserve.server.schema.responses import Error, ErrorDetail
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +62,41 @@ def error_body(
 ) -> dict[str, Any]:
     """The OpenAI error object for ``status``."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return Error(error=ErrorDetail(message=message, type=kind, param=param,
+                                   code=code)).model_dump()
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
     """A 400 naming ``param``."""
     return ApiError(400, message, param=param, code=code)
+
+
+def api_error(exc: Exception, request_id: str | None = None) -> ApiError:
+    """The error answered for ``exc``, on HTTP and on the websocket.
+
+    A refused field is a 400 naming it (404 ``model_not_found`` for another model); a
+    ``ValueError`` from ``AsyncEngine.add_request`` a 400 naming the field its message
+    starts with (``duplicate_request_id`` for ``request_id``, the call's id sent as
+    ``request_id``); a request the engine could not finish a 503 ``engine_not_running``
+    or ``request_shed`` (the client may retry), else a 500 ``engine_error``.
+    """
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RequestFieldError):
+        status = 404 if exc.code == "model_not_found" else 400
+        return ApiError(status, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, EngineNotRunningError):
+        return ApiError(503, str(exc), code="engine_not_running")
+    if isinstance(exc, RequestShedError):
+        return ApiError(503, str(exc), code="request_shed")
+    if isinstance(exc, EngineError):
+        return ApiError(500, str(exc), code="engine_error")
+    param = field_of_message(str(exc), "prompt")
+    if param == "request_id" and request_id is not None:
+        return bad_request(f"request_id {request_id!r} (the request_id field or X-Request-Id "
+                           "header) is in use by a request still running", param,
+                           "duplicate_request_id")
+    return bad_request(str(exc), param)
 
 
 _HTTP_CODES: dict[int, str] = {
@@ -90,8 +119,8 @@ async def error_middleware(
     """
     try:
         return await handler(request)
-    except ApiError as exc:
-        response = exc.response()
+    except (ApiError, RequestFieldError, EngineError) as exc:
+        response = api_error(exc).response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

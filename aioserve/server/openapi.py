@@ -19,10 +19,10 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 import aioserve
-from aioserve.server.openai.chat_template import ChatTemplate
+from aioserve.server.openai.chat import ChatTemplate
 from aioserve.server.schema import ChatCompletionRequest, CompletionRequest, WsGenerate
 from aioserve.server.schema import responses as out
-from aioserve.server.schema.fields import TENANT_HEADER
+from aioserve.server.schema.requests import TENANT_HEADER
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, served_model_name
 
 _MODELS: tuple[type[BaseModel], ...] = (

@@ -1,21 +1,34 @@
-"""Reading a JSON request body, with a 4xx for every way it can be wrong."""
+"""One request pipeline for the HTTP routes and the websocket: the body read (a 4xx for
+every way it can be wrong), validated by its schema, its engine requests queued."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from aiohttp import web
+from pydantic import BaseModel
 
-from aioserve.server.errors import ApiError, bad_request
+from aioserve.engine import AsyncEngine
+from aioserve.errors import EngineError
+from aioserve.request_meta import RequestMeta
+from aioserve.sampling_params import SamplingParams
+from aioserve.server.errors import ApiError, api_error, bad_request
+from aioserve.server.schema import Served, parse
+from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, MODEL_NAMES_KEY, model_names
+from aioserve.streams import RequestStream
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
-async def read_json_object(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object.
+async def read_body(request: web.Request) -> dict[str, Any]:
+    """The HTTP request's body as a JSON object.
 
     Raises:
-        ApiError: 413 when the body exceeds the app's ``client_max_size``; 400 when it
-            is empty, not UTF-8, not JSON, or not a JSON object.
+        ApiError: 413 when the body exceeds the app's ``client_max_size``; 400 as
+            :func:`decode`.
     """
     try:
         raw = await request.read()
@@ -26,10 +39,20 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
             "(see --max-body-bytes)",
             code="request_too_large",
         ) from None
+    return decode(raw)
+
+
+def decode(raw: bytes | str) -> dict[str, Any]:
+    """A body (or websocket message) as a JSON object.
+
+    Raises:
+        ApiError: 400 ``invalid_json`` when it is empty, not JSON, or not a JSON object;
+            400 ``invalid_encoding`` when it is not UTF-8 or holds a lone surrogate.
+    """
     if not raw:
         raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
         raise bad_request(
             f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_encoding"
@@ -54,6 +77,54 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
         )
     check_text(body)
     return body
+
+
+def validate(model: type[Body], body: dict[str, Any], app: web.Application) -> Body:
+    """``body`` read as ``model``, against the served model's name and context.
+
+    Raises:
+        RequestFieldError: the first fault, naming its field.
+    """
+    return parse(model, body, served(app))
+
+
+def served(app: web.Application) -> Served:
+    """What validation knows of the server: the served names, the context length."""
+    core = app[ENGINE_KEY].core
+    names = app.get(MODEL_NAMES_KEY) or model_names(app[CONFIG_KEY], app[ENGINE_KEY])
+    return Served(names[0], core.max_model_len if core is not None else None, names[1:])
+
+
+def start(
+    engine: AsyncEngine, prompts: Sequence[str | list[int]], params: SamplingParams, n: int,
+    call_id: str, meta: RequestMeta, request_id: str | None = None,
+) -> list[RequestStream]:
+    """Queue one engine request per (prompt, sample), all or none: stream ``i`` is
+    prompt ``i // n``, sample ``i % n`` (the OpenAI numbering), engine id
+    ``{call_id}-{i}``; a seeded sample ``s`` gets ``seed + s``.
+
+    Raises:
+        ApiError: 400 naming the field the engine refused (empty prompt, context length,
+            ``request_id`` in use); 503 when the engine is not running or a policy
+            sheds the request.
+    """
+    streams: list[RequestStream] = []
+    try:
+        for index in range(len(prompts) * n):
+            sample = index % n
+            if sample and params.seed is not None:
+                sample_params = replace(params, seed=params.seed + sample)
+            else:
+                sample_params = params
+            streams.append(engine.add_request(prompts[index // n], sample_params,
+                                              f"{call_id}-{index}", meta=meta))
+    except BaseException as exc:
+        for stream in streams:
+            engine.release(stream)
+        if isinstance(exc, (EngineError, ValueError)):
+            raise api_error(exc, request_id) from None
+        raise
+    return streams
 
 
 def is_text(value: Any) -> bool:

@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``: the OpenAI chat endpoint."""
+"""``POST /v1/chat/completions``: the OpenAI chat endpoint, and its chat template."""
 
 from __future__ import annotations
 
@@ -12,14 +12,60 @@ from aioserve.server.logprobs import TokenText, chat_logprobs
 from aioserve.server.openai.call import (
     ResponseFormat,
     answer,
-    refused,
-    served,
-    start_choices,
 )
-from aioserve.server.openai.chat_template import ChatTemplate
-from aioserve.server.pipeline import read_json_object
-from aioserve.server.schema import ChatCompletionRequest, RequestFieldError, parse
+from aioserve.server.pipeline import read_body, start, validate
+from aioserve.server.schema import ChatCompletionRequest, RequestFieldError
+from aioserve.server.schema import responses as out
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY
+
+
+class ChatTemplate:
+    """Renders chat messages with ``tokenizer.apply_chat_template`` (a sandboxed Jinja
+    environment), using ``override`` when given, else the tokenizer's own template.
+
+    Args:
+        tokenizer: a transformers tokenizer, or None (then chat is unavailable).
+        override: template text from ``--chat-template``, or None.
+    """
+
+    def __init__(self, tokenizer: Any, override: str | None) -> None:
+        self._tokenizer = tokenizer
+        self._override = override
+
+    @property
+    def available(self) -> bool:
+        """True when chat requests can be rendered."""
+        if self._tokenizer is None:
+            return False
+        return bool(self._override or getattr(self._tokenizer, "chat_template", None))
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt token ids for ``messages``, ending with the generation prompt (the
+        template places any BOS itself; none is added).
+
+        Raises:
+            RequestFieldError: no template is available (param ``messages``), or the
+                template rejects the messages.
+        """
+        if not self.available:
+            raise RequestFieldError(
+                "messages",
+                "this model has no chat template; start the server with --chat-template "
+                "FILE (examples/chat_template.jinja in the aioserve repository is one to "
+                "start from), or use /v1/completions",
+            )
+        from jinja2 import TemplateError
+
+        try:
+            text = self._tokenizer.apply_chat_template(
+                messages, chat_template=self._override, tokenize=False,
+                add_generation_prompt=True,
+            )
+        except TemplateError as exc:
+            raise RequestFieldError("messages", f"the chat template failed: {exc}") from None
+        if not isinstance(text, str) or not text:
+            raise RequestFieldError("messages", "the chat template rendered an empty prompt")
+        return list(self._tokenizer(text, add_special_tokens=False).input_ids)
 
 
 class ChatFormat(ResponseFormat):
@@ -28,6 +74,7 @@ class ChatFormat(ResponseFormat):
     id_prefix = "chatcmpl"
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
+    response_model = out.ChatCompletion
 
     def __init__(self, token_text: TokenText) -> None:
         self._token_text = token_text
@@ -76,26 +123,23 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     the tokenizer's); a model with neither answers 400. ``max_completion_tokens``
     (or ``max_tokens``) defaults to the rest of the context.
     """
-    body = await read_json_object(request)
+    call = validate(ChatCompletionRequest, await read_body(request), request.app)
+    request_id = call.call_id(request.headers.get("X-Request-Id"))
+    meta = call.request_meta(request.headers.get("X-Tenant"))
     engine = request.app[ENGINE_KEY]
-    template = ChatTemplate(engine.tokenizer, request.app[CONFIG_KEY].chat_template)
+    prompt = ChatTemplate(engine.tokenizer, request.app[CONFIG_KEY].chat_template).render(
+        call.messages)
+    max_tokens = getattr(call, call.limit_field)
+    if max_tokens is None and engine.core is not None:
+        max_tokens = max(1, engine.core.max_model_len - len(prompt))
+    params = call.sampling_params(max_tokens=max_tokens, logprobs=call.logprobs_option)
     try:
-        call = parse(ChatCompletionRequest, body, served(request.app))
-        options = call.call_options(request.headers.get("X-Request-Id"))
-        meta = call.request_meta(request.headers.get("X-Tenant"))
-        prompt = template.render(call.messages)
-        max_tokens = getattr(call, call.limit_field)
-        if max_tokens is None and engine.core is not None:
-            max_tokens = max(1, engine.core.max_model_len - len(prompt))
-        params = call.sampling_params(max_tokens=max_tokens, logprobs=call.logprobs_option)
-    except RequestFieldError as exc:
-        raise refused(exc) from None
-    fmt = ChatFormat(TokenText(engine.tokenizer))
-    try:
-        choices = start_choices(request, [prompt], [params], options, fmt, meta)
+        streams = start(engine, [prompt], params, call.n or 1, f"chatcmpl-{request_id}",
+                        meta, request_id)
     except ApiError as exc:  # the engine's context check names max_tokens
         if exc.param == "max_tokens" and call.limit_field != "max_tokens":
             exc.param, exc.message = call.limit_field, exc.message.replace(
                 "max_tokens", call.limit_field, 1)
         raise
-    return await answer(request, choices, options, fmt)
+    fmt = ChatFormat(TokenText(engine.tokenizer))
+    return await answer(request, streams, call, request_id, fmt)
