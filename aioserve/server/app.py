@@ -1,10 +1,4 @@
-"""The aiohttp application factory; the engine lives as long as the app.
-
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, ``GET /openapi.json``, the websocket ``GET /ws``, the
-dashboard ``GET /`` (also ``/dashboard``) and its frames websocket ``GET /ws/stats``.
-Every error is OpenAI-style JSON (see :mod:`aioserve.server.errors`).
-"""
+"""The aiohttp application factory; the engine lives as long as the app."""
 
 from __future__ import annotations
 
@@ -42,13 +36,11 @@ METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
 
 def json_response(body: BaseModel, status: int = 200) -> web.Response:
-    """A response model as a JSON response."""
-    return web.json_response(text=body.model_dump_json(), status=status)
+    return web.json_response(body.model_dump(mode="json"), status=status)
 
 
 async def health(request: web.Request) -> web.Response:
-    """``GET /health``: 200 while the engine runs and admits work, else 503 (also while
-    draining on shutdown)."""
+    """``GET /health``: 200 while the engine runs and admits work, else 503."""
     engine = request.app[ENGINE_KEY]
     if engine.is_draining:
         return json_response(out.Health(status="shutting down"), 503)
@@ -67,17 +59,11 @@ def _model_card(app: web.Application) -> out.Model:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the one served model."""
     return json_response(out.ModelList(object="list", data=[_model_card(request.app)]))
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
-    """``GET /v1/models/{model}``: the served model (the ``openai`` client's
-    ``models.retrieve``).
-
-    Raises:
-        ApiError: 404 ``model_not_found`` for any other name.
-    """
+    """``GET /v1/models/{model}``: the served model; 404 ``model_not_found`` otherwise."""
     name = request.match_info["model"]
     if not accepts_model_name(request.app, name):
         raise ApiError(404, f"model {name!r} does not exist; this server serves "
@@ -90,7 +76,6 @@ _STARTED_KEY: web.AppKey[float] = web.AppKey("started", float)
 
 
 async def dashboard(request: web.Request) -> web.Response:
-    """``GET /`` and ``GET /dashboard``: the live dashboard page."""
     title = f"aioserve · {served_model_name(request.app)}"
     return web.Response(text=live_page(title), content_type="text/html")
 

@@ -16,28 +16,13 @@ from aioserve.server.schema.responses import Error, ErrorDetail
 
 logger = logging.getLogger(__name__)
 
-#: HTTP status -> OpenAI error ``type``.
-ERROR_TYPES: dict[int, str] = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    500: "server_error",
-    503: "service_unavailable",
-}
+#: HTTP status -> OpenAI error ``type`` (else ``invalid_request_error`` or ``server_error``).
+ERROR_TYPES: dict[int, str] = {404: "not_found_error", 503: "service_unavailable"}
 
 
 class ApiError(Exception):
-    """An error answered to the client as OpenAI-style JSON.
-
-    Args:
-        status: HTTP status code (4xx for the client's fault, 5xx for ours).
-        message: what went wrong, for a person; names the field when one is at fault.
-        param: the request field at fault, or None.
-        code: a short machine-readable code (``"invalid_value"``, ``"model_not_found"``…).
-    """
+    """An error answered to the client: HTTP ``status``, a ``message`` naming the field at
+    fault, that field as ``param``, and a machine-readable ``code``."""
 
     def __init__(
         self, status: int, message: str, *, param: str | None = None, code: str | None = None
@@ -49,11 +34,9 @@ class ApiError(Exception):
         self.code = code
 
     def body(self) -> dict[str, Any]:
-        """The JSON body ``{"error": {...}}``."""
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
     def response(self) -> web.Response:
-        """A JSON response with this error's status and body."""
         return web.json_response(self.body(), status=self.status)
 
 
@@ -67,7 +50,6 @@ def error_body(
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
-    """A 400 naming ``param``."""
     return ApiError(400, message, param=param, code=code)
 
 
@@ -111,12 +93,8 @@ _HTTP_CODES: dict[int, str] = {
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Answer ApiError, aiohttp's HTTP errors and unexpected exceptions as JSON errors.
-
-    Successful responses and redirects pass through; a websocket or an SSE stream that
-    has already started is left alone (its handler reports errors in-band). An error
-    answers the client's ``X-Request-Id`` header, as a success does.
-    """
+    """Answer failures as JSON errors (a started websocket or SSE stream reports its own
+    in-band), echoing the client's ``X-Request-Id``."""
     try:
         return await handler(request)
     except (ApiError, RequestFieldError, EngineError) as exc:

@@ -1,11 +1,6 @@
-"""``GET /metrics``: Prometheus metrics with vLLM's names under the ``aioserve:`` prefix.
-
-Gauges and token counters are read from the engine when scraped; per-request
-histograms and ``request_success_total`` are recorded when a request finishes (any
-reason, including abort and error). Each generated token is counted exactly once: a
-request's output tokens count while it runs and move to a finished total when it
-ends, and a preempted request's recomputed tokens are not output tokens.
-"""
+"""``GET /metrics``: Prometheus metrics with vLLM's names under the ``aioserve:`` prefix;
+gauges read when scraped, per-request histograms recorded when a request finishes, each
+generated token counted once."""
 
 from __future__ import annotations
 
@@ -33,15 +28,8 @@ _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 1
 
 @dataclass(frozen=True)
 class RequestLatencies:
-    """One finished request's latencies in seconds; None where undefined.
-
-    Attributes:
-        time_to_first_token: arrival to first token (queueing included).
-        queue_time: arrival to first scheduled.
-        e2e: arrival to finish.
-        time_per_output_token: mean gap between output tokens; None with fewer than
-            two tokens (no division by zero for a 1-token request).
-    """
+    """One finished request's latencies in seconds (TTFT and queue time from arrival,
+    E2E, mean TPOT with two tokens or more); None where undefined."""
 
     time_to_first_token: float | None
     queue_time: float | None
@@ -110,13 +98,8 @@ class _EngineCollector(Collector):
 
 
 class ServerMetrics:
-    """The metrics of one app, in their own ``CollectorRegistry`` (so several apps in
-    one process do not collide).
-
-    Args:
-        engine: the engine whose requests are measured; :meth:`attach` listens to it
-            (before or after it starts).
-    """
+    """The metrics of one app, in its own ``CollectorRegistry``; :meth:`attach` listens
+    to ``engine``."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -153,8 +136,7 @@ class ServerMetrics:
         r.register(_EngineCollector(self))
 
     def attach(self) -> None:
-        """Listen to the engine's finished requests (:meth:`AsyncEngine.add_listener`;
-        no step snapshots are asked for)."""
+        """Listen to the engine's finished requests."""
         self.engine.add_listener(self, step_interval=None)
 
     def on_step(self, snapshot: StepSnapshot) -> None:
@@ -182,8 +164,7 @@ class ServerMetrics:
                 self.itl.observe(lat.time_per_output_token)
 
     def detach(self) -> None:
-        """Stop listening; keep the last preemption count for scrapes after the engine
-        stops."""
+        """Stop listening."""
         self.engine.remove_listener(self)
         if self.engine.core is not None:
             self.last_preemptions = self.engine.core.num_preemptions

@@ -24,12 +24,7 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:
-    """The HTTP request's body as a JSON object.
-
-    Raises:
-        ApiError: 413 when the body exceeds the app's ``client_max_size``; 400 as
-            :func:`decode`.
-    """
+    """The HTTP body as a JSON object: ApiError 413 when too large, else as :func:`decode`."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -43,12 +38,8 @@ async def read_body(request: web.Request) -> dict[str, Any]:
 
 
 def decode(raw: bytes | str) -> dict[str, Any]:
-    """A body (or websocket message) as a JSON object.
-
-    Raises:
-        ApiError: 400 ``invalid_json`` when it is empty, not JSON, or not a JSON object;
-            400 ``invalid_encoding`` when it is not UTF-8 or holds a lone surrogate.
-    """
+    """A body (or websocket message) as a JSON object: ApiError 400 ``invalid_json`` when
+    it is empty, not JSON or not an object; ``invalid_encoding`` when not UTF-8 text."""
     if not raw:
         raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
     try:
@@ -80,16 +71,11 @@ def decode(raw: bytes | str) -> dict[str, Any]:
 
 
 def validate(model: type[Body], body: dict[str, Any], app: web.Application) -> Body:
-    """``body`` read as ``model``, against the served model's name and context.
-
-    Raises:
-        RequestFieldError: the first fault, naming its field.
-    """
+    """``body`` read as ``model``; RequestFieldError naming the first faulty field."""
     return parse(model, body, served(app))
 
 
 def served(app: web.Application) -> Served:
-    """What validation knows of the server: the served names, the context length."""
     core = app[ENGINE_KEY].core
     names = app.get(MODEL_NAMES_KEY) or model_names(app[CONFIG_KEY], app[ENGINE_KEY])
     return Served(names[0], core.max_model_len if core is not None else None, names[1:])
@@ -99,15 +85,9 @@ def start(
     engine: AsyncEngine, prompts: Sequence[str | list[int]], params: SamplingParams, n: int,
     call_id: str, meta: RequestMeta, request_id: str | None = None,
 ) -> list[RequestStream]:
-    """Queue one engine request per (prompt, sample), all or none: stream ``i`` is
-    prompt ``i // n``, sample ``i % n`` (the OpenAI numbering), engine id
-    ``{call_id}-{i}``; a seeded sample ``s`` gets ``seed + s``.
-
-    Raises:
-        ApiError: 400 naming the field the engine refused (empty prompt, context length,
-            ``request_id`` in use); 503 when the engine is not running or a policy
-            sheds the request.
-    """
+    """Queue one engine request per (prompt, sample), all or none: stream ``i`` is prompt
+    ``i // n``, sample ``i % n`` (engine id ``{call_id}-{i}``, seed ``+ i % n``). ApiError
+    (via :func:`~aioserve.server.errors.api_error`) when the engine refuses one."""
     streams: list[RequestStream] = []
     try:
         for index in range(len(prompts) * n):
@@ -128,9 +108,7 @@ def start(
 
 
 def is_text(value: Any) -> bool:
-    """True when every string in a JSON value (keys included) is valid Unicode text (no
-    lone surrogate). Walks without recursion: a body may nest as deep as the JSON reader
-    allows."""
+    """Whether every string of a JSON value, keys included, is valid Unicode (no recursion)."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -148,12 +126,7 @@ def is_text(value: Any) -> bool:
 
 
 def check_text(body: dict[str, Any]) -> None:
-    """Refuse a JSON object holding a lone surrogate (``"\\ud800"`` escapes are valid
-    JSON but not Unicode text: no tokenizer can encode them).
-
-    Raises:
-        ApiError: 400 naming the top-level field that holds one.
-    """
+    """ApiError 400 ``invalid_encoding`` naming the field holding a lone surrogate."""
     try:  # the fast path: one C pass
         json.dumps(body, ensure_ascii=False).encode("utf-8")
         return

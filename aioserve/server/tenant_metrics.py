@@ -1,11 +1,5 @@
-"""Per-tenant and per-priority metrics: finished requests, output tokens and time to
-first token, labelled by the request's tenant and priority (``RequestMeta``).
-
-Tenants and priorities come from clients, so their label values are bounded: the first
-``max_values`` distinct values get their own label, later ones count under ``other``
-(a client cannot grow the exposition without bound). Requests without a tenant are
-labelled ``none``.
-"""
+"""Per-tenant and per-priority metrics, their label values bounded: the first
+``max_values`` distinct values get their own label, later ones count under ``other``."""
 
 from __future__ import annotations
 
@@ -15,11 +9,7 @@ from aioserve.request import Request
 
 
 class BoundedLabels:
-    """Label values of one kind, at most ``max_values`` distinct ones plus ``other``.
-
-    Args:
-        max_values: distinct values kept.
-    """
+    """Label values of one kind, at most ``max_values`` distinct ones plus ``other``."""
 
     def __init__(self, max_values: int) -> None:
         self.max_values = max_values
@@ -36,15 +26,7 @@ class BoundedLabels:
 
 
 class TenantMetrics:
-    """The breakdown, registered in an app's registry.
-
-    Args:
-        prefix: metric name prefix (``aioserve:``).
-        registry: where the metrics live.
-        buckets: the TTFT histogram's buckets (seconds).
-        max_tenants: distinct tenant labels (default 64).
-        max_priorities: distinct priority labels (default 16).
-    """
+    """Finished requests, output tokens and TTFT by tenant and priority, in ``registry``."""
 
     def __init__(self, prefix: str, registry: CollectorRegistry, buckets: tuple[float, ...],
                  max_tenants: int = 64, max_priorities: int = 16) -> None:

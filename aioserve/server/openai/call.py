@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Any
 
 from aiohttp import web
@@ -15,23 +17,73 @@ from aiohttp import web
 from aioserve.errors import EngineError
 from aioserve.outputs import RequestOutput
 from aioserve.server.errors import api_error, error_body
-from aioserve.server.openai.disconnect import DisconnectWatch
-from aioserve.server.openai.sse import SSEStream
 from aioserve.server.schema import responses as out
 from aioserve.server.schema.requests import CallFields
 from aioserve.server.state import ENGINE_KEY, served_model_name
 from aioserve.streams import RequestStream
 
+#: Seconds between checks that an HTTP client is still connected.
+POLL_INTERVAL = 0.05
+
+
+class DisconnectWatch:
+    """``async with DisconnectWatch(request):`` cancels the handler (its body sees
+    ``CancelledError``) within ``POLL_INTERVAL`` of its client's connection closing, so
+    its requests are aborted even without aiohttp's ``handler_cancellation=True``."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DisconnectWatch:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._task = asyncio.create_task(self._watch(handler))
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _watch(self, handler: asyncio.Task[object]) -> None:
+        while True:
+            await asyncio.sleep(POLL_INTERVAL)
+            transport = self.request.transport
+            if transport is None or transport.is_closing():
+                handler.cancel()
+                return
+
+
+class SSEStream:
+    """One Server-Sent Events response: ``data: {json}`` events ended by ``data: [DONE]``
+    (or by an error event); a write raises ``ConnectionResetError`` once the client left."""
+
+    def __init__(self, request: web.Request, headers: dict[str, str]) -> None:
+        self.request = request
+        self.response = web.StreamResponse(status=200, headers={
+            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no", **headers})
+
+    async def start(self) -> None:
+        await self.response.prepare(self.request)
+
+    async def send(self, data: dict[str, Any]) -> None:
+        await self.response.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+
+    async def done(self) -> None:
+        await self.response.write(b"data: [DONE]\n\n")
+        await self.response.write_eof()
+
+    async def fail(self, error: dict[str, Any]) -> None:
+        """An error event (the ``openai`` client raises ``APIError``), no ``[DONE]``."""
+        await self.send(error)
+        await self.response.write_eof()
+
 
 class ResponseFormat:
-    """How one endpoint shapes its choices (subclassed per endpoint).
-
-    Attributes:
-        id_prefix: prefix of response ids (``cmpl``, ``chatcmpl``).
-        object_name: ``object`` of a full response.
-        chunk_object_name: ``object`` of a stream chunk.
-        response_model: the full response (chunks are built as dicts: one per token).
-    """
+    """How one endpoint shapes its choices: response ids' ``id_prefix``, the ``object``
+    names, ``response_model`` (chunks are built as dicts: one per token)."""
 
     id_prefix = "cmpl"
     object_name = "text_completion"
@@ -39,7 +91,7 @@ class ResponseFormat:
     response_model: type[out.Completion | out.ChatCompletion] = out.Completion
 
     def stream_start(self, index: int) -> dict[str, Any] | None:
-        """A first chunk's choice for ``index`` (chat sends the role), or None."""
+        """A first chunk's choice (chat sends the role), or None."""
         return None
 
     def stream_choice(
@@ -53,13 +105,12 @@ class ResponseFormat:
         raise NotImplementedError
 
     def final_choice(self, index: int, finish_reason: str | None) -> dict[str, Any]:
-        """Choice ``index`` of the full response, from what :meth:`add` accumulated."""
+        """Choice ``index`` of the full response."""
         raise NotImplementedError
 
 
 def usage(streams: list[RequestStream], n: int, completion_tokens: int) -> out.Usage:
-    """The OpenAI ``usage`` of a call's streams (each prompt counted once, not per
-    sample), given its generated tokens in all."""
+    """The call's OpenAI ``usage`` (each prompt counted once, not per sample)."""
     prompt = sum(s.request.num_prompt_tokens for s in streams[::n])
     cached = sum(s.request.num_cached_tokens for s in streams[::n])
     return out.Usage(prompt_tokens=prompt, completion_tokens=completion_tokens,
@@ -68,12 +119,7 @@ def usage(streams: list[RequestStream], n: int, completion_tokens: int) -> out.U
 
 
 async def outputs(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """``(choice index, output)`` of every stream as they come, until all have finished
-    (one stream is read directly; several through one merged queue).
-
-    Raises:
-        EngineError: a model step failed for one of them.
-    """
+    """``(choice index, output)`` of every stream until all finished; raises an EngineError."""
     if len(streams) == 1:
         while True:
             item = await streams[0].queue.get()
@@ -107,13 +153,8 @@ async def outputs(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Requ
 
 async def answer(request: web.Request, streams: list[RequestStream], call: CallFields,
                  request_id: str, fmt: ResponseFormat) -> web.StreamResponse:
-    """Answer the call from its running streams, with ``request_id`` in the
-    ``X-Request-Id`` header; aborts them all when the client leaves, on error, and on
-    the way out.
-
-    Raises:
-        ApiError: 500 (or 503) when the engine fails a non-streamed call.
-    """
+    """Answer the call as JSON or Server-Sent Events, ``X-Request-Id`` set; its requests
+    are aborted when the client leaves, on error, and on the way out."""
     head = {"id": f"{fmt.id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": served_model_name(request.app)}
     headers = {"X-Request-Id": request_id}
@@ -144,7 +185,7 @@ async def _collect(streams: list[RequestStream], n: int, fmt: ResponseFormat,
         "choices": [fmt.final_choice(i, finish.get(i)) for i in range(len(streams))],
         "usage": usage(streams, n, sum(tokens.values())),
     })
-    return web.json_response(text=body.model_dump_json(), headers=headers)
+    return web.json_response(body.model_dump(mode="json"), headers=headers)
 
 
 async def _stream(

@@ -20,13 +20,7 @@ from aioserve.server.state import CONFIG_KEY, ENGINE_KEY
 
 
 class ChatTemplate:
-    """Renders chat messages with ``tokenizer.apply_chat_template`` (a sandboxed Jinja
-    environment), using ``override`` when given, else the tokenizer's own template.
-
-    Args:
-        tokenizer: a transformers tokenizer, or None (then chat is unavailable).
-        override: template text from ``--chat-template``, or None.
-    """
+    """Renders chat messages with the tokenizer's chat template, or ``override``."""
 
     def __init__(self, tokenizer: Any, override: str | None) -> None:
         self._tokenizer = tokenizer
@@ -34,19 +28,14 @@ class ChatTemplate:
 
     @property
     def available(self) -> bool:
-        """True when chat requests can be rendered."""
+        """Whether chat requests can be rendered."""
         if self._tokenizer is None:
             return False
         return bool(self._override or getattr(self._tokenizer, "chat_template", None))
 
     def render(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt token ids for ``messages``, ending with the generation prompt (the
-        template places any BOS itself; none is added).
-
-        Raises:
-            RequestFieldError: no template is available (param ``messages``), or the
-                template rejects the messages.
-        """
+        """The prompt token ids of ``messages`` with the generation prompt (no BOS added);
+        RequestFieldError (``messages``) without a template or when it fails."""
         if not self.available:
             raise RequestFieldError(
                 "messages",
@@ -69,7 +58,6 @@ class ChatTemplate:
 
 
 class ChatFormat(ResponseFormat):
-    """``chat.completion`` choices: an assistant ``message`` (``delta`` when streamed)."""
 
     id_prefix = "chatcmpl"
     object_name = "chat.completion"
@@ -128,7 +116,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     meta = call.request_meta(request.headers.get("X-Tenant"))
     engine = request.app[ENGINE_KEY]
     prompt = ChatTemplate(engine.tokenizer, request.app[CONFIG_KEY].chat_template).render(
-        call.messages)
+        [message.as_text() for message in call.messages])
     max_tokens = getattr(call, call.limit_field)
     if max_tokens is None and engine.core is not None:
         max_tokens = max(1, engine.core.max_model_len - len(prompt))

@@ -18,7 +18,6 @@ from aioserve.server.state import ENGINE_KEY
 
 
 class CompletionFormat(ResponseFormat):
-    """``text_completion`` choices: ``text``, ``logprobs``, ``finish_reason``."""
 
     def __init__(self, token_text: TokenText) -> None:
         self._token_text = token_text

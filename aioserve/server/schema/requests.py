@@ -1,10 +1,6 @@
-"""The request bodies: ``POST /v1/completions``, ``POST /v1/chat/completions`` and the
-websocket's ``generate`` message, read with pydantic.
-
-A field sent as ``null`` is "not set" (its default); unknown fields are ignored. JSON kinds
-are read as the API promises: a boolean is not a number, an integral number (``2.0``) is an
-integer, strings are never coerced, non-finite numbers are refused. An error names its
-field: ``error.param``, and the message starts with it (pydantic's own words after it).
+"""The request bodies (``/v1/completions``, ``/v1/chat/completions``, the websocket's
+``generate``) read with pydantic: ``null`` is "not set", unknown fields are ignored, JSON
+kinds are strict (an integral ``2.0`` is an integer), and an error names its field.
 """
 
 from __future__ import annotations
@@ -51,13 +47,8 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 class RequestFieldError(ValueError):
-    """A request field is missing or invalid.
-
-    Attributes:
-        param: the field at fault (a top-level field of the body, or a header name such
-            as ``X-Tenant``), or None.
-        code: ``invalid_value``, or ``model_not_found`` (answered as a 404).
-    """
+    """A missing or invalid field: ``param`` names it (or a header such as ``X-Tenant``);
+    ``code`` is ``invalid_value`` or ``model_not_found`` (a 404)."""
 
     def __init__(self, param: str | None, message: str, code: str = "invalid_value") -> None:
         super().__init__(message)
@@ -109,21 +100,15 @@ PromptSchema = (
 
 @dataclass(frozen=True)
 class Served:
-    """What validation knows of the server (the validation context).
-
-    Attributes:
-        model: the served model name (the only ``model`` accepted), or None: any.
-        max_model_len: the context length in tokens, or None: unchecked here.
-        aliases: other names ``model`` may take (the ``--model`` path as given, a local
-            directory's own name); none with ``--served-model-name``.
-    """
+    """The validation context: the served ``model`` name (None: any) and its ``aliases``,
+    the context length ``max_model_len`` (None: unchecked here)."""
 
     model: str | None = None
     max_model_len: int | None = None
     aliases: tuple[str, ...] = ()
 
     def accepts(self, name: str) -> bool:
-        """Whether ``name`` names the served model (any name when ``model`` is None)."""
+        """Whether ``name`` names the served model."""
         return self.model is None or name == self.model or name in self.aliases
 
 
@@ -131,12 +116,7 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 def parse(model: type[Body], body: dict[str, Any], served: Served | None = None) -> Body:
-    """``body`` (a decoded JSON object) read as ``model``.
-
-    Raises:
-        RequestFieldError: the first fault, naming its field (code ``model_not_found``
-            when ``model`` names another model than ``served.model``).
-    """
+    """``body`` read as ``model``; RequestFieldError for its first fault."""
     try:
         return model.model_validate(body, context=served)
     except ValidationError as exc:
@@ -155,8 +135,7 @@ def parse(model: type[Body], body: dict[str, Any], served: Served | None = None)
 # The prompt and the chat messages: fields of several shapes, each read by one function.
 
 def _id_list(value: Any) -> list[int] | None:
-    """``value`` as token ids (integral floats taken as integers), or None when it is not
-    a list of integers."""
+    """``value`` as token ids (integral floats taken as integers), else None."""
     if not isinstance(value, list):
         return None
     ids: list[int] = value
@@ -200,14 +179,10 @@ def check_one_prompt(value: Any) -> str | list[int]:
     return check_prompt(value)[0]
 
 
-Role = Literal["system", "developer", "user", "assistant", "tool"]
-_ROLES = sorted(Role.__args__)  # type: ignore[attr-defined]
-
-
 class TextPart(BaseModel):
     """A text part of a message's content (the only kind of part supported)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", frozen=True)
     type: Literal["text"]
     text: String
 
@@ -215,42 +190,16 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     """One chat message; its content is text, text parts, or null (empty)."""
 
-    model_config = ConfigDict(extra="ignore")
-    role: Role
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: String | list[TextPart] | None = None
 
-
-def _content_text(index: int, content: Any) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if not isinstance(content, list):
-        raise refuse(f"messages[{index}].content must be a string or a list of text parts")
-    parts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") != "text":
-            raise refuse(f"messages[{index}].content: only text parts are supported")
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise refuse(f"messages[{index}].content: a text part needs a string 'text'")
-        parts.append(text)
-    return "".join(parts)
-
-
-def check_messages(messages: Any) -> list[dict[str, str]]:
-    """Chat messages with their content flattened to text."""
-    if not isinstance(messages, list):
-        raise refuse("messages must be a list of message objects")
-    if not messages:
-        raise refuse("messages is empty: the prompt would be empty")
-    result = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise refuse(f"messages[{index}] must be an object")
-        role = message.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise refuse(f"messages[{index}].role must be one of {_ROLES}")
-        result.append({"role": role, "content": _content_text(index, message.get("content"))})
-    return result
+    def as_text(self) -> dict[str, str]:
+        """The message as a chat template takes it: its content flattened to text."""
+        content = self.content
+        if not isinstance(content, str):
+            content = "".join(part.text for part in content or ())
+        return {"role": self.role, "content": content}
 
 
 # The field groups the bodies share.
@@ -269,8 +218,8 @@ Stop = Annotated[Any, PlainValidator(_stop, json_schema_input_type=NonEmpty | li
 
 @dataclass(frozen=True)
 class Needs:
-    """A rule between fields: ``field`` (or its ``sub`` field) set needs ``needs``
-    true. Checked by :class:`ApiBody`'s validator and stated in its JSON Schema."""
+    """A rule between fields: ``field`` (or its ``sub`` field) set needs ``needs`` true;
+    checked by :class:`ApiBody` and stated in its JSON Schema."""
 
     field: str
     needs: str
@@ -381,11 +330,7 @@ class SamplingFields(ApiBody):
         return value
 
     def sampling_params(self, **overrides: Any) -> SamplingParams:
-        """The sampling parameters (unset fields take SamplingParams' defaults).
-
-        Raises:
-            RequestFieldError: SamplingParams refused a value (the schema should have).
-        """
+        """The sampling parameters (unset fields: SamplingParams' defaults)."""
         kwargs = {name: getattr(self, name) for name in SamplingFields.model_fields
                   if name != "model" and getattr(self, name) is not None}
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
@@ -436,13 +381,8 @@ class MetaFields(ApiBody):
         None, description="free string pairs passed to scheduling policies untouched")
 
     def request_meta(self, tenant_header: str | None) -> RequestMeta:
-        """The request's :class:`RequestMeta`; ``tenant_header`` (``X-Tenant``) wins
-        over ``user``; an empty one means none.
-
-        Raises:
-            RequestFieldError: the header is not 1 to 256 visible ASCII characters (param
-                ``X-Tenant``).
-        """
+        """The request's :class:`RequestMeta`; ``tenant_header`` (``X-Tenant``, 1 to 256
+        visible ASCII characters) wins over ``user``."""
         tenant = self.user or None
         if tenant_header:
             if not TENANT_HEADER.fullmatch(tenant_header):
@@ -494,12 +434,7 @@ class CallFields(Unsupported, MetaFields, SamplingFields):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def call_id(self, header: str | None) -> str:
-        """The call's id: the ``request_id`` field, else the ``X-Request-Id`` header,
-        else a new one (32 hex digits).
-
-        Raises:
-            RequestFieldError: the header's id is not 1 to 256 characters.
-        """
+        """The ``request_id`` field, else the ``X-Request-Id`` header, else a new id."""
         request_id = self.request_id if self.request_id is not None else header
         if request_id is None:
             return uuid.uuid4().hex
@@ -531,12 +466,18 @@ class ChatCompletionRequest(CallFields):
 
     RULES = (*CallFields.RULES, Needs("top_logprobs", "logprobs"))
 
-    messages: Annotated[Any, PlainValidator(check_messages, json_schema_input_type=Annotated[
-        list[ChatMessage], Field(min_length=1)])]
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Integer | None = Field(
         None, ge=1, description="most new tokens; default: the rest of the context")
     logprobs: Boolean | None = None
     top_logprobs: Integer | None = Field(None, ge=0, le=20)
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _not_empty(cls, messages: Any) -> Any:
+        if messages == []:
+            raise refuse("messages is empty: the prompt would be empty")
+        return messages
 
     @property
     def limit_field(self) -> str:
@@ -575,7 +516,6 @@ _FIELDS = frozenset().union(*(m.model_fields for m in (
 
 
 def field_of_message(message: str, default: str | None = None) -> str | None:
-    """The request field an engine error message starts with (``"max_tokens: ..."``,
-    ``"prompt is empty"``, ``"request_id ... is already in use"``), else ``default``."""
+    """The request field an engine error message starts with, else ``default``."""
     word = leading_word(message)
     return word if word in _FIELDS else default

@@ -1,23 +1,8 @@
-"""``GET /ws``: a websocket on which one client runs many streamed generations.
-
-Client messages: ``{"type": "generate", "id": "r1", "prompt": "..." | [ids], "max_tokens": 20,
-...sampling fields}`` and ``{"type": "cancel", "id": "r1"}``. Server messages:
-``{"type": "token", "id", "text", "token_ids"}``, then ``{"type": "done", "id",
-"finish_reason", "usage"}`` (``finish_reason: "abort"`` after a cancel), or
-``{"type": "error", "id", "message", "param", "code"}``.
-
-A bad message gets an error message and the socket stays open (aiohttp closes it with
-1007 for a text frame that is not UTF-8, 1009 for one over ``max_body_bytes``). A client
-that stops reading pauses its own generations (:mod:`~aioserve.server.ws.outbox`); after
-``ws_stall_timeout`` seconds they are aborted and the socket closes with 1008.
-
-Every generate message ends exactly once, with ``done`` or ``error``, whatever the
-order of generate, cancel and close messages; its id is free again once that end is
-queued, and its engine requests are named by socket, sequence number and id, so
-nothing late of an ended generate touches one that reuses the id. One anyio task group
-per socket owns its writer and pumps: a socket that closes, stalls or loses a task
-cancels them all, and a pump's exit aborts its engine requests.
-"""
+"""``GET /ws``: one client runs many streamed generations on a websocket (the protocol is
+in the README). Each generate ends exactly once, with ``done`` or ``error``; its engine
+request is named by socket, sequence number and id, so nothing late of an ended one
+touches one that reuses the id. One anyio task group per socket owns its writer and
+pumps: a socket that closes, stalls or loses a task cancels them all."""
 
 from __future__ import annotations
 
@@ -71,8 +56,7 @@ def _client_id(data: str) -> str | None:
 
 @dataclass(eq=False)
 class Generation:
-    """One generate message: its engine request's stream and the cancel scope of its
-    pump."""
+    """One generate message: its stream and the cancel scope of its pump."""
 
     client_id: str
     stream: RequestStream
@@ -80,17 +64,8 @@ class Generation:
 
 
 class Connection:
-    """One websocket: its running generations and its bounded outgoing queue.
-
-    Args:
-        app: the server app.
-        ws: the prepared websocket.
-        group: the socket's task group; its writer and pumps run in it.
-        tenant: the upgrade request's ``X-Tenant`` header: every message's tenant.
-
-    Attributes:
-        running: client id -> its generation, until its end is queued.
-    """
+    """One websocket (``tenant``: its upgrade request's ``X-Tenant``): its running
+    generations (``running``: client id -> generation, until its end is queued) and outbox."""
 
     def __init__(self, app: web.Application, ws: web.WebSocketResponse,
                  group: TaskGroup, tenant: str | None = None) -> None:
@@ -111,13 +86,10 @@ class Connection:
         self.group.cancel_scope.cancel()  # the socket is gone: nothing more to deliver
 
     def engine_id(self, client_id: str) -> str:
-        """The engine request id prefix of a new generate (unique on the server)."""
         return f"{self.prefix}{next(self._sequence)}-{client_id}"
 
     async def send(self, message: dict[str, Any]) -> None:
-        """Queue a message; waits while the queue is full. A client that stays stalled
-        for ``ws_stall_timeout`` seconds ends the socket: every generation is cancelled
-        (its requests aborted) and the handler closes it with 1008."""
+        """Queue a message; a client stalled for ``ws_stall_timeout`` seconds ends the socket."""
         if not await self.outbox.put(message) and self.outbox.stalled:
             self.group.cancel_scope.cancel()
 
@@ -145,7 +117,6 @@ class Connection:
             await self.error(client_id, "type must be 'generate' or 'cancel'", "type")
 
     async def start(self, client_id: str, message: dict[str, Any]) -> None:
-        """Start a generation for ``client_id``."""
         if client_id in self.running:
             await self.error(client_id, f"id {client_id!r} is already running on this socket",
                              "id", "duplicate_request_id")
@@ -169,8 +140,7 @@ class Connection:
         self.group.start_soon(self.pump, generation)
 
     async def cancel(self, client_id: str) -> None:
-        """Abort ``client_id``'s generation now and end it with ``done`` (``abort``,
-        the usage so far); an id not running gets an ``unknown_id`` error."""
+        """Abort ``client_id``'s generation and end it with ``done`` (``abort``)."""
         generation = self.running.pop(client_id, None)
         if generation is None:
             await self.error(client_id, f"no request with id {client_id!r} is running on "
@@ -184,8 +154,7 @@ class Connection:
                          "usage": spent.model_dump()})
 
     async def pump(self, generation: Generation) -> None:
-        """Forward one generation's outputs to the socket and end it with ``done`` or
-        ``error`` (unless a cancel ended it first, or the socket closed)."""
+        """Forward one generation's outputs and end it with ``done`` or ``error``."""
         client_id, stream = generation.client_id, generation.stream
         logprobs = CompletionLogprobs(self.token_text)
         end = _error(client_id, "the generation ended without a result", None, "internal_error")
@@ -219,8 +188,7 @@ class Connection:
             del self.running[client_id]  # its end is queued (or the socket is gone)
 
     def close(self) -> None:
-        """Abort every generation of this socket and cancel its tasks (the socket is
-        closed or failed; nothing more is sent)."""
+        """Abort every generation of this socket and cancel its tasks."""
         for generation in self.running.values():
             self.engine.release(generation.stream)
         self.running.clear()
