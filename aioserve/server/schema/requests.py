@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    PrivateAttr,
     Strict,
     ValidationError,
     ValidationInfo,
@@ -343,60 +344,51 @@ class SamplingFields(ApiBody):
             raise RequestFieldError(leading_word(str(exc)), str(exc)) from None
 
 
-def _metadata(value: Any) -> Any:
-    if value is not None:
-        try:
-            RequestMeta(metadata=value)
-        except ValueError as exc:
-            raise refuse(str(exc)) from None
-    return value
-
-
-#: ``metadata``: read by :class:`RequestMeta`'s own check, described by its input type.
-Metadata = Annotated[Any, PlainValidator(_metadata, json_schema_input_type=Annotated[
-    dict[Annotated[str, Field(min_length=1, max_length=MAX_METADATA_KEY_CHARS)],
-         Annotated[str, Field(max_length=MAX_METADATA_VALUE_CHARS)]],
-    Field(max_length=MAX_METADATA_PAIRS),
-] | None)]
-
-
 class MetaFields(ApiBody):
-    """The API's names for :class:`~aioserve.request_meta.RequestMeta`'s fields (its
-    limits; its checks run in :meth:`request_meta`)."""
+    """The API's names for :class:`~aioserve.request_meta.RequestMeta`'s fields: its checks
+    run once, when the body is read; its limits are only described here, for the schema."""
 
-    priority: Integer | None = Field(
-        None, ge=PRIORITY_MIN, le=PRIORITY_MAX,
+    priority: Integer | None = Field(None, json_schema_extra={
+        "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX},
         description="lower is served first (vLLM's extra field); default 0")
-    user: String | None = Field(
-        None, max_length=MAX_TENANT_CHARS,
-        description="who sends the request: the tenant scheduling policies see (an "
-        "X-Tenant header wins over it; empty: none)")
-    ttft_slo_ms: Number | None = Field(None, gt=0.0, description="time-to-first-token "
-                                       "objective, milliseconds")
-    tpot_slo_ms: Number | None = Field(None, gt=0.0, description="time-per-output-token "
-                                       "objective, milliseconds")
-    deadline: Number | None = Field(None, gt=0.0, description="absolute time by which the "
-                                    "request should have finished, Unix seconds")
-    metadata: Metadata = Field(
-        None, description="free string pairs passed to scheduling policies untouched")
+    user: String | None = Field(None, json_schema_extra={"maxLength": MAX_TENANT_CHARS},
+                                description="who sends the request: the tenant scheduling "
+                                "policies see (an X-Tenant header wins over it; empty: none)")
+    ttft_slo_ms: Number | None = Field(None, json_schema_extra={"exclusiveMinimum": 0},
+                                       description="time-to-first-token objective, ms")
+    tpot_slo_ms: Number | None = Field(None, json_schema_extra={"exclusiveMinimum": 0},
+                                       description="time-per-output-token objective, ms")
+    deadline: Number | None = Field(None, json_schema_extra={"exclusiveMinimum": 0},
+                                    description="when the request should have finished, "
+                                    "Unix seconds")
+    metadata: dict[String, String] | None = Field(None, json_schema_extra={
+        "maxProperties": MAX_METADATA_PAIRS,
+        "propertyNames": {"minLength": 1, "maxLength": MAX_METADATA_KEY_CHARS},
+        "additionalProperties": {"maxLength": MAX_METADATA_VALUE_CHARS}},
+        description="free string pairs passed to scheduling policies untouched")
+    _meta: RequestMeta = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _request_meta(self) -> MetaFields:
+        try:
+            self._meta = RequestMeta(
+                priority=self.priority or 0, tenant=self.user or None,
+                ttft_slo_ms=self.ttft_slo_ms, tpot_slo_ms=self.tpot_slo_ms,
+                deadline=self.deadline, metadata=self.metadata or {})
+        except ValueError as exc:  # its message starts with the field's name
+            message = re.sub(r"^tenant\b", "user", str(exc))
+            raise refuse(message, leading_word(message)) from None
+        return self
 
     def request_meta(self, tenant_header: str | None) -> RequestMeta:
         """The request's :class:`RequestMeta`; ``tenant_header`` (``X-Tenant``, 1 to 256
         visible ASCII characters) wins over ``user``."""
-        tenant = self.user or None
-        if tenant_header:
-            if not TENANT_HEADER.fullmatch(tenant_header):
-                raise RequestFieldError("X-Tenant", f"X-Tenant must be 1 to {MAX_TENANT_CHARS} "
-                                        "visible ASCII characters (send others in user)")
-            tenant = tenant_header
-        try:
-            return RequestMeta(
-                priority=self.priority or 0, tenant=tenant, ttft_slo_ms=self.ttft_slo_ms,
-                tpot_slo_ms=self.tpot_slo_ms, deadline=self.deadline,
-                metadata=self.metadata or {},
-            )
-        except ValueError as exc:
-            raise RequestFieldError(leading_word(str(exc)), str(exc)) from None
+        if not tenant_header:
+            return self._meta
+        if not TENANT_HEADER.fullmatch(tenant_header):
+            raise RequestFieldError("X-Tenant", f"X-Tenant must be 1 to {MAX_TENANT_CHARS} "
+                                    "visible ASCII characters (send others in user)")
+        return replace(self._meta, tenant=tenant_header)
 
 
 # The bodies.
