@@ -19,13 +19,13 @@ from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
 from aioserve.server.openai.chat import create_chat_completion
 from aioserve.server.openai.completions import create_completion
+from aioserve.server.pipeline import served
 from aioserve.server.schema import responses as out
 from aioserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,
     MODEL_NAMES_KEY,
     ServerConfig,
-    accepts_model_name,
     default_model_name,
     model_names,
     served_model_name,
@@ -65,7 +65,7 @@ async def list_models(request: web.Request) -> web.Response:
 async def retrieve_model(request: web.Request) -> web.Response:
     """``GET /v1/models/{model}``: the served model; 404 ``model_not_found`` otherwise."""
     name = request.match_info["model"]
-    if not accepts_model_name(request.app, name):
+    if not served(request.app).accepts(name):
         raise ApiError(404, f"model {name!r} does not exist; this server serves "
                        f"{served_model_name(request.app)!r}", param="model",
                        code="model_not_found")

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from aioserve.errors import EngineError, EngineNotRunningError, RequestShedError
-from aioserve.server.schema import RequestFieldError, field_of_message
+from aioserve.server.schema.requests import RequestFieldError, field_of_message
 from aioserve.server.schema.responses import Error, ErrorDetail
 
 logger = logging.getLogger(__name__)
@@ -33,11 +33,9 @@ class ApiError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, param=self.param, code=self.code)
-
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status)
+        body = error_body(self.status, self.message, param=self.param, code=self.code)
+        return web.json_response(body, status=self.status)
 
 
 def error_body(

@@ -16,7 +16,6 @@ from prometheus_client.registry import Collector
 from aioserve.engine import AsyncEngine
 from aioserve.request import Request, RequestMetrics
 from aioserve.runners.cpu.threads.thread_governor import threads_in_use
-from aioserve.server.tenant_metrics import TenantMetrics
 from aioserve.step_snapshot import StepSnapshot
 
 PREFIX = "aioserve:"
@@ -24,6 +23,54 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2
                     0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
                 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+
+
+class BoundedLabels:
+    """Label values of one kind, at most ``max_values`` distinct ones plus ``other``."""
+
+    def __init__(self, max_values: int) -> None:
+        self.max_values = max_values
+        self.seen: set[str] = set()
+
+    def __call__(self, value: object) -> str:
+        label = "none" if value is None else str(value)
+        if label in self.seen:
+            return label
+        if len(self.seen) >= self.max_values:
+            return "other"
+        self.seen.add(label)
+        return label
+
+
+class TenantMetrics:
+    """Finished requests, output tokens and TTFT by tenant and priority, in ``registry``."""
+
+    def __init__(self, prefix: str, registry: CollectorRegistry, buckets: tuple[float, ...],
+                 max_tenants: int = 64, max_priorities: int = 16) -> None:
+        self.tenant = BoundedLabels(max_tenants)
+        self.priority = BoundedLabels(max_priorities)
+        labels = ["tenant", "priority"]
+        self.requests = Counter(
+            prefix + "tenant_requests", "Finished requests by tenant, priority and reason.",
+            [*labels, "finished_reason"], registry=registry)
+        self.generation_tokens = Counter(
+            prefix + "tenant_generation_tokens",
+            "Output tokens of finished requests by tenant and priority.", labels,
+            registry=registry)
+        self.ttft = Histogram(
+            prefix + "tenant_time_to_first_token_seconds",
+            "Arrival to first token by tenant and priority (seconds).", labels,
+            buckets=buckets, registry=registry)
+
+    def record(self, request: Request, time_to_first_token: float | None) -> None:
+        """Count a finished request under its tenant and priority."""
+        tenant = self.tenant(request.meta.tenant)
+        priority = self.priority(request.meta.priority)
+        reason = request.finish_reason.value if request.finish_reason is not None else "unknown"
+        self.requests.labels(tenant, priority, reason).inc()
+        self.generation_tokens.labels(tenant, priority).inc(request.num_output_tokens)
+        if time_to_first_token is not None:
+            self.ttft.labels(tenant, priority).observe(time_to_first_token)
 
 
 @dataclass(frozen=True)

@@ -6,21 +6,18 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel
 
 from aioserve.engine import AsyncEngine
 from aioserve.errors import EngineError
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.server.errors import ApiError, api_error, bad_request
-from aioserve.server.schema import Served, parse
-from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, MODEL_NAMES_KEY, model_names
+from aioserve.server.schema.requests import Body, Served, parse
+from aioserve.server.state import ENGINE_KEY, MODEL_NAMES_KEY
 from aioserve.streams import RequestStream
-
-Body = TypeVar("Body", bound=BaseModel)
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:
@@ -77,7 +74,7 @@ def validate(model: type[Body], body: dict[str, Any], app: web.Application) -> B
 
 def served(app: web.Application) -> Served:
     core = app[ENGINE_KEY].core
-    names = app.get(MODEL_NAMES_KEY) or model_names(app[CONFIG_KEY], app[ENGINE_KEY])
+    names = app[MODEL_NAMES_KEY]
     return Served(names[0], core.max_model_len if core is not None else None, names[1:])
 
 

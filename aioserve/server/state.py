@@ -76,19 +76,12 @@ def default_model_name(model: str) -> str:
 
 def served_model_name(app: web.Application) -> str:
     """The name the server answers to."""
-    names = app.get(MODEL_NAMES_KEY)
-    return names[0] if names is not None else model_names(app[CONFIG_KEY], app[ENGINE_KEY])[0]
-
-
-def accepts_model_name(app: web.Application, name: str) -> bool:
-    """Whether ``name`` is the served name, or without ``--served-model-name`` the
-    ``--model`` path as given or the directory's own name."""
-    names = app.get(MODEL_NAMES_KEY) or model_names(app[CONFIG_KEY], app[ENGINE_KEY])
-    return name in names
+    return app[MODEL_NAMES_KEY][0]
 
 
 def model_names(config: ServerConfig, engine: AsyncEngine) -> tuple[str, ...]:
-    """The served name first, then the others :func:`accepts_model_name` takes."""
+    """The served name, then (without ``--served-model-name``) the other names a request
+    may use: the ``--model`` path as given and the directory's own name."""
     if config.served_model_name:
         return (config.served_model_name,)
     model = engine.config.model

@@ -17,7 +17,7 @@ from aiohttp import web
 from aioserve.errors import EngineError
 from aioserve.outputs import RequestOutput
 from aioserve.server.errors import api_error, error_body
-from aioserve.server.schema import responses as out
+from aioserve.server.schema import responses
 from aioserve.server.schema.requests import CallFields
 from aioserve.server.state import ENGINE_KEY, served_model_name
 from aioserve.streams import RequestStream
@@ -88,7 +88,7 @@ class ResponseFormat:
     id_prefix = "cmpl"
     object_name = "text_completion"
     chunk_object_name = "text_completion"
-    response_model: type[out.Completion | out.ChatCompletion] = out.Completion
+    response_model: type[responses.Completion | responses.ChatCompletion] = responses.Completion
 
     def stream_start(self, index: int) -> dict[str, Any] | None:
         """A first chunk's choice (chat sends the role), or None."""
@@ -109,13 +109,13 @@ class ResponseFormat:
         raise NotImplementedError
 
 
-def usage(streams: list[RequestStream], n: int, completion_tokens: int) -> out.Usage:
+def usage(streams: list[RequestStream], n: int, completion_tokens: int) -> responses.Usage:
     """The call's OpenAI ``usage`` (each prompt counted once, not per sample)."""
     prompt = sum(s.request.num_prompt_tokens for s in streams[::n])
     cached = sum(s.request.num_cached_tokens for s in streams[::n])
-    return out.Usage(prompt_tokens=prompt, completion_tokens=completion_tokens,
-                     total_tokens=prompt + completion_tokens,
-                     prompt_tokens_details=out.CachedTokens(cached_tokens=cached))
+    return responses.Usage(prompt_tokens=prompt, completion_tokens=completion_tokens,
+                           total_tokens=prompt + completion_tokens,
+                           prompt_tokens_details=responses.CachedTokens(cached_tokens=cached))
 
 
 async def outputs(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -9,13 +9,10 @@ from aiohttp import web
 from aioserve.outputs import RequestOutput
 from aioserve.server.errors import ApiError
 from aioserve.server.logprobs import TokenText, chat_logprobs
-from aioserve.server.openai.call import (
-    ResponseFormat,
-    answer,
-)
+from aioserve.server.openai.call import ResponseFormat, answer
 from aioserve.server.pipeline import read_body, start, validate
-from aioserve.server.schema import ChatCompletionRequest, RequestFieldError
-from aioserve.server.schema import responses as out
+from aioserve.server.schema import responses
+from aioserve.server.schema.requests import ChatCompletionRequest, RequestFieldError
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY
 
 
@@ -58,11 +55,10 @@ class ChatTemplate:
 
 
 class ChatFormat(ResponseFormat):
-
     id_prefix = "chatcmpl"
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
-    response_model = out.ChatCompletion
+    response_model = responses.ChatCompletion
 
     def __init__(self, token_text: TokenText) -> None:
         self._token_text = token_text

@@ -18,7 +18,6 @@ from aioserve.server.state import ENGINE_KEY
 
 
 class CompletionFormat(ResponseFormat):
-
     def __init__(self, token_text: TokenText) -> None:
         self._token_text = token_text
         self._text: dict[int, list[str]] = {}

@@ -5,18 +5,6 @@ Imports (checked by tests/test_import_rules.py):
     never at module level: torch, numpy, transformers
 """
 
-from aioserve.server.schema.requests import (
-    MAX_SEQUENCES_PER_CALL,
-    ChatCompletionRequest,
-    CompletionRequest,
-    RequestFieldError,
-    Served,
-    WsGenerate,
-    field_of_message,
-    parse,
-)
+from aioserve.server.schema.requests import ChatCompletionRequest, CompletionRequest, WsGenerate
 
-__all__ = [
-    "MAX_SEQUENCES_PER_CALL", "ChatCompletionRequest", "CompletionRequest",
-    "RequestFieldError", "Served", "WsGenerate", "field_of_message", "parse",
-]
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "WsGenerate"]

@@ -114,6 +114,7 @@ class Served:
 
 
 Body = TypeVar("Body", bound=BaseModel)
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # in pydantic's error paths
 
 
 def parse(model: type[Body], body: dict[str, Any], served: Served | None = None) -> Body:
@@ -125,7 +126,8 @@ def parse(model: type[Body], body: dict[str, Any], served: Served | None = None)
         ctx = error.get("ctx") or {}
         custom = error["type"] == "aioserve"
         field = (custom and ctx.get("param")) or (str(error["loc"][0]) if error["loc"] else None)
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]
+                       if isinstance(p, int) or p.isidentifier() and p not in _UNION_TAGS)
         message = ctx["message"] if custom else error["msg"]
         if field is not None and leading_word(message) != field:
             message = f"{path.lstrip('.') or field}: {message}"
@@ -204,18 +206,6 @@ class ChatMessage(BaseModel):
 
 
 # The field groups the bodies share.
-
-def _stop(value: Any) -> Any:
-    if value is None or (isinstance(value, str) and value):
-        return value
-    if isinstance(value, list) and all(isinstance(s, str) and s for s in value):
-        return value
-    raise refuse("stop must be a string or a list of non-empty strings")
-
-
-Stop = Annotated[Any, PlainValidator(_stop, json_schema_input_type=NonEmpty | list[NonEmpty]
-                                     | None)]
-
 
 @dataclass(frozen=True)
 class Needs:
@@ -312,7 +302,7 @@ class SamplingFields(ApiBody):
     top_k: Integer | None = Field(None, ge=-1, description="0 or -1 disables")
     seed: Integer | None = Field(None, ge=SEED_MIN, le=SEED_MAX,
                                  description="sample i of n uses seed + i")
-    stop: Stop = None
+    stop: NonEmpty | list[NonEmpty] | None = None
     stop_token_ids: list[Annotated[Integer, Field(ge=0)]] | None = None
     ignore_eos: Boolean | None = None
     include_stop_str_in_output: Boolean | None = None

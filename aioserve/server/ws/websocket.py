@@ -22,7 +22,7 @@ from aioserve.server.errors import ApiError, api_error
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
 from aioserve.server.openai.call import outputs, usage
 from aioserve.server.pipeline import decode, is_text, start, validate
-from aioserve.server.schema import RequestFieldError, WsGenerate
+from aioserve.server.schema.requests import RequestFieldError, WsGenerate
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig
 from aioserve.server.ws.outbox import (
     OUTBOXES_KEY,
