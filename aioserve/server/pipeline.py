@@ -73,6 +73,7 @@ def validate(model: type[Body], body: dict[str, Any], app: web.Application) -> B
 
 
 def served(app: web.Application) -> Served:
+    """What validation knows of the server: its model's names and context length."""
     core = app[ENGINE_KEY].core
     names = app[MODEL_NAMES_KEY]
     return Served(names[0], core.max_model_len if core is not None else None, names[1:])
