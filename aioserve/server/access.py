@@ -1,12 +1,5 @@
-"""Who may call the server: an API key (Bearer auth) and CORS for browser clients.
-
-With an API key, ``/v1/*`` and the websockets (``/ws``, ``/ws/stats``) need
-``Authorization: Bearer KEY``; a websocket may send ``?api_key=KEY`` in its URL
-instead, since browsers cannot set headers on one. Anything else is a 401 with an
-OpenAI-style JSON error. ``/health``, ``/metrics``, ``/openapi.json`` and the
-dashboard page stay open (the page holds no data; its feed is a websocket). CORS
-preflights (``OPTIONS``) are answered by ``aiohttp-cors`` before any key is asked for.
-"""
+"""Who may call the server: an API key (Bearer auth, or ``?api_key=`` on a websocket)
+for ``/v1/*`` and the websockets, and CORS for browser clients."""
 
 from __future__ import annotations
 
@@ -35,11 +28,7 @@ def _presented_key(request: web.Request) -> str | None:
 
 
 def api_key_middleware(api_key: str) -> Middleware:
-    """A middleware answering 401 to protected requests without ``api_key``.
-
-    Raises:
-        ValueError: ``api_key`` is empty.
-    """
+    """A middleware answering 401 to protected requests without ``api_key``."""
     if not api_key:
         raise ValueError("api_key must not be empty")
     expected = api_key.encode()

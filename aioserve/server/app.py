@@ -1,10 +1,4 @@
-"""The aiohttp application factory; the engine lives as long as the app.
-
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, ``GET /openapi.json``, the websocket ``GET /ws``, the
-dashboard ``GET /`` (also ``/dashboard``) and its frames websocket ``GET /ws/stats``.
-Every error is OpenAI-style JSON (see :mod:`aioserve.server.errors`).
-"""
+"""The aiohttp application factory; the engine lives as long as the app."""
 
 from __future__ import annotations
 
@@ -15,6 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from pydantic import BaseModel
 
 from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
@@ -22,72 +17,65 @@ from aioserve.engine import AsyncEngine
 from aioserve.server import access, openapi
 from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
-from aioserve.server.openai.openai_chat import create_chat_completion
-from aioserve.server.openai.openai_completions import create_completion
+from aioserve.server.openai.chat import create_chat_completion
+from aioserve.server.openai.completions import create_completion
+from aioserve.server.pipeline import served
+from aioserve.server.schema import responses as out
 from aioserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,
     MODEL_NAMES_KEY,
     ServerConfig,
-    accepts_model_name,
     default_model_name,
     model_names,
     served_model_name,
 )
-from aioserve.server.ws import stats_feed, websocket, ws_outbox
+from aioserve.server.ws import outbox, stats_feed, websocket
 
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
 
+def json_response(body: BaseModel, status: int = 200) -> web.Response:
+    return web.json_response(body.model_dump(mode="json"), status=status)
+
+
 async def health(request: web.Request) -> web.Response:
-    """``GET /health``: 200 while the engine runs and admits work, else 503 (also while
-    draining on shutdown)."""
+    """``GET /health``: 200 while the engine runs and admits work, else 503."""
     engine = request.app[ENGINE_KEY]
     if engine.is_draining:
-        return web.json_response({"status": "shutting down"}, status=503)
+        return json_response(out.Health(status="shutting down"), 503)
     if engine.is_running:
-        return web.json_response({"status": "ok"})
-    return web.json_response({"status": "engine not running"}, status=503)
+        return json_response(out.Health(status="ok"))
+    return json_response(out.Health(status="engine not running"), 503)
 
 
-def _model_card(app: web.Application) -> dict[str, object]:
+def _model_card(app: web.Application) -> out.Model:
     engine = app[ENGINE_KEY]
     core = engine.core
-    return {
-        "id": served_model_name(app),
-        "object": "model",
-        "created": int(app.get(_STARTED_KEY, time.time())),
-        "owned_by": "aioserve",
-        "root": default_model_name(engine.config.model),
-        "max_model_len": core.max_model_len if core is not None else None,
-    }
+    return out.Model(
+        id=served_model_name(app), object="model", created=int(app.get(_STARTED_KEY, time.time())),
+        owned_by="aioserve", root=default_model_name(engine.config.model),
+        max_model_len=core.max_model_len if core is not None else None)
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the one served model."""
-    return web.json_response({"object": "list", "data": [_model_card(request.app)]})
+    return json_response(out.ModelList(object="list", data=[_model_card(request.app)]))
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
-    """``GET /v1/models/{model}``: the served model (the ``openai`` client's
-    ``models.retrieve``).
-
-    Raises:
-        ApiError: 404 ``model_not_found`` for any other name.
-    """
+    """``GET /v1/models/{model}``: the served model; 404 ``model_not_found`` otherwise."""
     name = request.match_info["model"]
-    if not accepts_model_name(request.app, name):
+    if not served(request.app).accepts(name):
         raise ApiError(404, f"model {name!r} does not exist; this server serves "
                        f"{served_model_name(request.app)!r}", param="model",
                        code="model_not_found")
-    return web.json_response(_model_card(request.app))
+    return json_response(_model_card(request.app))
 
 
 _STARTED_KEY: web.AppKey[float] = web.AppKey("started", float)
 
 
 async def dashboard(request: web.Request) -> web.Response:
-    """``GET /`` and ``GET /dashboard``: the live dashboard page."""
     title = f"aioserve · {served_model_name(request.app)}"
     return web.Response(text=live_page(title), content_type="text/html")
 
@@ -124,12 +112,12 @@ def create_app(
     app[_STARTED_KEY] = time.time()
     metrics = ServerMetrics(engine)
     app[METRICS_KEY] = metrics
-    app[ws_outbox.SOCKETS_KEY] = weakref.WeakSet()
+    app[outbox.SOCKETS_KEY] = weakref.WeakSet()
     app[MODEL_NAMES_KEY] = model_names(config, engine)
     feed = stats_feed.StatsFeed(engine, app[MODEL_NAMES_KEY][0],
                                 interval=config.stats_interval)
     app[stats_feed.STATS_FEED_KEY] = feed
-    app[ws_outbox.OUTBOXES_KEY] = weakref.WeakSet()
+    app[outbox.OUTBOXES_KEY] = weakref.WeakSet()
 
     async def engine_lifetime(app: web.Application) -> AsyncIterator[None]:
         await engine.start()
@@ -141,7 +129,7 @@ def create_app(
         await engine.shutdown()
 
     app.cleanup_ctx.append(engine_lifetime)
-    app.on_shutdown.append(ws_outbox.close_all)
+    app.on_shutdown.append(outbox.close_all)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)

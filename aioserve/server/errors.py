@@ -1,10 +1,6 @@
-"""OpenAI-style JSON errors, and the middleware that turns every failure into one.
-
-Every error the HTTP API answers has the body
-``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``,
-including aiohttp's own (413 body too large, 404 unknown path, 405 wrong method), and
-an unexpected exception becomes a 500 of that shape instead of a text page.
-"""
+"""Every fault of a request mapped to its status and code once, for HTTP and the
+websocket alike; the HTTP body is ``{"error": {"message", "type", "param", "code"}}``,
+aiohttp's own errors (413, 404, 405) and unexpected exceptions (500) included."""
 
 from __future__ import annotations
 
@@ -14,30 +10,19 @@ from typing import Any
 
 from aiohttp import web
 
+from aioserve.errors import EngineError, EngineNotRunningError, RequestShedError
+from aioserve.server.schema.requests import RequestFieldError, field_of_message
+from aioserve.server.schema.responses import Error, ErrorDetail
+
 logger = logging.getLogger(__name__)
 
-#: HTTP status -> OpenAI error ``type``.
-ERROR_TYPES: dict[int, str] = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    500: "server_error",
-    503: "service_unavailable",
-}
+#: HTTP status -> OpenAI error ``type`` (else ``invalid_request_error`` or ``server_error``).
+ERROR_TYPES: dict[int, str] = {404: "not_found_error", 503: "service_unavailable"}
 
 
 class ApiError(Exception):
-    """An error answered to the client as OpenAI-style JSON.
-
-    Args:
-        status: HTTP status code (4xx for the client's fault, 5xx for ours).
-        message: what went wrong, for a person; names the field when one is at fault.
-        param: the request field at fault, or None.
-        code: a short machine-readable code (``"invalid_value"``, ``"model_not_found"``…).
-    """
+    """An error answered to the client: HTTP ``status``, a ``message`` naming the field at
+    fault, that field as ``param``, and a machine-readable ``code``."""
 
     def __init__(
         self, status: int, message: str, *, param: str | None = None, code: str | None = None
@@ -48,13 +33,9 @@ class ApiError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> dict[str, Any]:
-        """The JSON body ``{"error": {...}}``."""
-        return error_body(self.status, self.message, param=self.param, code=self.code)
-
     def response(self) -> web.Response:
-        """A JSON response with this error's status and body."""
-        return web.json_response(self.body(), status=self.status)
+        body = error_body(self.status, self.message, param=self.param, code=self.code)
+        return web.json_response(body, status=self.status)
 
 
 def error_body(
@@ -62,12 +43,40 @@ def error_body(
 ) -> dict[str, Any]:
     """The OpenAI error object for ``status``."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return Error(error=ErrorDetail(message=message, type=kind, param=param,
+                                   code=code)).model_dump()
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
-    """A 400 naming ``param``."""
     return ApiError(400, message, param=param, code=code)
+
+
+def api_error(exc: Exception, request_id: str | None = None) -> ApiError:
+    """The error answered for ``exc``, on HTTP and on the websocket.
+
+    A refused field is a 400 naming it (404 ``model_not_found`` for another model); a
+    ``ValueError`` from ``AsyncEngine.add_request`` a 400 naming the field its message
+    starts with (``duplicate_request_id`` for ``request_id``, the call's id sent as
+    ``request_id``); a request the engine could not finish a 503 ``engine_not_running``
+    or ``request_shed`` (the client may retry), else a 500 ``engine_error``.
+    """
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RequestFieldError):
+        status = 404 if exc.code == "model_not_found" else 400
+        return ApiError(status, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, EngineNotRunningError):
+        return ApiError(503, str(exc), code="engine_not_running")
+    if isinstance(exc, RequestShedError):
+        return ApiError(503, str(exc), code="request_shed")
+    if isinstance(exc, EngineError):
+        return ApiError(500, str(exc), code="engine_error")
+    param = field_of_message(str(exc), "prompt")
+    if param == "request_id" and request_id is not None:
+        return bad_request(f"request_id {request_id!r} (the request_id field or X-Request-Id "
+                           "header) is in use by a request still running", param,
+                           "duplicate_request_id")
+    return bad_request(str(exc), param)
 
 
 _HTTP_CODES: dict[int, str] = {
@@ -82,16 +91,12 @@ _HTTP_CODES: dict[int, str] = {
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Answer ApiError, aiohttp's HTTP errors and unexpected exceptions as JSON errors.
-
-    Successful responses and redirects pass through; a websocket or an SSE stream that
-    has already started is left alone (its handler reports errors in-band). An error
-    answers the client's ``X-Request-Id`` header, as a success does.
-    """
+    """Answer failures as JSON errors (a started websocket or SSE stream reports its own
+    in-band), echoing the client's ``X-Request-Id``."""
     try:
         return await handler(request)
-    except ApiError as exc:
-        response = exc.response()
+    except (ApiError, RequestFieldError, EngineError) as exc:
+        response = api_error(exc).response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

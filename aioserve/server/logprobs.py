@@ -16,13 +16,8 @@ def _finite(value: float) -> float:
 
 
 class TokenText:
-    """Text of single tokens as they read inside a text (a SentencePiece ``▁there`` is
-    `` there``, not ``there`` as ``decode([id])`` alone gives), cached; ``token_id:N``
-    without a tokenizer.
-
-    Args:
-        tokenizer: a transformers tokenizer, or None.
-    """
+    """Text of single tokens as they read inside a text (SentencePiece ``▁there`` is
+    `` there``), cached; ``token_id:N`` without a tokenizer."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
@@ -49,8 +44,7 @@ class TokenText:
 
 
 class CompletionLogprobs:
-    """The ``logprobs`` object of a /v1/completions choice: ``tokens``,
-    ``token_logprobs``, ``top_logprobs`` and ``text_offset``, grown a delta at a time."""
+    """A /v1/completions choice's ``logprobs`` object, grown a delta at a time."""
 
     def __init__(self, token_text: TokenText, offset: int = 0) -> None:
         self._text = token_text

@@ -1,11 +1,6 @@
-"""``GET /metrics``: Prometheus metrics with vLLM's names under the ``aioserve:`` prefix.
-
-Gauges and token counters are read from the engine when scraped; per-request
-histograms and ``request_success_total`` are recorded when a request finishes (any
-reason, including abort and error). Each generated token is counted exactly once: a
-request's output tokens count while it runs and move to a finished total when it
-ends, and a preempted request's recomputed tokens are not output tokens.
-"""
+"""``GET /metrics``: Prometheus metrics with vLLM's names under the ``aioserve:`` prefix;
+gauges read when scraped, per-request histograms recorded when a request finishes, each
+generated token counted once."""
 
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ from prometheus_client.registry import Collector
 from aioserve.engine import AsyncEngine
 from aioserve.request import Request, RequestMetrics
 from aioserve.runners.cpu.threads.thread_governor import threads_in_use
-from aioserve.server.tenant_metrics import TenantMetrics
 from aioserve.step_snapshot import StepSnapshot
 
 PREFIX = "aioserve:"
@@ -31,17 +25,58 @@ _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 1
                 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
 
 
+class BoundedLabels:
+    """Label values of one kind, at most ``max_values`` distinct ones plus ``other``."""
+
+    def __init__(self, max_values: int) -> None:
+        self.max_values = max_values
+        self.seen: set[str] = set()
+
+    def __call__(self, value: object) -> str:
+        label = "none" if value is None else str(value)
+        if label in self.seen:
+            return label
+        if len(self.seen) >= self.max_values:
+            return "other"
+        self.seen.add(label)
+        return label
+
+
+class TenantMetrics:
+    """Finished requests, output tokens and TTFT by tenant and priority, in ``registry``."""
+
+    def __init__(self, prefix: str, registry: CollectorRegistry, buckets: tuple[float, ...],
+                 max_tenants: int = 64, max_priorities: int = 16) -> None:
+        self.tenant = BoundedLabels(max_tenants)
+        self.priority = BoundedLabels(max_priorities)
+        labels = ["tenant", "priority"]
+        self.requests = Counter(
+            prefix + "tenant_requests", "Finished requests by tenant, priority and reason.",
+            [*labels, "finished_reason"], registry=registry)
+        self.generation_tokens = Counter(
+            prefix + "tenant_generation_tokens",
+            "Output tokens of finished requests by tenant and priority.", labels,
+            registry=registry)
+        self.ttft = Histogram(
+            prefix + "tenant_time_to_first_token_seconds",
+            "Arrival to first token by tenant and priority (seconds).", labels,
+            buckets=buckets, registry=registry)
+
+    def record(self, request: Request, time_to_first_token: float | None) -> None:
+        """Count a finished request under its tenant and priority."""
+        tenant = self.tenant(request.meta.tenant)
+        priority = self.priority(request.meta.priority)
+        reason = request.finish_reason.value if request.finish_reason is not None else "unknown"
+        self.requests.labels(tenant, priority, reason).inc()
+        self.generation_tokens.labels(tenant, priority).inc(request.num_output_tokens)
+        if time_to_first_token is not None:
+            self.ttft.labels(tenant, priority).observe(time_to_first_token)
+
+
 @dataclass(frozen=True)
 class RequestLatencies:
-    """One finished request's latencies in seconds; None where undefined.
-
-    Attributes:
-        time_to_first_token: arrival to first token (queueing included).
-        queue_time: arrival to first scheduled.
-        e2e: arrival to finish.
-        time_per_output_token: mean gap between output tokens; None with fewer than
-            two tokens (no division by zero for a 1-token request).
-    """
+    """One finished request's latencies in seconds (TTFT and queue time from arrival,
+    E2E, mean TPOT with two tokens or more); None where undefined."""
 
     time_to_first_token: float | None
     queue_time: float | None
@@ -110,13 +145,8 @@ class _EngineCollector(Collector):
 
 
 class ServerMetrics:
-    """The metrics of one app, in their own ``CollectorRegistry`` (so several apps in
-    one process do not collide).
-
-    Args:
-        engine: the engine whose requests are measured; :meth:`attach` listens to it
-            (before or after it starts).
-    """
+    """The metrics of one app, in its own ``CollectorRegistry``; :meth:`attach` listens
+    to ``engine``."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -153,8 +183,7 @@ class ServerMetrics:
         r.register(_EngineCollector(self))
 
     def attach(self) -> None:
-        """Listen to the engine's finished requests (:meth:`AsyncEngine.add_listener`;
-        no step snapshots are asked for)."""
+        """Listen to the engine's finished requests."""
         self.engine.add_listener(self, step_interval=None)
 
     def on_step(self, snapshot: StepSnapshot) -> None:
@@ -182,8 +211,7 @@ class ServerMetrics:
                 self.itl.observe(lat.time_per_output_token)
 
     def detach(self) -> None:
-        """Stop listening; keep the last preemption count for scrapes after the engine
-        stops."""
+        """Stop listening."""
         self.engine.remove_listener(self)
         if self.engine.core is not None:
             self.last_preemptions = self.engine.core.num_preemptions

@@ -1,12 +1,5 @@
-"""``GET /openapi.json``: an OpenAPI 3.1 description of the HTTP API, generated from the
-models of :mod:`aioserve.server.schema` that also validate the requests.
-
-The document is exact enough for a fuzzer (schemathesis ``--checks all``): every
-optional field may be ``null`` (meaning "not set", as the server reads it), integers
-accept integral floats (JSON Schema's ``integer``), the rules between fields are
-``if``/``then`` clauses, and the served model's name, context length and vocabulary
-size are filled in. Chat is left out when the model has no chat template.
-"""
+"""``GET /openapi.json``: OpenAPI 3.1, generated from the schema's models, with the served
+model's name, context length and vocabulary filled in (exact enough for schemathesis)."""
 
 from __future__ import annotations
 
@@ -19,10 +12,10 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 import aioserve
-from aioserve.server.openai.chat_template import ChatTemplate
+from aioserve.server.openai.chat import ChatTemplate
 from aioserve.server.schema import ChatCompletionRequest, CompletionRequest, WsGenerate
 from aioserve.server.schema import responses as out
-from aioserve.server.schema.fields import TENANT_HEADER
+from aioserve.server.schema.requests import TENANT_HEADER
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, served_model_name
 
 _MODELS: tuple[type[BaseModel], ...] = (
@@ -52,8 +45,7 @@ _BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum",
 
 
 def _fill(node: Any, model: str | None, max_tokens: int | None, vocab: int | None) -> None:
-    """Put the served values in: ``model``'s one name, the largest ``max_tokens`` (and
-    ``length_hint``) and token id (``x-token-id`` marks token ids)."""
+    """Put the served values in: ``model``'s name, the largest ``max_tokens`` and token id."""
     if isinstance(node, list):
         for item in node:
             _fill(item, model, max_tokens, vocab)
@@ -83,9 +75,7 @@ def _json(schema: str, description: str) -> dict[str, Any]:
 
 
 def _event(chunk: str) -> dict[str, Any]:
-    """One Server-Sent Event (OpenAPI 3.1: the schema describes each event): ``data:
-    {chunk}`` events, then ``data: [DONE]``, or ``data: {"error": {...}}`` and no
-    ``[DONE]`` when the engine failed, the request was shed or the server shut down."""
+    """One Server-Sent Event: a chunk, ``[DONE]``, or an error event (then no ``[DONE]``)."""
     ref = {"anyOf": [{"$ref": f"#/components/schemas/{chunk}"},
                      {"$ref": "#/components/schemas/Error"}]}
     return {"type": "object", "required": ["data"], "properties": {"data": {"anyOf": [
@@ -152,16 +142,13 @@ def _paths(chat: bool) -> dict[str, Any]:
 
 def openapi_spec(model: str | None = None, max_model_len: int | None = None,
                  vocab_size: int | None = None, chat: bool = True) -> dict[str, Any]:
-    """The OpenAPI document of the HTTP API (the websocket's ``generate`` message is
-    in ``components`` as ``WsGenerate``; the websockets themselves are in the README).
+    """The OpenAPI document of the HTTP API (``WsGenerate`` in ``components``).
 
     Args:
         model: the served model name (the only ``model`` accepted), if known.
-        max_model_len: the context length in tokens, if known (``max_tokens`` is below it).
+        max_model_len: the context length in tokens, if known.
         vocab_size: the vocabulary size, if known (token ids are below it).
-        chat: describe ``/v1/chat/completions`` (False when the model has no chat
-            template, so that every chat request would be refused).
-    """
+        chat: describe ``/v1/chat/completions`` (False without a chat template)."""
     schemas = json.loads(_schemas())
     _fill(schemas, model, max_model_len - 1 if max_model_len is not None else None,
           vocab_size)
@@ -175,8 +162,7 @@ def openapi_spec(model: str | None = None, max_model_len: int | None = None,
 
 
 async def handle(request: web.Request) -> web.Response:
-    """``GET /openapi.json``, with the served model's name, context length, vocabulary
-    and whether it can chat."""
+    """``GET /openapi.json``."""
     engine = request.app[ENGINE_KEY]
     max_len = engine.core.max_model_len if engine.core is not None else None
     chat = ChatTemplate(engine.tokenizer, request.app[CONFIG_KEY].chat_template).available

@@ -1,6 +1,5 @@
-"""What ``aioserve serve`` tells its operator on stderr: a start-up summary of the
-engine, and a one-line stats log at most every ``interval`` seconds while it works
-(as vLLM's ``Avg generation throughput: ...`` lines)."""
+"""What ``aioserve serve`` tells its operator on stderr: a start-up summary and a stats
+line at most every ``interval`` seconds while the engine works."""
 
 from __future__ import annotations
 
@@ -19,14 +18,8 @@ logger = logging.getLogger("aioserve.serve")
 
 
 def startup_summary(engine: AsyncEngine, served_name: str | None = None) -> str:
-    """One line per setting of a started engine: model, the name clients send
-    (``served_name``, when serving), device, dtype, context length, slots, KV blocks and
-    their memory, the scheduling policy with its configuration (defaults filled in), and
-    threads.
-
-    Raises:
-        EngineNotRunningError: the engine has not started.
-    """
+    """One line per setting of a started engine (model, served name, device, dtype,
+    context, slots, KV blocks, policy, threads); EngineNotRunningError before start."""
     core = engine.core
     if core is None or not engine.is_running:
         raise EngineNotRunningError("start the engine before summarising it")
@@ -74,9 +67,7 @@ def thread_line(runner: object) -> str:
 
 
 def startup_line(process_s: float | None, clock: PhaseClock, runner: object) -> str:
-    """The operator log's start-up line: seconds from the process's start to ready, and
-    their parts (``clock``: the command's own parts, ending with ``"engine start"``; the
-    runner's ``load_times`` split the engine's start)."""
+    """Seconds from the process's start to ready, and their parts."""
     parts = dict(clock.parts)
     load_times = getattr(runner, "load_times", None) or {}
     if "engine start" in parts and load_times:
@@ -89,14 +80,7 @@ def startup_line(process_s: float | None, clock: PhaseClock, runner: object) -> 
 
 class StatsLogger:
     """An engine listener logging ``running, waiting, KV %, tokens/s`` at most once per
-    ``interval`` seconds of busy engine time, and only while the engine steps (silent
-    when idle). Rates are over the time the engine had work: an idle spell between two
-    lines is left out of them, and said (``StepSnapshot.idle_s``).
-
-    Args:
-        engine: the engine to watch.
-        interval: least seconds of busy time between two lines.
-    """
+    ``interval`` seconds of busy engine time (idle spells left out of the rates)."""
 
     def __init__(self, engine: AsyncEngine, interval: float = 10.0) -> None:
         self.engine = engine

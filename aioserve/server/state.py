@@ -68,32 +68,20 @@ CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("server_config", ServerConfig)
 
 
 def default_model_name(model: str) -> str:
-    """The name a model is served under when none is given: a local directory's
-    absolute path as the user gave it (``../shared/models/stories260K-hf`` ->
-    ``/work/shared/models/stories260K-hf``: one name from any working directory, and
-    still the path, as vLLM serves it; normalised, symbolic links kept, never replaced
-    by their targets), a hub id as it is (``HuggingFaceTB/SmolLM2-135M``)."""
+    """The name a model is served under by default: a local directory's absolute path
+    (symbolic links kept), a hub id as it is."""
     path = os.path.expanduser(model)
     return os.path.abspath(path) if os.path.isdir(path) else model
 
 
 def served_model_name(app: web.Application) -> str:
-    """The name the server answers to (``--served-model-name``, else
-    :func:`default_model_name` of the model)."""
-    names = app.get(MODEL_NAMES_KEY)
-    return names[0] if names is not None else model_names(app[CONFIG_KEY], app[ENGINE_KEY])[0]
-
-
-def accepts_model_name(app: web.Application, name: str) -> bool:
-    """Whether a request's ``model`` names this server's model: the served name, or,
-    with no ``--served-model-name``, also the ``--model`` path as given and a local
-    directory's own name (``stories260K-hf``)."""
-    names = app.get(MODEL_NAMES_KEY) or model_names(app[CONFIG_KEY], app[ENGINE_KEY])
-    return name in names
+    """The name the server answers to."""
+    return app[MODEL_NAMES_KEY][0]
 
 
 def model_names(config: ServerConfig, engine: AsyncEngine) -> tuple[str, ...]:
-    """The served name first, then the other names :func:`accepts_model_name` takes."""
+    """The served name, then (without ``--served-model-name``) the other names a request
+    may use: the ``--model`` path as given and the directory's own name."""
     if config.served_model_name:
         return (config.served_model_name,)
     model = engine.config.model

@@ -1,6 +1,4 @@
-"""The OpenAI-compatible routes: ``/v1/completions`` and ``/v1/chat/completions``, one
-call's life (validate with :mod:`aioserve.server.schema`, queue its choices, answer as
-JSON or as server-sent events, abort when the client leaves), chat templates.
+"""The OpenAI-compatible routes: completions and chat, answered as JSON or SSE.
 
 Imports (checked by tests/test_import_rules.py):
     may import: aioserve, aioserve.server, aioserve.server.schema

@@ -1,9 +1,4 @@
-"""The response bodies: completions and chat (whole and streamed), errors, models.
-
-The handlers build these bodies as plain dicts on the hot path (one chunk per token);
-these models are what ``/openapi.json`` promises of them, and what the tests and
-schemathesis check every response against.
-"""
+"""The response bodies, as ``/openapi.json`` describes them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The websockets: ``/ws`` (generate and cancel messages, one bounded outbox per socket,
-one anyio task group per socket) and the dashboard's stats feed.
+"""The websockets: ``/ws`` (generations) and ``/ws/stats`` (the dashboard's frames).
 
 Imports (checked by tests/test_import_rules.py):
     may import: aioserve, aioserve.dashboard, aioserve.server, aioserve.server.openai,

@@ -1,12 +1,5 @@
-"""``GET /ws/stats``: live engine frames for the dashboard, for any number of viewers.
-
-One :class:`StatsFeed` per app listens to the engine (``AsyncEngine.add_listener``):
-finished requests always (for latency percentiles), step snapshots only while at
-least one viewer is connected, at most ``1 / interval`` a second. Each frame is
-encoded once and offered to every viewer's queue of ``queue_size`` frames; a viewer
-whose queue is full loses its oldest frame, so a slow viewer sees fewer frames and
-never slows the engine or the other viewers.
-"""
+"""``GET /ws/stats``: live engine frames for any number of dashboard viewers; each frame
+is encoded once, and a slow viewer loses its oldest frames, never slowing the engine."""
 
 from __future__ import annotations
 
@@ -20,19 +13,13 @@ from aioserve.dashboard.frames import FrameMaker
 from aioserve.engine import AsyncEngine
 from aioserve.errors import EngineNotRunningError
 from aioserve.request import Request
-from aioserve.server.ws.ws_outbox import SOCKETS_KEY, bound_send_buffer
+from aioserve.server.ws.outbox import SOCKETS_KEY, bound_send_buffer
 from aioserve.step_snapshot import StepSnapshot
 
 
 class StatsFeed:
-    """Fans engine frames out to dashboard viewers.
-
-    Args:
-        engine: the engine watched.
-        model: the model name the page shows.
-        interval: least seconds between two frames (0.1: at most 10 a second).
-        queue_size: frames kept per viewer before the oldest is dropped.
-    """
+    """Fans engine frames (at most one per ``interval`` seconds) out to viewers' queues
+    of ``queue_size`` frames."""
 
     def __init__(self, engine: AsyncEngine, model: str, interval: float = 0.1,
                  queue_size: int = 2) -> None:
@@ -88,8 +75,7 @@ STATS_FEED_KEY: web.AppKey[StatsFeed] = web.AppKey("stats_feed", StatsFeed)
 
 
 async def handle(request: web.Request) -> web.WebSocketResponse:
-    """``GET /ws/stats``: send frames (``{"type": "frame", ...}``) until the viewer
-    closes the socket; messages from the viewer are ignored."""
+    """``GET /ws/stats``: send frames until the viewer closes the socket."""
     feed = request.app[STATS_FEED_KEY]
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=4096)
     await ws.prepare(request)

@@ -1,26 +1,12 @@
-"""``GET /ws``: a websocket on which one client runs many streamed generations.
-
-Client messages: ``{"type": "generate", "id": "r1", "prompt": "..." | [ids], "max_tokens": 20,
-...sampling fields}`` and ``{"type": "cancel", "id": "r1"}``. Server messages:
-``{"type": "token", "id", "text", "token_ids"}``, then ``{"type": "done", "id",
-"finish_reason", "usage"}`` (``finish_reason: "abort"`` after a cancel), or
-``{"type": "error", "id", "message", "param", "code"}``.
-
-A bad message gets an error message and the socket stays open (aiohttp closes it with
-1007 for a text frame that is not UTF-8, 1009 for one over ``max_body_bytes``). A client
-that stops reading pauses its own generations (:mod:`~aioserve.server.ws.ws_outbox`); after
-``ws_stall_timeout`` seconds they are aborted and the socket closes with 1008.
-
-Every generate message ends exactly once, with ``done`` or ``error``, whatever the
-order of generate, cancel and close messages; its id is free again once that end is
-queued, and its engine requests are named by socket, sequence number and id, so
-nothing late of an ended generate touches one that reuses the id. One anyio task group
-per socket owns its writer and pumps: a socket that closes, stalls or loses a task
-cancels them all, and a pump's exit aborts its engine requests.
-"""
+"""``GET /ws``: one client runs many streamed generations on a websocket (the protocol is
+in the README). Each generate ends exactly once, with ``done`` or ``error``; its engine
+request is named by socket, sequence number and id, so nothing late of an ended one
+touches one that reuses the id. One anyio task group per socket owns its writer and
+pumps: a socket that closes, stalls or loses a task cancels them all."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -32,20 +18,20 @@ from aiohttp import WSMsgType, web
 from anyio.abc import TaskGroup
 
 from aioserve.errors import EngineError
-from aioserve.server.body import check_text, is_text
-from aioserve.server.choices import Choices
-from aioserve.server.errors import ApiError
+from aioserve.server.errors import ApiError, api_error
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
-from aioserve.server.openai.openai_call import engine_error, served
-from aioserve.server.schema import RequestFieldError, WsGenerate, field_of_message, parse
+from aioserve.server.openai.call import outputs, usage
+from aioserve.server.pipeline import decode, is_text, start, validate
+from aioserve.server.schema.requests import RequestFieldError, WsGenerate
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY, ServerConfig
-from aioserve.server.ws.ws_outbox import (
+from aioserve.server.ws.outbox import (
     OUTBOXES_KEY,
     SOCKETS_KEY,
     Outbox,
     bound_send_buffer,
     close_socket,
 )
+from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
 
@@ -59,32 +45,27 @@ def _error(client_id: str | None, message: str, param: str | None,
     return {"type": "error", "id": client_id, "message": message, "param": param, "code": code}
 
 
-def _client_id(message: dict[str, Any]) -> str | None:
-    client_id = message.get("id")
-    return client_id if isinstance(client_id, str) and is_text(client_id) else None
+def _client_id(data: str) -> str | None:
+    """The id of a message refused as a whole (its text must still be valid)."""
+    with contextlib.suppress(ValueError, RecursionError):
+        message = json.loads(data)
+        client_id = message.get("id") if isinstance(message, dict) else None
+        return client_id if isinstance(client_id, str) and is_text(client_id) else None
+    return None
 
 
 @dataclass(eq=False)
 class Generation:
-    """One generate message: its engine requests and the cancel scope of its pump."""
+    """One generate message: its stream and the cancel scope of its pump."""
 
     client_id: str
-    choices: Choices
+    stream: RequestStream
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
 
 class Connection:
-    """One websocket: its running generations and its bounded outgoing queue.
-
-    Args:
-        app: the server app.
-        ws: the prepared websocket.
-        group: the socket's task group; its writer and pumps run in it.
-        tenant: the upgrade request's ``X-Tenant`` header: every message's tenant.
-
-    Attributes:
-        running: client id -> its generation, until its end is queued.
-    """
+    """One websocket (``tenant``: its upgrade request's ``X-Tenant``): its running
+    generations (``running``: client id -> generation, until its end is queued) and outbox."""
 
     def __init__(self, app: web.Application, ws: web.WebSocketResponse,
                  group: TaskGroup, tenant: str | None = None) -> None:
@@ -105,35 +86,24 @@ class Connection:
         self.group.cancel_scope.cancel()  # the socket is gone: nothing more to deliver
 
     def engine_id(self, client_id: str) -> str:
-        """The engine request id prefix of a new generate (unique on the server)."""
         return f"{self.prefix}{next(self._sequence)}-{client_id}"
 
     async def send(self, message: dict[str, Any]) -> None:
-        """Queue a message; waits while the queue is full. A client that stays stalled
-        for ``ws_stall_timeout`` seconds ends the socket: every generation is cancelled
-        (its requests aborted) and the handler closes it with 1008."""
+        """Queue a message; a client stalled for ``ws_stall_timeout`` seconds ends the socket."""
         if not await self.outbox.put(message) and self.outbox.stalled:
             self.group.cancel_scope.cancel()
 
     async def error(self, client_id: str | None, message: str, param: str | None = None,
-                    code: str = "invalid_request") -> None:
+                    code: str = "invalid_value") -> None:
         """Send an error message about ``client_id`` (None: about the message itself)."""
         await self.send(_error(client_id, message, param, code))
 
     async def on_text(self, data: str) -> None:
         """Handle one client message; any fault is answered with an error message."""
         try:
-            message = json.loads(data)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-            await self.error(None, f"invalid JSON: {exc}", code="invalid_json")
-            return
-        if not isinstance(message, dict):
-            await self.error(None, "a message must be a JSON object", code="invalid_json")
-            return
-        try:
-            check_text(message)
+            message = decode(data)
         except ApiError as exc:
-            await self.error(_client_id(message), exc.message, exc.param, "invalid_encoding")
+            await self.error(_client_id(data), exc.message, exc.param, exc.code or "")
             return
         client_id = message.get("id")
         kind = message.get("type")
@@ -147,7 +117,6 @@ class Connection:
             await self.error(client_id, "type must be 'generate' or 'cancel'", "type")
 
     async def start(self, client_id: str, message: dict[str, Any]) -> None:
-        """Start a generation for ``client_id``."""
         if client_id in self.running:
             await self.error(client_id, f"id {client_id!r} is already running on this socket",
                              "id", "duplicate_request_id")
@@ -157,49 +126,41 @@ class Connection:
                              "on one socket", "id", "too_many_requests")
             return
         try:
-            generate = parse(WsGenerate, message, served(self.app))
+            generate = validate(WsGenerate, message, self.app)
             params = generate.sampling_params(logprobs=generate.logprobs)
             meta = generate.request_meta(self.tenant)
-            choices = Choices(self.engine, [generate.prompt], [params], 1,
-                              self.engine_id(client_id), meta)
-        except RequestFieldError as exc:
-            code = exc.code if exc.code != "invalid_value" else "invalid_request"
-            await self.error(client_id, str(exc), exc.param, code)
+            [stream] = start(self.engine, [generate.prompt], params, 1,
+                             self.engine_id(client_id), meta)
+        except (ApiError, RequestFieldError) as exc:
+            error = api_error(exc)
+            await self.error(client_id, error.message, error.param, error.code or "")
             return
-        except EngineError as exc:
-            await self.error(client_id, str(exc), None, engine_error(exc).code or "")
-            return
-        except ValueError as exc:
-            await self.error(client_id, str(exc), field_of_message(str(exc), "prompt"))
-            return
-        generation = Generation(client_id, choices)
+        generation = Generation(client_id, stream)
         self.running[client_id] = generation
         self.group.start_soon(self.pump, generation)
 
     async def cancel(self, client_id: str) -> None:
-        """Abort ``client_id``'s generation now and end it with ``done`` (``abort``,
-        the usage so far); an id not running gets an ``unknown_id`` error."""
+        """Abort ``client_id``'s generation and end it with ``done`` (``abort``)."""
         generation = self.running.pop(client_id, None)
         if generation is None:
             await self.error(client_id, f"no request with id {client_id!r} is running on "
                              "this socket", "id", "unknown_id")
             return
         generation.scope.cancel()  # its pump sends nothing more
-        choices = generation.choices
-        choices.close()
-        usage = choices.usage(choices.streams[0].request.num_output_tokens)
+        stream = generation.stream
+        self.engine.release(stream)
+        spent = usage([stream], 1, stream.request.num_output_tokens)
         await self.send({"type": "done", "id": client_id, "finish_reason": "abort",
-                         "usage": usage})
+                         "usage": spent.model_dump()})
 
     async def pump(self, generation: Generation) -> None:
-        """Forward one generation's outputs to the socket and end it with ``done`` or
-        ``error`` (unless a cancel ended it first, or the socket closed)."""
-        client_id, choices = generation.client_id, generation.choices
+        """Forward one generation's outputs and end it with ``done`` or ``error``."""
+        client_id, stream = generation.client_id, generation.stream
         logprobs = CompletionLogprobs(self.token_text)
         end = _error(client_id, "the generation ended without a result", None, "internal_error")
         with generation.scope:
             try:
-                async for _, out in choices:
+                async for _, out in outputs([stream]):
                     if self.running.get(client_id) is not generation:
                         # a cancel ended it and queued its done while this task was
                         # already woken (anyio delivers the cancel later): send no more
@@ -214,23 +175,22 @@ class Connection:
                         end = {"type": "done", "id": client_id,
                                "finish_reason": out.finish_reason, "usage": out.usage}
             except EngineError as exc:
-                end = _error(client_id, str(exc), None, engine_error(exc).code or "engine_error")
+                end = _error(client_id, str(exc), None, api_error(exc).code or "engine_error")
             except Exception as exc:  # a fault forwarding this generation ends it alone
                 logger.exception("websocket generation %s failed", client_id)
                 end = _error(client_id, f"internal error: {type(exc).__name__}: {exc}", None,
                              "internal_error")
             finally:
-                choices.close()
+                self.engine.release(stream)
             if self.running.get(client_id) is generation:  # not ended by a cancel
                 await self.send(end)
         if self.running.get(client_id) is generation:
             del self.running[client_id]  # its end is queued (or the socket is gone)
 
     def close(self) -> None:
-        """Abort every generation of this socket and cancel its tasks (the socket is
-        closed or failed; nothing more is sent)."""
+        """Abort every generation of this socket and cancel its tasks."""
         for generation in self.running.values():
-            generation.choices.close()
+            self.engine.release(generation.stream)
         self.running.clear()
         self.group.cancel_scope.cancel()
 

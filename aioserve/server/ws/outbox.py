@@ -1,6 +1,5 @@
-"""The outgoing side of the server's websockets: per socket, a bounded queue of messages
-and the writer that sends them (a client that stops reading pauses its own streams
-only); on shutdown, the last messages flushed and every socket closed."""
+"""The outgoing side of the websockets: a bounded queue per socket and its writer (a
+client that stops reading pauses its own streams only); on shutdown, a flush and close."""
 
 from __future__ import annotations
 
@@ -24,18 +23,8 @@ FLUSH_TIMEOUT = 1.0
 
 
 class Outbox:
-    """Messages queued for one websocket, sent in order by :meth:`run`.
-
-    Args:
-        ws: the prepared websocket.
-        max_pending: most messages queued; a sender waits while the queue is full.
-        stall_timeout: seconds a sender may wait for room before the client counts as
-            stalled (it stopped reading).
-
-    Attributes:
-        stalled: True once a sender waited ``stall_timeout`` seconds; nothing more is
-            queued after that.
-    """
+    """Messages queued for one websocket (at most ``max_pending``), sent in order by
+    :meth:`run`; ``stalled`` once a sender waited ``stall_timeout`` seconds for room."""
 
     def __init__(self, ws: web.WebSocketResponse, max_pending: int, stall_timeout: float) -> None:
         self.ws = ws
@@ -44,21 +33,15 @@ class Outbox:
         self.stalled = False
 
     async def run(self) -> None:
-        """Send the queued messages until the socket closes or the client is gone (the
-        writer task; a failure other than a lost connection is raised)."""
+        """Send the queued messages until the socket closes."""
         with contextlib.suppress(ConnectionError):
             while not self.ws.closed:
                 await self.ws.send_str(await self.queue.get())
                 self.queue.task_done()
 
     async def put(self, message: dict[str, Any]) -> bool:
-        """Queue ``message`` (JSON-encoded here); waits while the queue is full.
-
-        Returns:
-            True when queued; False when the socket is closed or the client stalled
-            (then :attr:`stalled` is set). A queued message is never dropped, and one
-            that waits is queued in full or not at all when its sender is cancelled.
-        """
+        """Queue ``message``, waiting while the queue is full; False when the socket is
+        closed or the client stalled. A message is queued in full or not at all."""
         if self.stalled or self.ws.closed:
             return False
         data = json.dumps(message)
@@ -80,8 +63,7 @@ class Outbox:
 
 
 def bound_send_buffer(request: web.Request, size: int) -> None:
-    """Bound what one socket buffers for a slow client: the transport's high-water mark
-    and the kernel's send buffer (which would otherwise grow to megabytes)."""
+    """Bound what one socket buffers for a slow client (transport and kernel)."""
     transport = request.transport
     if transport is None:
         return
@@ -94,15 +76,13 @@ def bound_send_buffer(request: web.Request, size: int) -> None:
 
 async def close_socket(ws: web.WebSocketResponse, code: int, reason: bytes,
                        timeout: float = 1.0) -> None:
-    """Close ``ws`` with ``code``, at most ``timeout`` seconds (a client that does not
-    read cannot hold it open); errors of a socket already gone are ignored."""
+    """Close ``ws`` with ``code`` within ``timeout`` seconds, ignoring a socket gone."""
     with contextlib.suppress(Exception), anyio.move_on_after(timeout):
         await ws.close(code=code, message=reason)
 
 
 async def close_all(app: web.Application) -> None:
-    """On shutdown: send what each socket has queued (at most ``FLUSH_TIMEOUT``), then
-    close every open websocket (1001, going away)."""
+    """On shutdown: flush each socket's queue (``FLUSH_TIMEOUT``), then close them all."""
     async with anyio.create_task_group() as group:
         for outbox in list(app.get(OUTBOXES_KEY, ())):
             group.start_soon(outbox.flush, FLUSH_TIMEOUT)

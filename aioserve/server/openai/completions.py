@@ -7,22 +7,17 @@ from typing import Any
 from aiohttp import web
 
 from aioserve.outputs import RequestOutput
-from aioserve.server.body import read_json_object
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
-from aioserve.server.openai.openai_call import (
+from aioserve.server.openai.call import (
     ResponseFormat,
     answer,
-    refused,
-    served,
-    start_choices,
 )
-from aioserve.server.schema import CompletionRequest, RequestFieldError, parse
+from aioserve.server.pipeline import read_body, start, validate
+from aioserve.server.schema import CompletionRequest
 from aioserve.server.state import ENGINE_KEY
 
 
 class CompletionFormat(ResponseFormat):
-    """``text_completion`` choices: ``text``, ``logprobs``, ``finish_reason``."""
-
     def __init__(self, token_text: TokenText) -> None:
         self._token_text = token_text
         self._text: dict[int, list[str]] = {}
@@ -63,15 +58,12 @@ class CompletionFormat(ResponseFormat):
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``: JSON response, or SSE chunks with ``stream: true``."""
-    body = await read_json_object(request)
-    try:
-        call = parse(CompletionRequest, body, served(request.app))
-        options = call.call_options(request.headers.get("X-Request-Id"))
-        meta = call.request_meta(request.headers.get("X-Tenant"))
-        params = call.sampling_params(logprobs=call.logprobs)
-    except RequestFieldError as exc:
-        raise refused(exc) from None
-    fmt = CompletionFormat(TokenText(request.app[ENGINE_KEY].tokenizer))
-    prompts = call.prompt
-    choices = start_choices(request, prompts, [params] * len(prompts), options, fmt, meta)
-    return await answer(request, choices, options, fmt)
+    call = validate(CompletionRequest, await read_body(request), request.app)
+    request_id = call.call_id(request.headers.get("X-Request-Id"))
+    meta = call.request_meta(request.headers.get("X-Tenant"))
+    params = call.sampling_params(logprobs=call.logprobs)
+    engine = request.app[ENGINE_KEY]
+    streams = start(engine, call.prompt, params, call.n or 1, f"cmpl-{request_id}", meta,
+                    request_id)
+    fmt = CompletionFormat(TokenText(engine.tokenizer))
+    return await answer(request, streams, call, request_id, fmt)
