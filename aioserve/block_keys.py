@@ -1,7 +1,7 @@
 """Block keys of automatic prefix caching (vLLM V1's ``KVCacheManager`` block hashes):
 a full block is named by its tokens and everything before them, a hash chained over
 its parent's key plus its own token ids
-(:mod:`~aioserve.prefix_cache` looks them up)."""
+(:mod:`~aioserve.engine.prefix_cache` looks them up)."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def test_label_values_are_bounded():
 
 
 def test_frames_show_each_tenant():
-    from aioserve.step_snapshot import SlotState, StepSnapshot
+    from aioserve.engine.observation import SlotState, StepSnapshot
 
     request = Request("r", [5, 6], SamplingParams(), 0.0)
     request.meta = RequestMeta(tenant="acme", priority=2)

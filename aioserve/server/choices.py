@@ -9,10 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from aioserve.engine import AsyncEngine
+from aioserve.engine.streams import RequestStream
 from aioserve.outputs import RequestOutput
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
-from aioserve.streams import RequestStream
 
 #: A prompt as the engine takes it: text or token ids.
 Prompt = str | list[int]

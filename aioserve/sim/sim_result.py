@@ -16,7 +16,7 @@ from aioserve.sim.step_cost import StepCostModel
 from aioserve.sim.workloads import WorkloadRequest
 
 if TYPE_CHECKING:
-    from aioserve.engine_core import EngineCore
+    from aioserve.engine.core import EngineCore
     from aioserve.sim.runner import SimulatedRunner
 
 

@@ -1,7 +1,7 @@
 """Run a workload through the engine's own step loop, EngineCore, a real scheduler and
 the real BlockManager, on a simulated runner's virtual clock.
 
-The step loop is the engine's (:class:`~aioserve.step_loop.StepLoop`), so the
+The step loop is the engine's (:class:`~aioserve.engine.step_loop.StepLoop`), so the
 simulator schedules exactly as the engine does. Two timings:
 
 * the article's (default): steps run back to back, one at a time; a step that starts
@@ -26,10 +26,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aioserve.delivery import Delivery
-from aioserve.engine_core import EngineCore
+from aioserve.engine.core import EngineCore
+from aioserve.engine.listeners import ListenerHub
+from aioserve.engine.observation import EngineListener, SnapshotBuilder, scheduler_name
+from aioserve.engine.output import Delivery
+from aioserve.engine.step_loop import StepInFlight, StepLoop
 from aioserve.kv_cache import BlockManager
-from aioserve.listeners import ListenerHub
 from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
@@ -37,8 +39,6 @@ from aioserve.scheduling.registry import load_scheduler
 from aioserve.sim.runner import FIRST_WORD_ID, OverlappedRunner, SimulatedRunner
 from aioserve.sim.sim_result import SimConfig, SimResult, SimulationStalled, StepRecord
 from aioserve.sim.workloads import WorkloadRequest
-from aioserve.step_loop import StepInFlight, StepLoop
-from aioserve.step_snapshot import EngineListener, SnapshotBuilder, scheduler_name
 
 __all__ = ["SimConfig", "SimResult", "SimulationStalled", "StepHook", "StepRecord", "simulate"]
 

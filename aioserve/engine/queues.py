@@ -1,7 +1,7 @@
 """EngineQueues: every request's place (waiting, running, finished) and its KV blocks;
 the life of a request between steps: queued, ended, aborted, preempted, shed.
 
-:class:`~aioserve.engine_core.EngineCore` adds the steps on top (schedule, update).
+:class:`~aioserve.engine.core.EngineCore` adds the steps on top (schedule, update).
 Every call into the scheduling policy goes through its
 :class:`~aioserve.scheduling.guard.PolicyGuard`.
 """

@@ -12,11 +12,11 @@ import logging
 from typing import Any
 
 from aioserve.detokenizer import IncrementalDetokenizer
-from aioserve.engine_core import EngineCore, StepResult
+from aioserve.engine.core import EngineCore, StepResult
+from aioserve.engine.streams import RequestStream
 from aioserve.errors import EngineError, RequestShedError
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput
-from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@ listeners), apart from serving requests."""
 
 from __future__ import annotations
 
-from aioserve.engine_core import EngineCore
-from aioserve.listeners import ListenerHub
-from aioserve.step_snapshot import EngineListener, StepSnapshot
+from aioserve.engine.core import EngineCore
+from aioserve.engine.listeners import ListenerHub
+from aioserve.engine.observation import EngineListener, StepSnapshot
 
 
 class EngineReadouts:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from aioserve.delta_queue import DeltaQueue
 from aioserve.detokenizer import IncrementalDetokenizer
+from aioserve.engine.delta_queue import DeltaQueue
 from aioserve.outputs import RequestOutput, TokenLogprob
 from aioserve.request import Request, RequestStatus
 

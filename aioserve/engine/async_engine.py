@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aioserve.config import EngineConfig
-from aioserve.delivery import Delivery
-from aioserve.engine_core import EngineCore
-from aioserve.engine_readouts import EngineReadouts
+from aioserve.engine.core import EngineCore
+from aioserve.engine.listeners import ListenerHub
+from aioserve.engine.output import Delivery
+from aioserve.engine.readouts import EngineReadouts
+from aioserve.engine.step_loop import StepLoop
+from aioserve.engine.streams import RequestStream
 from aioserve.errors import EngineError, EngineNotRunningError
 from aioserve.kv_cache import BlockManager
-from aioserve.listeners import ListenerHub
 from aioserve.outputs import RequestOutput
 from aioserve.prompts import encode_prompt
 from aioserve.request import Request
@@ -26,8 +28,6 @@ from aioserve.runners.base import ModelRunner
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler
 from aioserve.scheduling.registry import load_scheduler
-from aioserve.step_loop import StepLoop
-from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """StepLoop: the engine's background task, one model step per iteration.
 
 Each iteration takes the oldest step's sampled tokens (``EngineCore.update``), hands
-every request its delta (:class:`~aioserve.delivery.Delivery`), and keeps the runner
+every request its delta (:class:`~aioserve.engine.output.Delivery`), and keeps the runner
 busy: with a runner that has ``submit`` (the TorchRunner), step N+1 is scheduled and
 submitted while step N runs, its decode inputs being N's sampled tokens still on the
 runner's side (vLLM's async scheduling, SGLang's overlap scheduler).
@@ -17,10 +17,10 @@ import logging
 from collections import deque
 from collections.abc import Awaitable
 
-from aioserve.delivery import Delivery
-from aioserve.engine_core import EngineCore, StepResult
+from aioserve.engine.core import EngineCore, StepResult
+from aioserve.engine.listeners import ListenerHub
+from aioserve.engine.output import Delivery
 from aioserve.errors import EngineError
-from aioserve.listeners import ListenerHub
 from aioserve.request import Request
 from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
 

@@ -16,10 +16,10 @@ import logging
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 
-from aioserve.batch_builder import BatchBuilder, InFlight
-from aioserve.engine_queues import EngineQueues
+from aioserve.engine.batch import BatchBuilder, InFlight
+from aioserve.engine.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
+from aioserve.engine.queues import EngineQueues
 from aioserve.kv_cache import BlockManager
-from aioserve.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.scheduling import Scheduler, SchedulerState, StepFeedback

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aioserve.request import Request
 
 if TYPE_CHECKING:
-    from aioserve.engine_core import EngineCore
+    from aioserve.engine.core import EngineCore
 
 #: Most waiting requests a snapshot lists by name (``num_waiting`` counts them all).
 MAX_WAITING_LISTED = 64

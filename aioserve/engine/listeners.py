@@ -1,7 +1,7 @@
 """ListenerHub: the engine's public listener hook (``AsyncEngine.add_listener``).
 
 Every listener hears of each request that ends (``on_finish``); step listeners also get
-a :class:`~aioserve.step_snapshot.StepSnapshot` after a step, at most once per their
+a :class:`~aioserve.engine.observation.StepSnapshot` after a step, at most once per their
 interval of the engine clock. Snapshots are built only when a listener is due, so an
 engine that nobody watches pays nothing. A listener that raises is logged and skipped.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from aioserve.engine_core import EngineCore
+from aioserve.engine.core import EngineCore
+from aioserve.engine.observation import EngineListener, SnapshotBuilder, StepSnapshot
 from aioserve.request import Request
-from aioserve.step_snapshot import EngineListener, SnapshotBuilder, StepSnapshot
 
 logger = logging.getLogger(__name__)
 
