@@ -2,6 +2,6 @@
 
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.observation import EngineListener, StepSnapshot
-from aioserve.engine.streams import RequestStream
+from aioserve.engine.output import RequestStream
 
 __all__ = ["AsyncEngine", "EngineListener", "RequestStream", "StepSnapshot"]

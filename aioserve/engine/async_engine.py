@@ -13,11 +13,9 @@ from typing import Any
 
 from aioserve.config import EngineConfig
 from aioserve.engine.core import EngineCore
-from aioserve.engine.listeners import ListenerHub
-from aioserve.engine.output import Delivery
-from aioserve.engine.readouts import EngineReadouts
+from aioserve.engine.observation import EngineListener, ListenerHub, StepSnapshot
+from aioserve.engine.output import Delivery, RequestStream
 from aioserve.engine.step_loop import StepLoop
-from aioserve.engine.streams import RequestStream
 from aioserve.errors import EngineError, EngineNotRunningError
 from aioserve.kv_cache import BlockManager
 from aioserve.outputs import RequestOutput
@@ -32,7 +30,7 @@ from aioserve.scheduling.registry import load_scheduler
 logger = logging.getLogger(__name__)
 
 
-class AsyncEngine(EngineReadouts):
+class AsyncEngine:
     """An asyncio LLM engine with continuous batching and a pluggable scheduler.
 
     ``async with AsyncEngine(config) as engine`` loads the model (off the event loop)
@@ -293,3 +291,50 @@ class AsyncEngine(EngineReadouts):
     def _on_finish(self, request: Request) -> None:
         self._delivery.on_finish(request)
         self.listeners.notify_finish(request)
+
+    def stats(self) -> dict[str, float]:
+        """Running and waiting requests, KV usage (0–1), free blocks, preemptions, steps,
+        and prefix-cache queried and hit tokens."""
+        core = self._require_core()
+        return {
+            "num_running": len(core.running),
+            "num_waiting": len(core.waiting),
+            "kv_cache_usage": core.blocks.usage,
+            "num_free_blocks": core.blocks.num_free_blocks,
+            "num_preemptions": core.num_preemptions,
+            "num_steps": core.step_count,
+            "prefix_cache_queries": core.prefix_cache_queries,
+            "prefix_cache_hits": core.prefix_cache_hits,
+        }
+
+    def add_listener(self, listener: EngineListener, *, step_interval: float | None = 0.0) -> None:
+        """Call ``listener.on_finish`` for every request that ends and, unless
+        ``step_interval`` is None, ``listener.on_step(snapshot)`` after a step at most
+        once per ``step_interval`` seconds of the engine clock (0: every step). Both run
+        in the step loop: they must not block. Works before or after :meth:`start`.
+
+        Raises:
+            ValueError: ``step_interval`` is negative.
+        """
+        self.listeners.add(listener, step_interval)
+
+    def remove_listener(self, listener: EngineListener) -> None:
+        """Stop calling ``listener``; unknown listeners are ignored."""
+        self.listeners.remove(listener)
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (e.g. between benchmark runs); running requests are
+        unaffected.
+
+        Raises:
+            EngineNotRunningError: the engine is not running.
+        """
+        self._require_core().blocks.reset_cache()
+
+    def snapshot(self) -> StepSnapshot:
+        """The engine's slots, queue and KV cache now (what listeners receive).
+
+        Raises:
+            EngineNotRunningError: the engine is not running.
+        """
+        return self.listeners.snapshot(self._require_core())

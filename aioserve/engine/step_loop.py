@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Awaitable
 
 from aioserve.engine.core import EngineCore, StepResult
-from aioserve.engine.listeners import ListenerHub
+from aioserve.engine.observation import ListenerHub
 from aioserve.engine.output import Delivery
 from aioserve.errors import EngineError
 from aioserve.request import Request

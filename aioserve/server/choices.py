@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from aioserve.engine import AsyncEngine
-from aioserve.engine.streams import RequestStream
+from aioserve.engine.output import RequestStream
 from aioserve.outputs import RequestOutput
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams

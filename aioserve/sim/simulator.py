@@ -27,8 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from aioserve.engine.core import EngineCore
-from aioserve.engine.listeners import ListenerHub
-from aioserve.engine.observation import EngineListener, SnapshotBuilder, scheduler_name
+from aioserve.engine.observation import EngineListener, ListenerHub, SnapshotBuilder, scheduler_name
 from aioserve.engine.output import Delivery
 from aioserve.engine.step_loop import StepInFlight, StepLoop
 from aioserve.kv_cache import BlockManager
