@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from aioserve.block_keys import BlockKey
 from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sampling_params import SamplingParams
-from aioserve.scheduling.view import RequestView
 
 
 class RequestStatus(enum.Enum):
@@ -78,7 +77,6 @@ class Request:
             ``arrival_time``), or None.
         shed_reason: why a policy shed the request (it then ends with ``error`` and
             its stream with :class:`~aioserve.errors.RequestShedError`), or None.
-        view: the read-only view scheduling policies get of it.
     """
 
     request_id: str
@@ -100,11 +98,9 @@ class Request:
     deadline: float | None = None
     shed_reason: str | None = None
     metrics: RequestMetrics = field(init=False)
-    view: RequestView = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
-        self.view = RequestView(self)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -77,6 +77,7 @@ class EngineCore:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        self.views: dict[str, RequestView] = {}  # what the policy reads of each request
         self.running_views: tuple[RequestView, ...] | None = None  # None: to be made again
         self.step_count = 0
         self.num_preemptions = 0
@@ -115,8 +116,9 @@ class EngineCore:
                 f"({self.blocks.num_blocks * self.blocks.block_size} tokens)"
             )
         self.requests[request.request_id] = request
+        view = self.views[request.request_id] = RequestView(request)
         self.waiting.append(request)
-        self.guard.on_arrival(request.view)
+        self.guard.on_arrival(view)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """End a request (any status): free its blocks and forget it."""
@@ -134,7 +136,7 @@ class EngineCore:
         request.metrics.finished_step = self.step_count
         self.requests.pop(request.request_id, None)
         self._release(request)
-        self.guard.on_finish(request.view)
+        self.guard.on_finish(self.views.pop(request.request_id))
         if self.on_finish is not None:
             self.on_finish(request)
 
@@ -176,7 +178,7 @@ class EngineCore:
         request.metrics.num_preemptions += 1
         self.waiting.appendleft(request)
         self.num_preemptions += 1
-        self.guard.on_preempt(request.view)
+        self.guard.on_preempt(self.views[request.request_id])
         self._release(request)
 
     def _release(self, request: Request) -> None:
@@ -208,15 +210,15 @@ class EngineCore:
 
     def snapshot(self) -> SchedulerState:
         """The read-only state a policy decides on."""
-        running = self.running
+        running, view_of = self.running, self.views
         views = self.running_views
         if self._finishing:  # their slots are free for the next step
             running = [r for r in running if r.request_id not in self._finishing]
-            views = tuple([r.view for r in running])
+            views = tuple([view_of[r.request_id] for r in running])
         elif views is None:
-            views = self.running_views = tuple([r.view for r in running])
+            views = self.running_views = tuple([view_of[r.request_id] for r in running])
         return SchedulerState(
-            waiting=tuple([r.view for r in self.waiting]),
+            waiting=tuple([view_of[r.request_id] for r in self.waiting]),
             running=views,
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
@@ -292,7 +294,9 @@ class EngineCore:
                 return False
             index = 0
             if len(candidates) > 1:
-                index = self.guard.choose_victim(request.view, [r.view for r in candidates])
+                view_of = self.views
+                index = self.guard.choose_victim(
+                    view_of[request.request_id], [view_of[r.request_id] for r in candidates])
             victim = candidates[index]
             self.preempt(victim)
             if victim is request:
