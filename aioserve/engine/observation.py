@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from aioserve.engine.core import EngineCore
 from aioserve.request import Request
+from aioserve.request_meta import DEFAULT_META, RequestMeta
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,7 @@ class SlotState:
         max_tokens: the request's output limit in tokens.
         num_blocks: KV blocks held.
         num_preemptions: times this request was preempted.
-        tenant: who sent it (``RequestMeta.tenant``), or None.
-        priority: its priority (lower is served first).
+        meta: its metadata (the dashboard shows ``tenant`` and ``priority``).
     """
 
     request_id: str
@@ -56,8 +56,7 @@ class SlotState:
     max_tokens: int
     num_blocks: int
     num_preemptions: int
-    tenant: str | None = None
-    priority: int = 0
+    meta: RequestMeta = DEFAULT_META
 
     @classmethod
     def of(cls, request: Request) -> SlotState:
@@ -66,8 +65,7 @@ class SlotState:
         return cls(request.request_id, "prefill" if behind > 1 else "decode",
                    request.num_prompt_tokens, request.num_output_tokens,
                    request.num_computed_tokens, request.params.max_tokens,
-                   len(request.block_ids), request.metrics.num_preemptions,
-                   request.meta.tenant, request.meta.priority)
+                   len(request.block_ids), request.metrics.num_preemptions, request.meta)
 
 
 @dataclass(frozen=True)
@@ -114,12 +112,12 @@ class StepSnapshot:
         def row(s: SlotState) -> list[Any]:
             return [s.request_id, s.phase, s.num_prompt_tokens, s.num_output_tokens,
                     s.num_computed_tokens, s.max_tokens, s.num_blocks, s.num_preemptions,
-                    s.tenant, s.priority]
+                    s.meta.tenant, s.meta.priority]
 
         return {
             "step": self.step, "time": round(self.time, 6), "scheduler": self.scheduler,
             "slots": [None if s is None else row(s) for s in self.slots],
-            "waiting": [[s.request_id, s.num_preemptions, s.tenant, s.priority]
+            "waiting": [[s.request_id, s.num_preemptions, s.meta.tenant, s.meta.priority]
                         for s in self.waiting],
             "num_waiting": self.num_waiting,
             "kv_used_blocks": self.kv_used_blocks, "kv_total_blocks": self.kv_total_blocks,
