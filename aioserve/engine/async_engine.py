@@ -153,8 +153,7 @@ class AsyncEngine:
         return True
 
     def _on_loop_done(self, task: asyncio.Task[None]) -> None:
-        """If the step loop died (a bug), end every open stream with an error at once:
-        nobody waits forever, and ``is_running`` (``/health``) turns false."""
+        """A step loop that died (a bug) ends every open stream at once with an error."""
         if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()

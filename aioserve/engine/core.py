@@ -31,29 +31,11 @@ StepObserver = Callable[[StepFeedback], None]
 
 class EngineCore:
     """Every request's place (waiting, running), its KV blocks and the per-step
-    bookkeeping.
+    bookkeeping, for one policy (called through ``guard``, which contains its failures).
 
-    Scheduling may run one step ahead (overlapped scheduling): ``schedule()`` may be
-    called again before the previous batch's ``update()``; a request in that step then
-    counts its token being sampled as a placeholder and decodes from it. Batches are
-    updated in the order they were scheduled.
-
-    Args:
-        scheduler: the policy.
-        blocks: the KV block pool.
-        max_num_seqs: slots.
-        max_num_batched_tokens: token budget per step.
-        max_model_len: context length in tokens.
-        eos_token_ids: ids that end a request unless it ignores EOS.
-        clock: time source in seconds.
-
-    Attributes:
-        guard: calls the policy, containing its failures.
-        on_finish: called with every request that ends (the engine's delivery).
-        step_observers: called with a :class:`StepFeedback` after every step.
-        num_preempted_tokens: computed tokens whose KV preemptions dropped (each is
-            recomputed when its request is readmitted, less prefix-cache hits).
-        idle_s: seconds the step loop has waited with nothing to run (``clock``'s).
+    Scheduling may run one step ahead (overlap): ``schedule()`` may be called again
+    before the previous batch's ``update()``; a request in that step decodes from a
+    placeholder for the token it samples. Batches are updated in scheduling order.
     """
 
     def __init__(
@@ -81,12 +63,12 @@ class EngineCore:
         self.running_views: tuple[RequestView, ...] | None = None  # None: to be made again
         self.step_count = 0
         self.num_preemptions = 0
-        self.num_preempted_tokens = 0
+        self.num_preempted_tokens = 0  # computed tokens whose KV preemptions dropped
         self.num_shed = 0
-        self.idle_s = 0.0
+        self.idle_s = 0.0  # seconds the step loop waited with nothing to run
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
-        self.on_finish: Callable[[Request], None] | None = None
+        self.on_finish: Callable[[Request], None] | None = None  # hears every request that ends
         self.step_observers: list[StepObserver] = []
         self._released: list[str] = []
         self._new_blocks: dict[str, list[int]] = {}
@@ -148,8 +130,7 @@ class EngineCore:
         return request
 
     def shed(self, reasons: Mapping[str, str]) -> None:
-        """End the named requests (waiting or running) because the policy refused them:
-        ``error``, with the reason for their streams. Unknown ids are ignored."""
+        """End the named requests with ``error``: the policy refused them."""
         for request_id, reason in reasons.items():
             request = self.requests.get(request_id)
             if request is not None:
@@ -182,7 +163,7 @@ class EngineCore:
         self._release(request)
 
     def _release(self, request: Request) -> None:
-        """The runner drops the request's state at the next step."""
+        # the runner drops the request's state at the next step
         self._finishing.discard(request.request_id)
         if request.request_id in self._slots:
             self._slots.discard(request.request_id)
@@ -190,21 +171,14 @@ class EngineCore:
         self._new_blocks.pop(request.request_id, None)
 
     def set_policy(self, scheduler: Scheduler) -> None:
-        """Use another policy from the next step on (e.g. to compare policies on one
-        loaded engine). The new policy hears no earlier arrival.
-
-        Raises:
-            RuntimeError: requests are waiting or running.
-        """
+        """Use another policy from the next step on; RuntimeError unless idle."""
         if self.has_work:
             raise RuntimeError("the policy can only change while the engine is idle")
         self.scheduler = scheduler
         self.guard = PolicyGuard(scheduler, self.snapshot)
 
     def fail(self, requests: list[Request]) -> None:
-        """End the given requests with ``error`` (after a failed step). It acts on these
-        requests themselves, never on their ids: one already finished is left as it is,
-        and so is a request that reused its id meanwhile."""
+        """End these requests (not their ids, which may be reused) with ``error``."""
         for request in requests:
             self.finish(request, FinishReason.ERROR)
 
@@ -232,8 +206,7 @@ class EngineCore:
         )
 
     def schedule(self) -> ScheduledBatch | None:
-        """Ask the policy, apply its checked decision, and build the next batch
-        (None when there is nothing to run)."""
+        """Ask the policy, apply its checked decision, build the next batch (or None)."""
         if not self.waiting and not self.running:
             return None
         decision = self.guard.schedule(self.snapshot())
@@ -263,8 +236,7 @@ class EngineCore:
 
     def _schedule_running(self, batch: BatchBuilder, paused: Collection[str],
                           chunks: Mapping[str, int], budget: int | None = None) -> int:
-        """Schedule the running requests' next tokens (decode, or the rest of a
-        chunked prefill) within the token budget, skipping ``paused``; returns the
+        """Schedule the running requests' next tokens, skipping ``paused``; returns the
         budget left."""
         # a copy of the list: _reserve may preempt
         running = [r for r in self.running if r.request_id not in paused] if paused else list(
@@ -275,10 +247,8 @@ class EngineCore:
 
     def _reserve(self, request: Request, count: int, scheduled: list[str]) -> bool:
         """Give ``request`` the blocks for ``count`` more tokens, preempting unscheduled
-        running requests if needed: the policy's choice (``choose_victim``), by default
-        the newest (the request itself when it is the newest). A request alone that
-        cannot grow ends with ``length`` (after the token its step in flight samples,
-        if any)."""
+        running requests (``choose_victim``; by default the newest) if needed. A request
+        alone that cannot grow ends with ``length``."""
         need = self.blocks.blocks_for_tokens(request.num_computed_tokens + count)
         need -= len(request.block_ids)
         while need > self.blocks.num_free_blocks:
@@ -308,8 +278,7 @@ class EngineCore:
 
     def _schedule_admissions(self, admit: list[str], batch: BatchBuilder, budget: int,
                              chunks: Mapping[str, int]) -> int:
-        """Admit in the given order while slots, budget and blocks allow; returns the
-        budget left."""
+        """Admit in order while slots, budget and blocks allow; returns the budget left."""
         now = self.clock()
         for request_id in admit:
             request = self.requests.get(request_id)
@@ -339,11 +308,9 @@ class EngineCore:
         return budget
 
     def update(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:
-        """Take the oldest scheduled batch's sampled tokens: confirm its computed
-        tokens, append tokens, end requests on EOS, stop ids, ``max_tokens`` or the
-        context length. Requests preempted or finished since it was scheduled are
-        skipped (their tokens are dropped). Then the step observers and the policy's
-        ``on_step`` hear what the step did."""
+        """Take the oldest scheduled batch's sampled tokens: append them, end requests on
+        EOS, stop ids, ``max_tokens`` or the context length (requests preempted or ended
+        since it was scheduled drop theirs), then tell the step observers."""
         record = self._in_flight.popleft()
         scheduled_at = self._scheduled_at.popleft()
         self.step_count += 1
@@ -387,7 +354,6 @@ class EngineCore:
 
     def _report_step(self, batch: ScheduledBatch, results: list[StepResult], start: float,
                      end: float) -> None:
-        """Hand the step's :class:`StepFeedback` to the observers and the policy."""
         emitted = [0] * len(batch.request_ids)
         finished: list[str] = []
         for request, _, index in results:
@@ -406,14 +372,12 @@ class EngineCore:
             self.guard.on_step(feedback)
 
     def oldest_batch_record(self) -> list[InFlight]:
-        """The in-flight record of the oldest scheduled batch (the next :meth:`update`
-        or :meth:`abandon`): one ``(request, epoch, count, samples)`` per row, in its
-        order; kept as it is by both, so a failed step's requests can be read from it."""
+        """The rows of the oldest scheduled batch (the next :meth:`update` or
+        :meth:`abandon`), which both leave as they are."""
         return self._in_flight[0]
 
     def abandon(self, batch: ScheduledBatch) -> None:
-        """Forget the oldest scheduled batch, whose step failed (its requests are
-        being ended by the caller)."""
+        """Forget the oldest scheduled batch, whose step failed."""
         self._in_flight.popleft()
         self._last_step_end = self.clock()
         self._scheduled_at.popleft()

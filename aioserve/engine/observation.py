@@ -1,11 +1,5 @@
-"""A compact, read-only picture of the engine after one step, and the listener hook
-that receives it.
-
-:meth:`AsyncEngine.add_listener` takes an :class:`EngineListener`; the engine builds
-a :class:`StepSnapshot` only when a listener is due (never when none listens), so the
-step loop pays nothing for an unwatched engine. The simulator builds the same
-snapshots from its :class:`EngineCore` (``aioserve simulate --html``).
-"""
+"""Observation: the listener hook and the step snapshots it receives, built only when a
+listener is due, so an unwatched engine pays nothing."""
 
 from __future__ import annotations
 
@@ -36,17 +30,8 @@ class EngineListener(Protocol):
 
 @dataclass(frozen=True)
 class SlotState:
-    """The request holding one slot.
-
-    Attributes:
-        request_id: the request.
-        phase: ``"prefill"`` (prompt or recompute still being fed) or ``"decode"``.
-        num_prompt_tokens, num_output_tokens, num_computed_tokens: tokens.
-        max_tokens: the request's output limit in tokens.
-        num_blocks: KV blocks held.
-        num_preemptions: times this request was preempted.
-        meta: its metadata (the dashboard shows ``tenant`` and ``priority``).
-    """
+    """The request holding one slot; ``phase`` is ``"prefill"`` (prompt or recompute
+    still being fed) or ``"decode"``, counts are in tokens and KV blocks."""
 
     request_id: str
     phase: str
@@ -60,7 +45,6 @@ class SlotState:
 
     @classmethod
     def of(cls, request: Request) -> SlotState:
-        """The state of a running (or waiting) request."""
         behind = request.num_tokens - request.num_computed_tokens
         return cls(request.request_id, "prefill" if behind > 1 else "decode",
                    request.num_prompt_tokens, request.num_output_tokens,
@@ -134,12 +118,7 @@ def scheduler_name(scheduler: object) -> str:
 
 
 class SnapshotBuilder:
-    """Builds snapshots of one :class:`EngineCore`, keeping each running request in
-    the same slot from one snapshot to the next.
-
-    Args:
-        core: the engine core to picture.
-    """
+    """Snapshots of one :class:`EngineCore`; a running request keeps its slot index."""
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
@@ -147,11 +126,9 @@ class SnapshotBuilder:
         self.num_generated_tokens = 0
 
     def count_tokens(self, n: int) -> None:
-        """Add ``n`` sampled output tokens to the counter (the engine calls this)."""
         self.num_generated_tokens += n
 
     def build(self) -> StepSnapshot:
-        """The core's state now."""
         core = self.core
         slots: list[SlotState | None] = [None] * core.max_num_seqs
         running = {r.request_id: r for r in core.running}
@@ -180,7 +157,7 @@ class SnapshotBuilder:
 
 
 class ListenerHub:
-    """The listeners of one engine."""
+    """The listeners of one engine; one that raises is logged and skipped."""
 
     def __init__(self) -> None:
         self._listeners: list[EngineListener] = []
@@ -189,16 +166,9 @@ class ListenerHub:
 
     @property
     def has_step_listeners(self) -> bool:
-        """True while some listener wants step snapshots."""
         return bool(self._step_listeners)
 
     def add(self, listener: EngineListener, step_interval: float | None) -> None:
-        """Add ``listener``; with ``step_interval`` (seconds, 0: every step) it also gets
-        step snapshots.
-
-        Raises:
-            ValueError: ``step_interval`` is negative.
-        """
         if step_interval is not None and step_interval < 0:
             raise ValueError(f"step_interval must be >= 0 seconds, got {step_interval}")
         if listener not in self._listeners:
@@ -207,13 +177,11 @@ class ListenerHub:
             self._step_listeners[listener] = (step_interval, float("-inf"))
 
     def remove(self, listener: EngineListener) -> None:
-        """Stop calling ``listener``; unknown listeners are ignored."""
         if listener in self._listeners:
             self._listeners.remove(listener)
         self._step_listeners.pop(listener, None)
 
     def snapshot(self, core: EngineCore) -> StepSnapshot:
-        """The engine's slots, queue and KV cache now."""
         return self._builder(core).build()
 
     def _builder(self, core: EngineCore) -> SnapshotBuilder:
@@ -222,8 +190,7 @@ class ListenerHub:
         return self._snapshots
 
     def publish_step(self, core: EngineCore, num_tokens: int, force: bool = False) -> None:
-        """Count ``num_tokens`` sampled tokens and hand a snapshot to the step listeners
-        that are due (all of them with ``force``, e.g. when the engine goes idle)."""
+        """Count sampled tokens; hand a snapshot to the step listeners due (all: ``force``)."""
         builder = self._builder(core)
         builder.count_tokens(num_tokens)
         now = core.clock()
@@ -239,7 +206,6 @@ class ListenerHub:
                 logger.exception("listener %r failed in on_step", listener)
 
     def notify_finish(self, request: Request) -> None:
-        """Tell every listener that ``request`` ended."""
         for listener in self._listeners:
             try:
                 listener.on_finish(request)

@@ -1,10 +1,4 @@
-"""Delivery: the engine's per-request output streams, fed once per step.
-
-It hands each request its new token (detokenized, stop strings checked), ends the
-streams of finished requests, and keeps one request's failure to itself: a fault
-while delivering a request's output (detokenizer, stop check, queue) ends that request
-alone with an error and frees its blocks, while its batch-mates go on.
-"""
+"""Output: each request's stream of RequestOutput deltas, fed once per step."""
 
 from __future__ import annotations
 
@@ -26,11 +20,8 @@ _FINISHED = RequestStatus.FINISHED
 
 
 class RequestStream:
-    """One request's delivery queue and detokenizer.
-
-    Deltas are queued without bound (a request yields at most ``max_tokens`` of
-    them); an exception put on the queue is raised by the consumer.
-    """
+    """One request's delta queue (unbounded: at most ``max_tokens`` deltas) and
+    detokenizer; an exception on the queue is raised by the consumer."""
 
     __slots__ = ("request", "queue", "detokenizer", "closed")
 
@@ -41,8 +32,7 @@ class RequestStream:
         self.closed = False
 
     def push_token(self, token: int, text: str, logprob: TokenLogprob | None) -> None:
-        """Queue the delta of one new token (``text``: its detokenized text, maybe "");
-        the request's status says whether it is the last."""
+        """Queue the delta of one new token; the request's status says if it is the last."""
         if self.closed:
             return
         request = self.request
@@ -57,11 +47,9 @@ class RequestStream:
         ))
 
     def push_final(self) -> None:
-        """Queue the last delta of a request that ended without a new token."""
         self.put([], "", None)
 
     def put(self, tokens: list[int], text: str, logprobs: list[TokenLogprob] | None) -> None:
-        """Queue a delta; the request's status says whether it is the last."""
         if self.closed:
             return
         request = self.request
@@ -79,27 +67,21 @@ class RequestStream:
         ))
 
     def push_error(self, error: BaseException) -> None:
-        """End the stream with an exception."""
         if not self.closed:
             self.closed = True
             self.queue.put_nowait(error)
 
 
 class Delivery:
-    """The open streams of one engine, by request id.
-
-    Attributes:
-        streams: request id -> its stream, until its consumer releases it.
-    """
+    """The open streams of one engine, by request id. A fault while delivering one
+    request's output ends that request alone with an error; its batch-mates go on."""
 
     def __init__(self) -> None:
         self.streams: dict[str, RequestStream] = {}
         self._finished: list[Request] = []
 
     def open_stream(self, request: Request, tokenizer: Any) -> RequestStream:
-        """Register and return the stream of a queued ``request``; with a ``tokenizer``
-        (a transformers fast tokenizer, or a ``tokenizers`` one) its tokens come
-        detokenized incrementally, stop strings checked."""
+        """The stream of a queued request, detokenized if there is a tokenizer."""
         detok = None
         if tokenizer is not None:
             backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
@@ -111,9 +93,7 @@ class Delivery:
         return stream
 
     def release(self, stream: RequestStream, core: EngineCore | None) -> None:
-        """Forget ``stream`` and abort its request if it has not finished (idempotent).
-        It acts on this stream's own request only, never on the id: a request that
-        reused the id meanwhile is left alone."""
+        """Forget ``stream`` and abort its own request (not the id's) if unfinished."""
         request = stream.request
         if self.streams.get(request.request_id) is stream:
             del self.streams[request.request_id]
@@ -124,14 +104,10 @@ class Delivery:
                 self.flush_finished(core)
 
     def on_finish(self, request: Request) -> None:
-        """Note a request the core ended; its stream ends at :meth:`flush_finished`."""
         self._finished.append(request)
 
     def fan_out(self, core: EngineCore, output: RunnerOutput, results: list[StepResult]) -> None:
-        """Hand every request of a step its sampled token (one pass over the step).
-
-        A request whose text hits a stop string is finished here (``stop``).
-        """
+        """Hand every request of a step its token; a stop string finishes it here."""
         streams = self.streams
         logprobs = output.logprobs
         stop, finished = FinishReason.STOP, RequestStatus.FINISHED
@@ -153,7 +129,6 @@ class Delivery:
                 self.fail_request(core, request, stream, exc)
 
     def flush_finished(self, core: EngineCore) -> None:
-        """End the streams of the requests finished since the last flush."""
         finished, self._finished = self._finished, []
         for request in finished:
             stream = self.streams.get(request.request_id)
@@ -171,17 +146,13 @@ class Delivery:
     def fail_request(
         self, core: EngineCore, request: Request, stream: RequestStream, exc: Exception
     ) -> None:
-        """End one request whose delivery failed with an error; its blocks are freed."""
         logger.exception("delivering %s failed", request.request_id)
         stream.push_error(EngineError(f"output processing failed: {type(exc).__name__}: {exc}"))
         if not request.is_finished:
             core.finish(request, FinishReason.ERROR)
 
     def fail(self, core: EngineCore, requests: list[Request], error: EngineError) -> None:
-        """End the given requests (a failed step, a drain) with ``error``. It acts on
-        these requests and their own streams only, never on the ids: a request that
-        was aborted and whose id a new request took meanwhile ends alone (already
-        ended), and the new request's stream goes on."""
+        """End these requests and their own streams (not their ids') with ``error``."""
         for request in requests:
             stream = self.streams.get(request.request_id)
             if stream is not None and stream.request is request:
@@ -189,6 +160,5 @@ class Delivery:
         core.fail(requests)  # their streams are closed: flush_finished skips them
 
     def end_all(self, error: EngineError) -> None:
-        """End every open stream with ``error`` (the engine stopped)."""
         for stream in list(self.streams.values()):
             stream.push_error(error)
