@@ -1,9 +1,6 @@
 """aioserve: an asyncio LLM serving engine with continuous batching and pluggable schedulers.
 
-The top-level modules are the nouns every room shares (configuration, sampling
-parameters, requests and their metadata, outputs, the KV block pool, errors); the
-engine is ``aioserve.engine`` and the scheduler contract ``aioserve.scheduling``.
-``import aioserve`` loads no torch.
+The top-level modules are the nouns every room shares; the engine is ``aioserve.engine``.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -33,10 +33,8 @@ logger = logging.getLogger(__name__)
 class AsyncEngine:
     """An asyncio LLM engine with continuous batching and a pluggable scheduler.
 
-    ``async with AsyncEngine(config) as engine`` loads the model (off the event loop)
-    and starts one background task, the step loop: ask the scheduler, build a packed
-    batch, ``await`` one model step in the runner's worker thread, and push each new
-    token to its request's stream.
+    ``async with AsyncEngine(config) as engine`` loads the model off the event loop and
+    starts the step loop task: schedule, await one model step, update, fan out.
 
     Args:
         config: the engine configuration.
@@ -169,7 +167,6 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        """True while the step loop runs."""
         return self._loop_task is not None and not self._loop_task.done()
 
     @property
@@ -238,12 +235,9 @@ class AsyncEngine:
         return stream
 
     def release(self, stream: RequestStream) -> None:
-        """Stop delivering a stream made by :meth:`add_request` whose consumer reads
-        ``stream.queue`` itself: abort its request if it has not finished, and forget
-        the stream. Idempotent; :meth:`generate` does this when its loop ends.
-
-        It acts on this stream's own request only, never on the id: a request that
-        reused the id meanwhile (allowed once this one ended) is left alone."""
+        """Stop delivering a stream from :meth:`add_request` whose consumer reads
+        ``stream.queue`` itself: abort its own request (never another that reused the id)
+        if unfinished, and forget the stream. Idempotent; :meth:`generate` does this."""
         self._delivery.release(stream, self.core)
 
     async def generate(
@@ -280,10 +274,8 @@ class AsyncEngine:
             self.release(stream)
 
     def abort(self, request_id: str) -> None:
-        """Abort a request now: it leaves its queue and frees its KV blocks. Its stream
-        ends with ``finish_reason="abort"``. Unknown ids are ignored. The id is free
-        again at once: a new request may take it while the old stream's consumer
-        still reads the old request's end."""
+        """Abort a request now, freeing its KV blocks; its stream ends with
+        ``finish_reason="abort"`` and its id is free at once. Unknown ids are ignored."""
         if self.core is not None and self.core.abort(request_id) is not None:
             self._delivery.flush_finished(self.core)
 
@@ -322,8 +314,7 @@ class AsyncEngine:
         self.listeners.remove(listener)
 
     def reset_prefix_cache(self) -> None:
-        """Empty the prefix cache (e.g. between benchmark runs); running requests are
-        unaffected.
+        """Empty the prefix cache (e.g. between benchmark runs); running requests go on.
 
         Raises:
             EngineNotRunningError: the engine is not running.

@@ -13,11 +13,8 @@ InFlight = tuple[Request, int, int, bool]
 
 
 class BatchBuilder:
-    """The rows of one step, in scheduling order. Each request is written once: its
-    row, its counters advanced by what is now in flight, and its ``record`` row (read
-    back by ``EngineCore.update``); ``finishing`` lists those whose last token this step
-    samples. ``reserve(request, count, scheduled_ids)`` gives a request the blocks for
-    ``count`` more tokens (False: not this step)."""
+    """The rows of one step, in scheduling order; each request is written once (its row,
+    its in-flight counters, its ``record`` row read back by ``EngineCore.update``)."""
 
     __slots__ = ("max_model_len", "block_size", "_reserve", "request_ids", "_counts", "_starts",
                  "_sample", "_produced", "_new", "record", "finishing")

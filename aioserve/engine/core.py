@@ -1,10 +1,5 @@
-"""EngineCore: the synchronous heart of the step loop (queues, KV blocks, batches).
-
-A scheduling policy only decides; ``schedule()`` checks and applies its decision
-through the :class:`~aioserve.scheduling.guard.PolicyGuard`, ``update()`` takes the
-runner's tokens. It never touches the model or the tokenizer, so the same core runs
-on the TorchRunner and on a simulated clock.
-"""
+"""EngineCore: the synchronous heart of the step loop (queues, KV blocks, batches); it
+never touches the model, so it runs the same on the TorchRunner and a simulated clock."""
 
 from __future__ import annotations
 
@@ -30,13 +25,9 @@ StepObserver = Callable[[StepFeedback], None]
 
 
 class EngineCore:
-    """Every request's place (waiting, running), its KV blocks and the per-step
-    bookkeeping, for one policy (called through ``guard``, which contains its failures).
-
-    Scheduling may run one step ahead (overlap): ``schedule()`` may be called again
-    before the previous batch's ``update()``; a request in that step decodes from a
-    placeholder for the token it samples. Batches are updated in scheduling order.
-    """
+    """Every request's place, its KV blocks and the per-step bookkeeping. The policy only
+    decides (called through ``guard``, which contains its failures). ``schedule()`` may
+    run one step ahead of ``update()`` (overlap); batches update in scheduling order."""
 
     def __init__(
         self,

@@ -1,5 +1,4 @@
-"""Observation: the listener hook and the step snapshots it receives, built only when a
-listener is due, so an unwatched engine pays nothing."""
+"""Observation: listeners and the step snapshots built for them (only when one is due)."""
 
 from __future__ import annotations
 
@@ -54,25 +53,11 @@ class SlotState:
 
 @dataclass(frozen=True)
 class StepSnapshot:
-    """The engine after a step.
-
-    Attributes:
-        step: steps run so far.
-        time: the engine clock in seconds (monotonic, or the simulator's virtual clock).
-        scheduler: the active policy's name.
-        slots: ``max_num_seqs`` entries; a request keeps its slot index while it
-            runs; None is a free slot.
-        waiting: the first :data:`MAX_WAITING_LISTED` waiting requests, in queue order.
-        num_waiting: all waiting requests.
-        kv_used_blocks, kv_total_blocks, block_size: the KV cache, in blocks and
-            tokens per block.
-        num_preemptions: preemptions so far.
-        num_generated_tokens: output tokens sampled so far (the tokens/s counter).
-        tenants: (tenant, running, waiting) per tenant with requests in the engine
-            (None: requests without a tenant), most requests first.
-        idle_s: seconds the engine has waited with nothing to run so far (the
-            engine clock's; ``time`` less this is its busy time).
-    """
+    """The engine after a step: ``time`` and ``idle_s`` in seconds of the engine clock
+    (monotonic or the simulator's); ``slots`` has ``max_num_seqs`` entries (None: free),
+    a request keeping its index while it runs; ``waiting`` lists the first
+    :data:`MAX_WAITING_LISTED` in queue order; ``tenants`` is (tenant, running, waiting)
+    per tenant, most requests first; counters are totals since the start."""
 
     step: int
     time: float

@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["allocate_first_chunk", "cached_prefix", "prefix_hit_lookup", "register_computed"]
 
 def cached_prefix(blocks: BlockManager, request: Request) -> list[int]:
-    """The longest cached prefix of a waiting request's tokens in whole blocks, before
-    its last token (computed to sample from); takes no reference."""
+    """The longest cached prefix of a request's tokens in whole blocks, before its last."""
     if not blocks.enable_caching:
         return []
     limit = (request.num_tokens - 1) // blocks.block_size

@@ -37,10 +37,8 @@ class StepLoop:
         self.idle = asyncio.Event()
 
     async def run(self) -> None:
-        """The loop. With a runner that has ``submit`` it is overlapped (vLLM's async
-        scheduling, SGLang's overlap scheduler): while step N runs, N+1 is scheduled and
-        submitted, decoding from N's tokens still on the runner's side. A runner without
-        ``submit`` (simulated) runs one ``step`` coroutine at a time."""
+        """The loop; overlapped with a runner that has ``submit`` (vLLM's async scheduling):
+        while step N runs, N+1 is scheduled and submitted, decoding from N's tokens."""
         core = self.core
         overlap = hasattr(self.runner, "submit")
         in_flight: deque[StepInFlight] = deque()
