@@ -8,6 +8,11 @@ from collections.abc import Sequence
 from aioserve.block_keys import BlockKey
 
 
+def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
+    """KV blocks of ``block_size`` tokens needed to hold ``num_tokens`` tokens."""
+    return -(-num_tokens // block_size)
+
+
 class BlockManager:
     """A pool of fixed-size KV-cache blocks; allocation is all or nothing.
 
@@ -45,7 +50,7 @@ class BlockManager:
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
-        return -(-num_tokens // self.block_size)
+        return blocks_for_tokens(num_tokens, self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_free_blocks

@@ -90,7 +90,7 @@ async def main(args: argparse.Namespace) -> None:
         n = args.requests
 
         heavy = two_tenants(n=n, rate=1.6 * cap, light=0.1, seed=21)
-        light_only = [w for w in heavy if w.tenant == "light"]
+        light_only = [w for w in heavy if w.meta.tenant == "light"]
         alone = await run.both(light_only, "fcfs", _tenant_ttft("light"))
         for policy in ("fcfs", "vtc"):
             sim, real = await run.both(heavy, policy, _tenant_ttft("light"))
@@ -104,7 +104,8 @@ async def main(args: argparse.Namespace) -> None:
                   f"real {real:.3f}  [floor: vtc >= 0.9]")
 
         mix = priority_mix(n=n, rate=1.5 * cap, high=0.1, seed=23)
-        idle = await run.both([w for w in mix if w.priority == 0], "priority", _priority_p99("0"))
+        high = [w for w in mix if w.meta.priority == 0]
+        idle = await run.both(high, "priority", _priority_p99("0"))
         for policy in ("fcfs", "priority"):
             sim, real = await run.both(mix, policy, _priority_p99("0"))
             print(f"priority floor | {policy:>8}: high-priority p99 TTFT sim {sim:.3f} s "

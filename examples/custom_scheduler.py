@@ -42,11 +42,13 @@ class FairShareScheduler(Scheduler):
 if __name__ == "__main__":  # run alone: this policy beside FCFS on a simulated burst
     import asyncio
 
+    from aioserve.request_meta import RequestMeta
     from aioserve.sim.simulator import SimConfig, simulate
     from aioserve.sim.workloads import WorkloadRequest
 
-    burst = [WorkloadRequest(f"alice-{i}", 0.0, 8, 20, tenant="alice") for i in range(12)]
-    burst += [WorkloadRequest(f"bob-{i}", 0.01, 8, 20, tenant="bob") for i in range(3)]
+    alice, bob = RequestMeta(tenant="alice"), RequestMeta(tenant="bob")
+    burst = [WorkloadRequest(f"alice-{i}", 0.0, 8, 20, meta=alice) for i in range(12)]
+    burst += [WorkloadRequest(f"bob-{i}", 0.01, 8, 20, meta=bob) for i in range(3)]
     print("alice sends 12 requests at t=0, bob 3 at t=10 ms; 4 slots, 50 ms steps")
     for policy in ("fcfs", FairShareScheduler()):
         result = asyncio.run(simulate(burst, policy, SimConfig(slots=4)))

@@ -1,5 +1,4 @@
-"""Earliest deadline first, goodput-aware: requests that can still meet their
-service-level objective go first; those that cannot wait longer, or are shed."""
+"""Earliest deadline first, goodput-aware: late requests wait longer, or are shed."""
 
 from __future__ import annotations
 
@@ -50,7 +49,6 @@ class EDFScheduler(OrderedScheduler):
         default_tpot_ms: per-token objective of a request without one (default 200).
         late_delay_s: how much later than its due time a late request is ordered
             (default 5 s).
-        watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
         ValueError: a default or the delay not > 0 (>= 0 for the delay), or a bad
@@ -86,8 +84,7 @@ class EDFScheduler(OrderedScheduler):
         return last + tpot
 
     def late(self, request: RequestView, state: SchedulerState) -> bool:
-        """Whether a request that has not streamed can no longer meet its first token's
-        due time (due before now plus one step)."""
+        """Whether a request that has not streamed can no longer make its first token's due time."""
         return request.num_output_tokens == 0 and self.due(request) < state.now + self.step_s
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[bool, float, float]:
@@ -100,9 +97,8 @@ class EDFScheduler(OrderedScheduler):
         self.step_s += 0.2 * (feedback.duration_s - self.step_s)
 
     def slack(self, request: RequestView, now: float) -> float:
-        """Seconds a running request is ahead of its objectives: of its first token's
-        due time before it has one, else of ``first token + tpot * tokens so far`` (its
-        mean TPOT objective), so a stall costs it least."""
+        """Seconds a running request is ahead of its objectives (its mean TPOT objective after
+        the first token), so a stall costs it least."""
         first = request.first_token_time
         if first is None:
             return self.due(request) - now
@@ -110,9 +106,7 @@ class EDFScheduler(OrderedScheduler):
         return first + tpot * request.num_output_tokens - now
 
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
-        """Requests without a TPOT objective first (a stall misses nothing), those that
-        have not streamed before those that have, newest admission first (the cheapest
-        to recompute); then those with one, by most slack."""
+        """No TPOT objective first (not streamed before streamed, newest first), then most slack."""
         def order(r: RequestView) -> tuple[bool, bool, float]:
             if r.tpot_slo_ms is None:
                 return (False, r.first_token_time is not None, 0.0)

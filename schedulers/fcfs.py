@@ -9,17 +9,10 @@ from aioserve.scheduling import OrderedScheduler, RequestView, SchedulerState
 
 
 class FCFSScheduler(OrderedScheduler):
-    """After every step, fill free slots from the queue in arrival order while KV
-    blocks allow, stopping at the first request that does not fit. Under memory
-    pressure, preempt the newest running requests (recompute later), as vLLM does.
-
-    Args:
-        watermark: fraction of all KV blocks kept free at admission, so running
-            requests can grow without immediate preemption (vLLM's default, 0.01).
-
-    Raises:
-        ValueError: watermark outside [0, 1).
-    """
+    """After every step, fill free slots from the queue in arrival order while KV blocks
+    allow (keeping ``watermark`` of them free), stopping at the first request that does not
+    fit. Under memory pressure, preempt the newest running requests (recompute later), as
+    vLLM does."""
 
     name: ClassVar[str] = "fcfs"
 

@@ -1,5 +1,4 @@
-"""Skip-join multi-level feedback queue (FastServe: Wu et al., "Fast Distributed
-Inference Serving for Large Language Models", 2023)."""
+"""Skip-join multi-level feedback queue (FastServe: Wu et al., 2023)."""
 
 from __future__ import annotations
 
@@ -51,7 +50,6 @@ class MLFQScheduler(OrderedScheduler):
             when no slot is free (default True).
         promote_after_s: seconds without service after which a request returns to
             level 0 (default 5).
-        watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
         ValueError: levels, quantum, prefill_tokens_per_iteration or batch_size below 1,

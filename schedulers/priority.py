@@ -1,9 +1,8 @@
-"""Priority scheduling with a guaranteed share for lower priorities (vLLM's ``priority``
-policy, with a bounded share instead of aging)."""
+"""Priority scheduling with a guaranteed share for lower priorities (vLLM's ``priority``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import ClassVar
 
 from aioserve.scheduling import (
@@ -41,7 +40,7 @@ class PriorityScheduler(OrderedScheduler):
       admitted under ``low_share`` are exempt until they finish (else the share would
       be preempted away). Victims are recomputed later (vllm-project/vllm#40004).
     * Under memory pressure the victim is the lowest-priority running request, then the
-      latest arrival (vLLM V1's choice), also when the engine asks (``choose_victim``);
+      latest arrival (vLLM V1's choice), before a step and when the engine evicts during one;
       the room it frees goes in the same step to waiting requests of a strictly better
       priority, if any (so a high-priority request does not wait out the lower ones'
       growth).
@@ -54,7 +53,6 @@ class PriorityScheduler(OrderedScheduler):
         low_share: fraction of admissions, while the best class and lower ones both
             wait, that go to the oldest lower-priority request (default 0.1; 0 is
             strict priority).
-        watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
         ValueError: low_share outside [0, 1), or a bad watermark.
@@ -78,10 +76,6 @@ class PriorityScheduler(OrderedScheduler):
         """Lowest priority first, then the latest arrival."""
         return sorted(state.running, key=rank, reverse=True)
 
-    def choose_victim(self, requester: RequestView,
-                      candidates: Sequence[RequestView]) -> str | None:
-        return max(candidates, key=rank).request_id
-
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
         self.protected.discard(request.request_id)
 
@@ -90,8 +84,7 @@ class PriorityScheduler(OrderedScheduler):
 
     def _admissions(self, order: list[RequestView], admission: Admission,
                     reserve: int) -> RequestView | None:
-        """Admit from ``order`` (by rank), giving lower priorities their share; returns
-        the best-class request that did not fit, or None."""
+        """Admit from ``order`` with the lower priorities' share; the best-class misfit, or None."""
         while order:
             best = order[0].priority
             lower = next((i for i, r in enumerate(order) if r.priority != best), None)

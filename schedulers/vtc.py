@@ -1,10 +1,9 @@
-"""Virtual Token Counter fairness across tenants (Sheng et al., "Fairness in Serving
-Large Language Models", OSDI 2024)."""
+"""Virtual Token Counter fairness across tenants (Sheng et al., OSDI 2024)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 from aioserve.scheduling import (
@@ -48,14 +47,9 @@ class VTCScheduler(OrderedScheduler):
     more-served tenant holds at least two slots more: the newest request of the
     most-served one is preempted for it and recomputed later.
 
-    ``preempt`` defaults to True, as the floors decide: without it a light tenant's
-    request waits for the next slot a heavy tenant's request frees (light mean TTFT
-    0.97 s against 0.05 s alone in ``tests/test_sched_policies.py``), with it the next
-    step. The cost, ``aioserve simulate --slots 8 --kv-blocks 64 --step-ms 20`` with
-    ``two-tenants:n=600,rate=8``: 43 preemptions, 2,090 recomputed tokens (light mean
-    TTFT 0.046 s; 0.160 s when preempting only for a tenant holding no slot); with
-    ``light=0.5`` (balanced tenants, which fcfs already serves fairly): 211 preemptions,
-    9,154 recomputed tokens, for no gain.
+    ``preempt`` defaults to True, as the floors decide: without it a light tenant waits
+    for the next slot a heavy one frees, with it the next step (its cost in preemptions
+    and recomputed tokens: docs/schedulers.md).
 
     Args:
         prompt_weight: service per prompt token (the paper's w_p, default 1).
@@ -64,7 +58,6 @@ class VTCScheduler(OrderedScheduler):
             divided by its weight, so a tenant of weight 3 gets 3x the service of one
             of weight 1 while both are backlogged. Unlisted tenants weigh 1.
         preempt: preempt for the least-served waiting tenant (default True).
-        watermark: fraction of KV blocks kept free at admission (as ``fcfs``).
 
     Raises:
         ValueError: a negative service weight, a tenant weight <= 0, or a bad watermark.
@@ -129,10 +122,6 @@ class VTCScheduler(OrderedScheduler):
         """The most-served tenant's requests first, newest first."""
         newest_first = list(reversed(state.running))
         return sorted(newest_first, key=lambda r: -self.counter(r.tenant))
-
-    def choose_victim(self, requester: RequestView,
-                      candidates: Sequence[RequestView]) -> str | None:
-        return max(candidates, key=lambda r: self.counter(r.tenant)).request_id
 
     def _admit(self, admission: Admission, request: RequestView) -> None:
         """Admit the request and charge its prompt, once in its life."""

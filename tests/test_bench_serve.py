@@ -10,7 +10,7 @@ import sys
 import pytest
 from aiohttp.test_utils import TestServer
 
-from aioserve import AsyncEngine, EngineConfig
+from aioserve import AsyncEngine, EngineConfig, RequestMeta
 from aioserve.bench.online.metrics import percentile, summarize
 from aioserve.bench.online.plots import plot_serving
 from aioserve.bench.online.serving import (
@@ -98,8 +98,8 @@ async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint)
         def on_arrival(self, request):
             self.views.append(request)
 
-    items = [WorkloadRequest("a", 0.0, 6, 4, tenant="acme", priority=2, ttft_slo_ms=900,
-                             tpot_slo_ms=50, deadline_s=30.0, metadata={"team": "x"}),
+    items = [WorkloadRequest("a", 0.0, 6, 4, deadline_s=30.0, meta=RequestMeta(
+                 2, "acme", ttft_slo_ms=900, tpot_slo_ms=50, metadata={"team": "x"})),
              WorkloadRequest("b", 0.05, 8, 3)]
     path = dump_jsonl(items, tmp_path / "w.jsonl")
     policy = Seen()

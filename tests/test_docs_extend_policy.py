@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from aioserve.request_meta import RequestMeta
 from aioserve.scheduling import OrderedScheduler
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest
@@ -24,7 +25,7 @@ async def test_the_docs_subclass_of_a_built_in_policy_serves_gold_first():
     assert "from schedulers.priority import PriorityScheduler" in code
     namespace: dict = {}
     exec(code, namespace)
-    workload = [WorkloadRequest(f"r{i}", 0.0, 4, 4, tenant=tenant)
+    workload = [WorkloadRequest(f"r{i}", 0.0, 4, 4, meta=RequestMeta(tenant=tenant))
                 for i, tenant in enumerate(["a", "b", "gold", "a", "gold"])]
     result = await simulate(workload, namespace["GoldFirst"](low_share=0.2),
                             SimConfig(slots=1))

@@ -35,9 +35,8 @@ def test_good_values_and_read_only_metadata():
 
 
 def test_workload_file_fields_round_trip_and_bad_lines_name_the_field(tmp_path):
-    items = [WorkloadRequest("a", 0.5, 8, 20, priority=3, tenant="t", ttft_slo_ms=200,
-                             tpot_slo_ms=30, deadline_s=4.0, metadata={"k": "v"},
-                             max_tokens=64, length_hint=18)]
+    items = [WorkloadRequest("a", 0.5, 8, 20, deadline_s=4.0, max_tokens=64, length_hint=18,
+                             meta=RequestMeta(3, "t", 200, 30, metadata={"k": "v"}))]
     assert load_jsonl(dump_jsonl(items, tmp_path / "w.jsonl")) == items
     for line, field in [({"arrival_s": 0, "prompt_len": 4, "output_len": 2}, "id"),
                         ({"id": "x", "arrival_s": 0, "prompt_len": 4, "output_len": 2,

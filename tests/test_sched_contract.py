@@ -13,6 +13,7 @@ import pytest
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.engine.core import EngineCore
 from aioserve.request import FinishReason, RequestStatus
+from aioserve.request_meta import RequestMeta
 from aioserve.runners.base import ScheduledBatch
 from aioserve.scheduling.registry import available_schedulers, load_scheduler
 from aioserve.sim.runner import SimulatedRunner
@@ -123,8 +124,9 @@ def test_example_loads_through_an_entry_point(tmp_path, monkeypatch):
 
 async def test_fair_share_interleaves_tenants():
     # tenant a floods the queue first; b's single request still gets the second slot
-    workload = [WorkloadRequest(f"a-{i}", 0.0, 4, 10, tenant="a") for i in range(6)]
-    workload.append(WorkloadRequest("b-0", 0.0, 4, 10, tenant="b"))
+    workload = [WorkloadRequest(f"a-{i}", 0.0, 4, 10, meta=RequestMeta(tenant="a"))
+                for i in range(6)]
+    workload.append(WorkloadRequest("b-0", 0.0, 4, 10, meta=RequestMeta(tenant="b")))
     fair = await simulate(workload, EXAMPLE_SPEC, SimConfig(slots=2))
     fcfs = await simulate(workload, "fcfs", SimConfig(slots=2))
     assert fair.finished["b-0"].metrics.first_scheduled_time == 0.0

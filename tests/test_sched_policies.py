@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from aioserve.request import FinishReason, Request, RequestStatus
+from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import RequestView, SchedulerState
+from aioserve.scheduling.guard import PolicyGuard
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import slo_mix
 from aioserve.sim.simulator import SimConfig, simulate
@@ -34,13 +36,14 @@ def test_priority_victims_are_the_lowest_priority_then_the_latest():
     reqs = [running("a", 0, 0.0), running("b", 2, 0.1), running("c", 2, 0.2), running("d", 1, 0.3)]
     state = SchedulerState((), tuple(RequestView(r) for r in reqs), 0, 8, 4, 4, 4096, 1.0, 0)
     assert [r.request_id for r in PriorityScheduler().victims(state)] == ["c", "b", "d", "a"]
-    views = [RequestView(r) for r in reqs]
-    assert PriorityScheduler().choose_victim(views[0], views) == "c"
+    guard = PolicyGuard(PriorityScheduler(), lambda: state)  # the engine's mid-step choice
+    assert guard.choose_victim(RequestView(reqs[0]), [RequestView(r) for r in reqs[::-1]]) == 1
 
 
 async def test_high_priority_preempts_lower_priority_at_max_num_seqs():
-    workload = [WorkloadRequest(f"low{i}", 0.0, 4, 100, priority=1) for i in range(2)]
-    workload.append(WorkloadRequest("high", 0.5, 4, 10, priority=0))
+    workload = [WorkloadRequest(f"low{i}", 0.0, 4, 100, meta=RequestMeta(priority=1))
+                for i in range(2)]
+    workload.append(WorkloadRequest("high", 0.5, 4, 10, meta=RequestMeta(priority=0)))
     fcfs = await simulate(workload, "fcfs", SimConfig(slots=2))
     result = await simulate(workload, PriorityScheduler(), SimConfig(slots=2))
     high = result.finished["high"].metrics
@@ -51,7 +54,8 @@ async def test_high_priority_preempts_lower_priority_at_max_num_seqs():
 
 
 async def test_equal_priorities_keep_arrival_order():
-    workload = [WorkloadRequest(f"r{i}", 0.01 * i, 4, 5, priority=3) for i in range(6)]
+    workload = [WorkloadRequest(f"r{i}", 0.01 * i, 4, 5, meta=RequestMeta(priority=3))
+                for i in range(6)]
     result = await simulate(workload, PriorityScheduler(), SimConfig(slots=1))
     starts = [result.finished[f"r{i}"].metrics.first_scheduled_time for i in range(6)]
     assert starts == sorted(starts)
@@ -60,8 +64,10 @@ async def test_equal_priorities_keep_arrival_order():
 @pytest.mark.parametrize("low_share", [0.1, 0.0])
 async def test_low_priority_gets_its_share_not_a_jump(low_share):
     # one slot, a stream of high-priority requests that always has one waiting
-    workload = [WorkloadRequest(f"low{i}", 0.0, 4, 4, priority=5) for i in range(3)]
-    workload += [WorkloadRequest(f"h{i:03d}", 0.0, 4, 4, priority=0) for i in range(60)]
+    workload = [WorkloadRequest(f"low{i}", 0.0, 4, 4, meta=RequestMeta(priority=5))
+                for i in range(3)]
+    workload += [WorkloadRequest(f"h{i:03d}", 0.0, 4, 4, meta=RequestMeta(priority=0))
+                 for i in range(60)]
     policy = PriorityScheduler(low_share=low_share)
     result = await simulate(workload, policy, SimConfig(slots=1))
     order = sorted(result.finished, key=lambda k: result.finished[k].metrics.first_scheduled_time)
@@ -74,9 +80,11 @@ async def test_low_priority_gets_its_share_not_a_jump(low_share):
 
 def two_tenants(light_too: bool = True) -> list[WorkloadRequest]:
     """A heavy tenant's burst of 60 long requests, a light tenant's 6 spread over it."""
-    items = [WorkloadRequest(f"heavy{i:02d}", 0.0, 8, 40, tenant="heavy") for i in range(60)]
+    items = [WorkloadRequest(f"heavy{i:02d}", 0.0, 8, 40, meta=RequestMeta(tenant="heavy"))
+             for i in range(60)]
     if light_too:
-        items += [WorkloadRequest(f"light{i}", 1.0 + 2.0 * i, 8, 10, tenant="light")
+        items += [WorkloadRequest(f"light{i}", 1.0 + 2.0 * i, 8, 10,
+                                  meta=RequestMeta(tenant="light"))
                   for i in range(6)]
     return items
 
@@ -89,7 +97,8 @@ def light_ttft(result) -> float:
 
 async def test_vtc_keeps_a_light_tenant_fast_under_a_heavy_one():
     config = SimConfig(slots=4)
-    alone = await simulate([w for w in two_tenants() if w.tenant == "light"], "fcfs", config)
+    alone = await simulate([w for w in two_tenants() if w.meta.tenant == "light"], "fcfs",
+                          config)
     vtc = await simulate(two_tenants(), VTCScheduler(), config)
     fcfs = await simulate(two_tenants(), "fcfs", config)
     assert light_ttft(vtc) <= 2 * light_ttft(alone)
@@ -97,8 +106,10 @@ async def test_vtc_keeps_a_light_tenant_fast_under_a_heavy_one():
 
 
 async def test_vtc_shares_service_fairly_between_backlogged_tenants():
-    workload = [WorkloadRequest(f"a{i:02d}", 0.0, 8, 30, tenant="a") for i in range(40)]
-    workload += [WorkloadRequest(f"b{i:02d}", 0.2, 8, 30, tenant="b") for i in range(20)]
+    workload = [WorkloadRequest(f"a{i:02d}", 0.0, 8, 30, meta=RequestMeta(tenant="a"))
+                for i in range(40)]
+    workload += [WorkloadRequest(f"b{i:02d}", 0.2, 8, 30, meta=RequestMeta(tenant="b"))
+                 for i in range(20)]
     vtc = policy_figures(await simulate(workload, VTCScheduler(), SimConfig(slots=4)))
     fcfs = policy_figures(await simulate(workload, "fcfs", SimConfig(slots=4)))
     assert vtc["jain_index"] >= 0.9 > fcfs["jain_index"]
@@ -131,7 +142,7 @@ def test_vtc_lifts_a_tenant_without_waiting_requests_to_the_waiting_minimum():
 
 
 async def test_edf_serves_the_earliest_due_first():
-    workload = [WorkloadRequest(name, 0.0, 4, 5, ttft_slo_ms=slo)
+    workload = [WorkloadRequest(name, 0.0, 4, 5, meta=RequestMeta(ttft_slo_ms=slo))
                 for name, slo in (("loose", 5000), ("tight", 300), ("mid", 1000))]
     workload.append(WorkloadRequest("none", 0.0, 4, 5))
     result = await simulate(workload, EDFScheduler(), SimConfig(slots=1))
@@ -140,7 +151,8 @@ async def test_edf_serves_the_earliest_due_first():
 
 
 async def test_edf_sheds_late_requests_when_asked():
-    workload = [WorkloadRequest(f"r{i}", 0.0, 4, 20, ttft_slo_ms=400) for i in range(6)]
+    workload = [WorkloadRequest(f"r{i}", 0.0, 4, 20, meta=RequestMeta(ttft_slo_ms=400))
+                for i in range(6)]
     result = await simulate(workload, EDFScheduler(shed_late=True), SimConfig(slots=2))
     shed = [r for r in result.finished.values() if r.finish_reason is FinishReason.ERROR]
     served = [r for r in result.finished.values() if r.finish_reason is FinishReason.STOP]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from aioserve.request import FinishReason
+from aioserve.request_meta import RequestMeta
 from aioserve.scheduling import StepFeedback
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import heavy_tail, priority_mix, slo_mix
@@ -36,10 +37,11 @@ def flood() -> list[WorkloadRequest]:
     of 20 ms steps finish 6.2 req/s (fcfs's throughput on heavy's stream alone); tenant light sends
     bursts of 10 every 4 s, so both are often backlogged together. 600 requests, 40 s:
     more than 10x the 1.3 s a request runs (VTC has no aging window)."""
-    items = [WorkloadRequest(f"h{i:03d}", round(i * 0.08, 6), 32, 64, tenant="heavy")
+    items = [WorkloadRequest(f"h{i:03d}", round(i * 0.08, 6), 32, 64,
+                             meta=RequestMeta(tenant="heavy"))
              for i in range(500)]
     items += [WorkloadRequest(f"l{i:03d}", round(0.5 + 4 * (i // 10), 6), 32, 64,
-                              tenant="light") for i in range(100)]
+                              meta=RequestMeta(tenant="light")) for i in range(100)]
     return items
 
 
@@ -48,7 +50,7 @@ async def test_vtc_service_gap_between_backlogged_tenants_stays_within_theorem_4
     # backlogged, their (weighted) services differ by at most 2U, U = max(w_p * L_input,
     # w_q * M), M the tokens the KV cache holds. Checked after every step.
     policy = VTCScheduler()
-    tenant = {w.id: w.tenant for w in flood()}
+    tenant = {w.id: w.meta.tenant for w in flood()}
     prompt = {w.id: w.prompt_len for w in flood()}
     bound = 2 * max(1 * 32, 2 * 64 * 16)
     service: dict[str | None, float] = defaultdict(float)
@@ -81,11 +83,11 @@ async def test_vtc_service_gap_between_backlogged_tenants_stays_within_theorem_4
 
 async def test_vtc_weights_split_backlogged_service():
     # both tenants always backlogged: light (weight 3) gets 3x heavy's service
-    workload = [WorkloadRequest(f"{t}{i:03d}", 0.0, 32, 64, tenant=t)
+    workload = [WorkloadRequest(f"{t}{i:03d}", 0.0, 32, 64, meta=RequestMeta(tenant=t))
                 for t in ("heavy", "light") for i in range(150)]
     policy = VTCScheduler(weights={"light": 3, "heavy": 1})
     got: dict[str, float] = defaultdict(float)
-    tenant = {w.id: w.tenant for w in workload}
+    tenant = {w.id: w.meta.tenant for w in workload}
 
     def count(core, feedback: StepFeedback) -> None:
         if {"heavy", "light"} <= {r.meta.tenant for r in core.waiting}:
@@ -101,10 +103,12 @@ async def test_vtc_banks_no_credit_for_a_long_running_request():
     # capacity), then a sends 60 requests at t=20 s. Under the paper's lift (waiting
     # queue) the requests first served in [20, 30) s split about evenly; counting
     # running requests as backlog let a bank 20 s of credit and take all of them.
-    workload = [WorkloadRequest("a-long", 0.0, 8, 1500, tenant="a")]
-    workload += [WorkloadRequest(f"b{i:03d}", round(i / 8, 6), 8, 100, tenant="b")
+    workload = [WorkloadRequest("a-long", 0.0, 8, 1500, meta=RequestMeta(tenant="a"))]
+    workload += [WorkloadRequest(f"b{i:03d}", round(i / 8, 6), 8, 100,
+                                 meta=RequestMeta(tenant="b"))
                  for i in range(320)]
-    workload += [WorkloadRequest(f"a{i:02d}", 20.0, 8, 100, tenant="a") for i in range(60)]
+    workload += [WorkloadRequest(f"a{i:02d}", 20.0, 8, 100, meta=RequestMeta(tenant="a"))
+                 for i in range(60)]
     result = await simulate(workload, VTCScheduler(), SimConfig(slots=8, kv_blocks=256,
                                                                step_ms=20))
     first = [k for k, r in result.finished.items()
@@ -115,7 +119,8 @@ async def test_vtc_banks_no_credit_for_a_long_running_request():
 
 async def test_vtc_does_not_charge_recomputation():
     policy = VTCScheduler()
-    workload = [WorkloadRequest(f"a{i}", 0.0, 40, 60, tenant="a") for i in range(6)]
+    workload = [WorkloadRequest(f"a{i}", 0.0, 40, 60, meta=RequestMeta(tenant="a"))
+                for i in range(6)]
     result = await simulate(workload, policy, SimConfig(slots=6, kv_blocks=24))
     assert result.preemptions > 0  # memory pressure made it recompute
     served = sum(w.prompt_len + 2 * w.output_len for w in workload)
@@ -198,7 +203,8 @@ async def test_edf_sheds_no_request_that_has_streamed():
 async def test_edf_serves_requests_without_objectives():
     # a request without objectives among a stream of tight ones is not last forever
     workload = [WorkloadRequest("plain", 0.0, 8, 8)]
-    workload += [WorkloadRequest(f"t{i:03d}", round(i * 0.1, 6), 8, 8, ttft_slo_ms=300)
+    workload += [WorkloadRequest(f"t{i:03d}", round(i * 0.1, 6), 8, 8,
+                                 meta=RequestMeta(ttft_slo_ms=300))
                  for i in range(400)]
     result = await simulate(workload, EDFScheduler(), SimConfig(slots=1, step_ms=20))
     plain = result.finished["plain"].metrics

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from aioserve.dashboard.frames import percentile
 from aioserve.runners.base import ScheduledBatch
-from aioserve.sim.reports.report import percentile
 from aioserve.sim.runner import SimulatedRunner
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate

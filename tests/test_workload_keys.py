@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from aioserve.request_meta import RequestMeta
 from aioserve.sim.trace_formats import TRACE_FORMATS, first_line_format
 from aioserve.sim.workloads import WorkloadRequest, load_jsonl
 
@@ -26,7 +27,7 @@ def test_unknown_key_is_refused_with_file_line_and_the_known_keys(tmp_path):
 def test_known_keys_and_nulls_still_load(tmp_path):
     path = tmp_path / "w.jsonl"
     path.write_text(json.dumps(REQUEST | {"tenant": "t", "length_hint": None}))
-    assert load_jsonl(path) == [WorkloadRequest("a", 0, 4, 3, tenant="t")]
+    assert load_jsonl(path) == [WorkloadRequest("a", 0, 4, 3, meta=RequestMeta(tenant="t"))]
 
 
 def test_a_trace_row_in_the_middle_of_a_workload_is_named_at_its_line(tmp_path):

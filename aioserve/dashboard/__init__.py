@@ -1,5 +1,4 @@
-"""The dashboard page: one self-contained HTML file (CSS and JavaScript inline, no
-build step), live over ``/ws/stats`` or replaying recorded frames.
+"""The dashboard page: one self-contained HTML file, live over ``/ws/stats`` or replaying frames.
 
 Imports (checked by tests/test_import_rules.py):
     may import: aioserve
@@ -32,8 +31,6 @@ def live_page(title: str = "aioserve dashboard") -> str:
 
 def replay_page(runs: dict[str, list[dict[str, Any]]],
                 title: str = "aioserve simulation") -> str:
-    """A self-contained page replaying recorded frames (see :class:`FrameMaker`) with a
-    time slider; ``runs`` maps a policy name to its frames, and the page switches
-    between policies at the same moment of virtual time."""
+    """A self-contained page replaying ``runs`` (policy name -> frames) with a time slider."""
     data = json.dumps(runs, separators=(",", ":")).replace("</", "<\\/")
     return _page(title, f"AIOSERVE.replay({data});")

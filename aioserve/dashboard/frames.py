@@ -1,8 +1,8 @@
-"""Dashboard frames: a step snapshot plus tokens/s and latency percentiles, as the
-JSON the page draws (live over ``/ws/stats``, or replayed by ``simulate --html``)."""
+"""Dashboard frames: a step snapshot plus tokens/s and latency percentiles, as the page's JSON."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -15,27 +15,22 @@ PERCENTILES = (50, 90, 99)
 MAX_TENANTS = 16
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0–100) of non-empty ``values``, nearest rank."""
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank ``q``-th percentile (0 < q <= 100) of ``values``; None if empty."""
+    if not values:
+        return None
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[rank]
+    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
 
 
 class LatencyWindow:
-    """TTFT and inter-token latency (seconds) of the last ``size`` finished requests.
-
-    Args:
-        size: requests kept.
-    """
+    """TTFT and inter-token latency (seconds) of the last ``size`` finished requests."""
 
     def __init__(self, size: int = 500) -> None:
         self.ttft: deque[float] = deque(maxlen=size)
         self.itl: deque[float] = deque(maxlen=size)
 
     def record(self, request: Request) -> None:
-        """Take a finished request's latencies (those it has: an aborted request may
-        have no first token)."""
         m = request.metrics
         if m.first_token_time is not None:
             self.ttft.append(max(0.0, m.first_token_time - m.arrival_time))
@@ -49,25 +44,20 @@ class LatencyWindow:
             if not values:
                 return None
             data = list(values)
-            return {f"p{q}": round(percentile(data, q), 6) for q in PERCENTILES}
+            return {f"p{q}": round(percentile(data, q) or 0.0, 6) for q in PERCENTILES}
 
         return {"ttft": of(self.ttft), "itl": of(self.itl)}
 
 
 class RateMeter:
-    """Output tokens per second over the last ``window`` seconds of the engine clock.
-
-    Args:
-        window: seconds averaged over.
-    """
+    """Output tokens per second over the last ``window`` seconds of the engine clock."""
 
     def __init__(self, window: float = 2.0) -> None:
         self.window = window
         self._points: deque[tuple[float, int]] = deque()
 
     def add(self, time: float, tokens: int) -> float:
-        """Add a (clock, cumulative tokens) point; returns the rate in tokens/s (0
-        until two points span some time)."""
+        """Add a (clock, cumulative tokens) point; returns tokens/s (0 until time has passed)."""
         points = self._points
         if points and tokens < points[-1][1]:
             points.clear()  # the counter restarted (a new engine)
@@ -79,11 +69,7 @@ class RateMeter:
 
 
 class FrameMaker:
-    """Turns snapshots into dashboard frames.
-
-    Args:
-        model: the model name shown on the page.
-    """
+    """Turns snapshots into dashboard frames (``model``: the name shown on the page)."""
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -92,8 +78,7 @@ class FrameMaker:
         self.rate = RateMeter()
 
     def record_finished(self, request: Request) -> None:
-        """Add a finished request to the latency window (and its tenant's: the first
-        :data:`MAX_TENANTS` tenants seen get one)."""
+        """Add a finished request to the latency windows (its tenant's: the first MAX_TENANTS)."""
         self.latencies.record(request)
         tenant = request.meta.tenant
         window = self.by_tenant.get(tenant)

@@ -1,15 +1,10 @@
-"""PolicyGuard: the engine's only way to call a policy. It keeps a faulty policy's
-failure to itself: a ``schedule`` that raises or returns something malformed is
-replaced, for that step, by the FCFS decision; a hook that raises is skipped. Each
-failure is logged (the traceback once per method) and counted. Hooks get the engine's
-state snapshot when their signature takes it (contract version 3), and not otherwise
-(versions 1 and 2)."""
+"""PolicyGuard: the engine's only way to call a policy, containing its failures."""
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from aioserve.scheduling.decision import SchedulerOutput
 from aioserve.scheduling.feedback import StepFeedback
@@ -20,7 +15,7 @@ from aioserve.scheduling.view import RequestView
 logger = logging.getLogger(__name__)
 
 
-#: The policy's hooks the guard calls (``choose_victim`` apart).
+#: The policy's hooks the guard calls.
 HOOKS = ("on_arrival", "on_finish", "on_preempt", "on_step")
 
 
@@ -29,15 +24,13 @@ def _no_snapshot() -> SchedulerState:
 
 
 def _overrides(policy: object, name: str) -> bool:
-    """Whether the policy's class defines hook ``name`` other than the base's no-op."""
+    """Whether the policy's class defines ``name`` other than the base's."""
     hook = getattr(type(policy), name, None)
-    return hook is not None and hook is not getattr(Scheduler, name)
+    return hook is not None and hook is not getattr(OrderedScheduler, name, None)
 
 
 def _takes_state(policy: object, name: str) -> bool:
-    """Whether the policy's hook ``name`` takes the state snapshot (contract version 3:
-    a second positional parameter, or one named ``state``); hooks of versions 1 and 2
-    take only the event."""
+    """Whether hook ``name`` takes the snapshot (version 3 on; 1 and 2 take only the event)."""
     hook = getattr(policy, name, None)
     if hook is None:
         return False
@@ -72,19 +65,12 @@ def malformed(decision: object) -> str | None:
 
 
 class PolicyGuard:
-    """Calls one policy for the engine, containing its failures.
-
-    Args:
-        policy: the scheduling policy.
-        snapshot: makes the :class:`SchedulerState` handed to hooks that take one
-            (the engine's ``snapshot``).
-
-    Attributes:
-        failures: calls that raised or returned a malformed decision, over the
-            engine's life (``aioserve:scheduler_failures_total``).
-        wants_steps: whether the policy overrides ``on_step`` (feedback is built only
-            then).
-    """
+    """Calls one policy for the engine: a ``schedule`` that raises or returns something
+    malformed is replaced, for that step, by the FCFS decision; any other method that
+    raises is skipped. Each failure is logged (the traceback once per method) and
+    counted in ``failures`` (``aioserve:scheduler_failures_total``). ``snapshot`` makes
+    the state handed to hooks that take one; ``wants_steps`` says whether the policy
+    overrides ``on_step`` (feedback is built only then)."""
 
     def __init__(self, policy: Scheduler,
                  snapshot: Callable[[], SchedulerState] | None = None) -> None:
@@ -96,6 +82,9 @@ class PolicyGuard:
         self._overrides = {name: _overrides(policy, name) for name in HOOKS}
         self._takes_state = {name: _takes_state(policy, name) for name in HOOKS}
         self.wants_steps = self._overrides["on_step"]
+        self._victims: Callable[[SchedulerState], Iterable[RequestView]] | None = None
+        if isinstance(policy, OrderedScheduler) and _overrides(policy, "victims"):
+            self._victims = policy.victims
 
     def _failed(self, method: str, error: str, exc: BaseException | None = None) -> None:
         self.failures += 1
@@ -106,7 +95,6 @@ class PolicyGuard:
                      error, then, self.failures, exc_info=exc if first else None)
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
-        """The policy's decision, or the FCFS decision when it fails."""
         try:
             decision = self.policy.schedule(state)
         except Exception as exc:
@@ -119,8 +107,6 @@ class PolicyGuard:
         return decision
 
     def _call(self, method: str, event: object) -> None:
-        """Call the policy's hook ``method`` with ``event`` (and a fresh snapshot when
-        the hook takes one); a raise is logged, counted and skipped."""
         hook = getattr(self.policy, method, None)
         if hook is None:
             return
@@ -133,40 +119,38 @@ class PolicyGuard:
             self._failed(method, f"{type(exc).__name__}: {exc}", exc)
 
     def on_arrival(self, request: RequestView) -> None:
-        """The policy's ``on_arrival``; a raise is logged, counted and skipped."""
         if self._overrides["on_arrival"]:
             self._call("on_arrival", request)
 
     def on_finish(self, request: RequestView) -> None:
-        """The policy's ``on_finish``; a raise is logged, counted and skipped."""
         if self._overrides["on_finish"]:
             self._call("on_finish", request)
 
     def on_preempt(self, request: RequestView) -> None:
-        """The policy's ``on_preempt`` (contract version 3); a raise is logged, counted
-        and skipped."""
         if self._overrides["on_preempt"]:
             self._call("on_preempt", request)
 
     def on_step(self, feedback: StepFeedback) -> None:
-        """The policy's ``on_step``; a raise is logged, counted and skipped."""
         self._call("on_step", feedback)
 
     def choose_victim(self, requester: RequestView, candidates: Sequence[RequestView]) -> int:
-        """Index into ``candidates`` of the request to preempt (0, the newest, unless
-        the policy names another candidate)."""
-        choose = getattr(self.policy, "choose_victim", None)
-        if choose is None:
+        """Index into ``candidates`` (newest first) of the request the engine evicts: the
+        first of the policy's ``victims`` among them (a version 1-3 ``choose_victim``
+        answers instead, when the policy has one); 0 when it names none."""
+        choose, victims = getattr(self.policy, "choose_victim", None), self._victims
+        if choose is None and victims is None:
             return 0
+        index = {c.request_id: i for i, c in enumerate(candidates)}
         try:
-            chosen = choose(requester, candidates)
+            if choose is not None:
+                chosen = choose(requester, candidates)
+                if chosen is not None and chosen not in index:
+                    self._failed("choose_victim", f"{chosen!r} is not one of the candidates")
+                return index.get(chosen, 0)
+            if victims is not None:
+                order = victims(self.snapshot())
+                return next((index[v.request_id] for v in order if v.request_id in index), 0)
         except Exception as exc:
-            self._failed("choose_victim", f"{type(exc).__name__}: {exc}", exc)
-            return 0
-        if chosen is None:
-            return 0
-        for index, candidate in enumerate(candidates):
-            if candidate.request_id == chosen:
-                return index
-        self._failed("choose_victim", f"{chosen!r} is not one of the candidates")
+            method = "victims" if choose is None else "choose_victim"
+            self._failed(method, f"{type(exc).__name__}: {exc}", exc)
         return 0

@@ -1,6 +1,4 @@
-"""What parameters a scheduling policy takes (``--scheduler-config``'s keys): read from its
-constructor's signature, with each one's description from the ``Args:`` section of the
-class's docstring (or of the class above it that defines the constructor)."""
+"""A policy's parameters (``--scheduler-config``'s keys), described by its ``Args:`` section."""
 
 from __future__ import annotations
 
@@ -21,14 +19,7 @@ _ARG = re.compile(r"^(\s*)([A-Za-z_][\w, ]*):\s*(.*)$")
 
 @dataclass(frozen=True)
 class PolicyParameter:
-    """One constructor parameter of a policy.
-
-    Attributes:
-        name: the keyword (a ``--scheduler-config`` key).
-        type: the annotation as written (``"float"``, ``"int | None"``), or ``""``.
-        default: the default value, or :data:`REQUIRED`.
-        description: from the docstring's ``Args:`` section, or ``""``.
-    """
+    """One constructor parameter: keyword, annotation, default (or REQUIRED), description."""
 
     name: str
     type: str
@@ -37,8 +28,7 @@ class PolicyParameter:
 
 
 def _arg_descriptions(doc: str | None) -> dict[str, str]:
-    """``name -> text`` from a Google-style ``Args:`` section (``a, b: text`` names two;
-    deeper-indented lines continue an entry)."""
+    """``name -> text`` from a Google-style ``Args:`` section (``a, b: text`` names two)."""
     descriptions: dict[str, str] = {}
     lines = inspect.cleandoc(doc or "").splitlines()
     try:
@@ -76,21 +66,16 @@ def _type_text(annotation: Any) -> str:
 
 
 def keyword_parameters(cls: Any) -> list[inspect.Parameter]:
-    """The parameters ``cls``'s constructor takes by keyword, in signature order
-    (``*args`` and ``**kwargs`` left out).
-
-    Raises:
-        ValueError, TypeError: no signature can be read (as :func:`inspect.signature`).
-    """
+    """The parameters ``cls``'s constructor takes by keyword, in signature order."""
     return [p for p in inspect.signature(cls).parameters.values()
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def policy_parameters(cls: type) -> list[PolicyParameter]:
-    """The keyword parameters ``cls``'s constructor takes, in signature order (``*args``
-    and ``**kwargs`` left out), with their types, defaults and descriptions."""
-    owner = next((c for c in cls.__mro__ if "__init__" in vars(c)), cls)
-    descriptions = {**_arg_descriptions(owner.__doc__), **_arg_descriptions(cls.__doc__)}
+    """Those parameters with their types, defaults and descriptions."""
+    descriptions: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's description wins
+        descriptions.update(_arg_descriptions(klass.__doc__))
     return [
         PolicyParameter(p.name, _type_text(p.annotation), p.default,
                         descriptions.get(p.name, ""))
@@ -99,10 +84,8 @@ def policy_parameters(cls: type) -> list[PolicyParameter]:
 
 
 def policy_configuration(scheduler: object, params: dict[str, Any] | None) -> dict[str, Any]:
-    """Every parameter of ``scheduler``'s class with the value it was made with:
-    ``params`` (``--scheduler-config``) where given, else the policy's attribute of that
-    name where it is a plain value (a policy made in code: ``VTCScheduler(preempt=False)``
-    keeps ``preempt``), else the default."""
+    """Every parameter of ``scheduler``'s class with its value: ``params`` where given, else
+    the policy's plain attribute of that name, else the default."""
     given = params or {}
     values: dict[str, Any] = {}
     for p in policy_parameters(type(scheduler)):
@@ -117,5 +100,4 @@ def policy_configuration(scheduler: object, params: dict[str, Any] | None) -> di
 
 
 def configuration_text(values: dict[str, Any]) -> str:
-    """``values`` as one line of JSON (values JSON cannot write as their ``repr``)."""
     return json.dumps(values, default=repr)

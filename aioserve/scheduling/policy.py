@@ -1,5 +1,4 @@
-"""The policy classes: :class:`Scheduler` (the contract) and :class:`OrderedScheduler`
-(a policy that is an order: a sort key for admissions, an order of victims)."""
+"""The policy classes: :class:`Scheduler` (the contract) and :class:`OrderedScheduler`."""
 
 from __future__ import annotations
 
@@ -11,79 +10,69 @@ from aioserve.scheduling.feedback import StepFeedback
 from aioserve.scheduling.state import SchedulerState
 from aioserve.scheduling.view import RequestView
 
-#: The version of the contract this module defines (see docs/schedulers.md). Version 3
-#: added ``on_preempt`` and the state snapshot handed to every hook; policies written for
-#: versions 1 and 2 (hooks without ``state``) load and run unchanged.
-CONTRACT_VERSION = 3
+#: The contract's version (docs/schedulers.md). 4: one eviction order,
+#: ``OrderedScheduler.victims``, replaces ``choose_victim``; 3: ``on_preempt`` and hooks
+#: given ``state``. Policies of versions 1-3 load and run unchanged.
+CONTRACT_VERSION = 4
 
 
 class Scheduler:
-    """Base class of scheduling policies (contract version 3).
+    """Base class of scheduling policies (contract version 4).
 
     A policy decides; the engine owns every queue and block and checks every decision.
-    Subclasses set ``name`` and implement :meth:`schedule`; the hooks are optional. A
-    policy's constructor parameters come from ``--scheduler-config`` /
-    ``EngineConfig.scheduler_config`` (JSON), so give each one a default. Any method
-    that raises is contained: the engine logs it, counts it and goes on (a failed
+    Subclasses set ``name`` and implement :meth:`schedule`; everything else is optional.
+    Constructor parameters come from ``--scheduler-config`` /
+    ``EngineConfig.scheduler_config`` (JSON), so give each a default. A method that
+    raises is contained: the engine logs it, counts it and goes on (a failed
     :meth:`schedule` is replaced by the FCFS decision for that step).
 
-    Every hook receives ``state``: a snapshot of the engine taken when the hook is
-    called, after the event it reports (the request is already in the waiting queue, out
-    of the engine, or back in the waiting queue): the state the next :meth:`schedule`
-    sees unless other events come first. A hook written without the ``state`` parameter
-    (contract versions 1 and 2) is called without it, and no snapshot is built for it.
+    Preemption has one rule: a policy evicts for its own reasons (priority, fairness) by
+    naming ids in ``SchedulerOutput.preempt``; when KV blocks run short, whoever evicts
+    (``state.preempt_for_growth`` before a step, the engine during one) takes
+    :meth:`OrderedScheduler.victims` in order (newest first for any other policy).
+    Either way :meth:`on_preempt` follows.
+
+    Every hook receives ``state``: a snapshot taken when the hook is called, after its
+    event (the request is already waiting, gone, or back at the head of the waiting
+    queue): what the next :meth:`schedule` sees unless other events come first. A hook
+    written without ``state`` (versions 1 and 2) is called without it.
 
     Timing: the engine schedules one step ahead, so :meth:`schedule` for step N+1 runs
-    before step N's :meth:`on_step`; service counted only in :meth:`on_step` is one
-    step late, and a policy that orders by it admits the same client twice. Charge
-    what an admission will cost when you admit (in :meth:`schedule`), and use
-    :meth:`on_step` for what only the step can tell (tokens emitted, time taken).
+    before step N's :meth:`on_step`. Charge what an admission costs when you admit it
+    (in :meth:`schedule`); use :meth:`on_step` for what only the step tells (tokens
+    emitted, time taken).
     """
 
     name: ClassVar[str] = ""
     contract_version: ClassVar[int] = CONTRACT_VERSION
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
-        """Decide which waiting requests to admit, which running ones to preempt, pause
-        or shed, and how much each may prefill this step."""
+        """Decide the next step from ``state`` (a frozen snapshot); the engine applies what is
+        valid in the returned decision and ignores the rest."""
         raise NotImplementedError
 
     def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
-        """A request joined the waiting queue (hook; default does nothing)."""
+        """A request joined the waiting queue."""
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
-        """A request finished, for any reason (hook; default does nothing)."""
+        """A request finished, for any reason."""
 
     def on_preempt(self, request: RequestView, state: SchedulerState) -> None:
-        """A running request was preempted (by the policy's decision or for another's
-        KV growth): its blocks are freed and it is back at the head of the waiting
-        queue, to be recomputed when readmitted (hook; default does nothing)."""
+        """A running request was preempted: its blocks are freed and it waits at the
+        head of the queue, to be recomputed when readmitted."""
 
     def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
-        """A step finished: per request, tokens computed and emitted; the step's time.
-        Arrives after the next step was scheduled (one step late, see above). Called
-        only when a policy overrides it (hook; default does nothing)."""
-
-    def choose_victim(
-        self, requester: RequestView, candidates: Sequence[RequestView]
-    ) -> str | None:
-        """The engine must free KV blocks so that ``requester`` can grow this step:
-        name the running request to preempt, one of ``candidates`` (newest admission
-        first; the requester may be among them). None keeps the engine's default, the
-        first candidate (the newest, as vLLM's FCFS). Called again while blocks are
-        still short."""
-        return None
+        """A step finished (after the next one was scheduled); called only when overridden."""
 
 
 class OrderedScheduler(Scheduler):
-    """A policy defined by orders, on the engine's shared admission arithmetic.
+    """A policy that is an order, on the engine's shared admission arithmetic.
 
     Each step: if the running requests need more KV blocks than are free, preempt from
-    :meth:`victims` (newest first by default) until they fit, and admit nothing;
-    otherwise admit waiting requests in :meth:`order` (by :meth:`key`, ties in queue
-    order) while slots, the token budget and free blocks allow, keeping ``watermark``
-    of all blocks free while something runs, and stop at the first that does not fit.
-    With the default key this is vLLM's FCFS.
+    :meth:`victims` until they fit, and admit nothing; otherwise admit waiting requests
+    by :meth:`key` (ties in queue order) while slots, the token budget and free blocks
+    allow, keeping ``watermark`` of all blocks free while something runs, and stop at
+    the first that does not fit. With the default key this is vLLM's FCFS.
 
     Args:
         watermark: fraction of all KV blocks kept free at admission, so running
@@ -99,8 +88,7 @@ class OrderedScheduler(Scheduler):
         self.watermark = watermark
 
     def key(self, request: RequestView, state: SchedulerState) -> Any:
-        """Sort key of a waiting request (smaller is admitted first); default: none,
-        so the queue order (preempted first, then arrival) stands."""
+        """Sort key of a waiting request, smallest admitted first (default: queue order)."""
         return 0
 
     def order(self, state: SchedulerState) -> Sequence[RequestView]:
@@ -108,8 +96,9 @@ class OrderedScheduler(Scheduler):
         return sorted(state.waiting, key=lambda request: self.key(request, state))
 
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
-        """Running requests in the order to preempt them under memory pressure
-        (default: newest admission first)."""
+        """Running requests in the order to evict them when KV blocks run short
+        (default: newest admission first, as vLLM's FCFS). The engine, short of blocks
+        mid-step, evicts the first of these it may (one not yet scheduled this step)."""
         return reversed(state.running)
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:

@@ -1,5 +1,4 @@
-"""Find scheduling policies by name (entry points, or ``"package.module:Class"``) and
-make them with their parameters, checked against the constructor's signature."""
+"""Find scheduling policies by name or ``"package.module:Class"`` and make them, checked."""
 
 from __future__ import annotations
 
@@ -19,17 +18,11 @@ ENTRY_POINT_GROUP = "aioserve.schedulers"
 
 
 def available_schedulers() -> list[str]:
-    """Names registered under the ``aioserve.schedulers`` entry-point group."""
     return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
 def load_object(spec: str) -> Any:
-    """The object a ``"package.module:attribute"`` names.
-
-    Raises:
-        ValueError: not of that form, the module cannot be imported, or it has no such
-            attribute.
-    """
+    """The object a ``"package.module:attribute"`` names (a ValueError says why not)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"{spec!r} is not of the form 'package.module:Name'")
@@ -56,8 +49,7 @@ def _load_class(spec: str) -> Any:
 
 
 def scheduler_name(spec: str) -> str:
-    """The ``name`` of the policy a spec loads (the spec itself when it has none or
-    cannot be loaded)."""
+    """The ``name`` of the policy a spec loads (the spec itself when there is none)."""
     try:
         name = getattr(_load_class(spec), "name", "")
     except ValueError:
@@ -66,8 +58,7 @@ def scheduler_name(spec: str) -> str:
 
 
 def parameter_names(spec: str) -> list[str]:
-    """The constructor parameters of the policy a spec loads (none when it cannot be
-    loaded)."""
+    """The constructor parameters of the policy a spec loads (none when it cannot load)."""
     try:
         return [p.name for p in keyword_parameters(_load_class(spec))]
     except (ValueError, TypeError):
@@ -76,16 +67,9 @@ def parameter_names(spec: str) -> list[str]:
 
 def params_by_policy(specs: list[str], params: Mapping[str, Any] | None
                      ) -> dict[str, dict[str, Any] | None]:
-    """Each policy's parameters from one ``--scheduler-config`` object: the object for
-    every policy, or, keyed by the policies (each named by its spec or its ``name``),
-    each its own. An object whose values are all objects is keyed when its keys name
-    the policies; with several policies also when they do not, unless every key is a
-    parameter one of them takes (then it applies to every policy).
-
-    Raises:
-        ValueError: with several policies, a key that names none of them (the message
-            lists them).
-    """
+    """Each policy's parameters from one ``--scheduler-config`` object: the object for every
+    policy, or keyed by policy (spec or ``name``). With several policies, a key that names
+    none of them and no parameter of any is a ValueError listing them."""
     if not params or not all(isinstance(v, dict) for v in params.values()):
         return dict.fromkeys(specs, dict(params) if params else None)
     aliases = {alias: spec for spec in specs for alias in (spec, scheduler_name(spec))}
@@ -104,9 +88,7 @@ def params_by_policy(specs: list[str], params: Mapping[str, Any] | None
 
 
 def _check_parameters(spec: str, cls: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` checked against ``cls``'s constructor: names it takes, values of the
-    annotated types (validated by pydantic; JSON numbers become floats where a float
-    is expected)."""
+    """``params`` checked against ``cls``'s constructor: its names and annotated types."""
     names = [p.name for p in keyword_parameters(cls)]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values())
     try:
@@ -141,14 +123,11 @@ def load_scheduler(spec: str | Scheduler, params: Mapping[str, Any] | None = Non
 
     Args:
         spec: the policy.
-        params: constructor parameters (``--scheduler-config``); only with a name or
-            a ``"module:Class"``.
+        params: constructor parameters (``--scheduler-config``); not with an instance.
 
     Raises:
-        ValueError: the name is unknown, the module cannot be imported, the object is
-            not a scheduler, a parameter is unknown or of the wrong type, or the
-            policy's constructor refuses a value (the message names it).
-    """
+        ValueError: unknown name, unimportable module, not a scheduler, a parameter
+            unknown or of the wrong type, or a value the constructor refuses (named)."""
     if not isinstance(spec, str):
         if params:
             raise ValueError("scheduler parameters need a scheduler name, not an instance")

@@ -1,5 +1,5 @@
-"""SchedulerState: the engine as a policy sees it before a step, with the arithmetic of
-slots, token budget and KV blocks every policy needs (so no policy copies it)."""
+"""SchedulerState and Admission: the engine before a step, and the slot, token and KV-block
+arithmetic every policy shares (the engine's own)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from aioserve.scheduling.admission import Admission
+from aioserve.kv_cache import blocks_for_tokens
 from aioserve.scheduling.view import RequestView
 
 if TYPE_CHECKING:
@@ -36,12 +36,11 @@ def _no_hit(request: RequestView) -> PrefixHit:
 
 
 def _raw_demand(requests: Sequence[Request], size: int) -> tuple[int, int]:
-    """``running_demand`` over the engine's own requests (attributes, not properties)."""
     tokens = blocks = 0
     for r in requests:
         total = len(r.prompt_token_ids) + len(r.output_token_ids) + r.num_output_placeholders
         tokens += total - r.num_computed_tokens
-        grow = -(-total // size) - len(r.block_ids)
+        grow = blocks_for_tokens(total, size) - len(r.block_ids)
         if grow > 0:
             blocks += grow
     return tokens, blocks
@@ -101,11 +100,8 @@ class SchedulerState:
         return total - request.num_computed_tokens - self._hit(request).num_tokens
 
     def running_demand(self, excluding: Collection[str] = ()) -> tuple[int, int]:
-        """(tokens, free blocks) the running requests (less ``excluding``, e.g. paused
-        ones) take to compute all their remaining tokens in the next step: the sums of
-        :meth:`tokens_to_compute` and of :meth:`blocks_needed` over them, in one pass
-        (the per-step hot path of a policy at hundreds of running requests; computed
-        once per snapshot when nothing is excluded)."""
+        """(tokens, free blocks) the running requests, less ``excluding`` (e.g. paused ones), take
+        to compute their remaining tokens in the next step; memoised when nothing is excluded."""
         if not excluding and self._demand:
             return self._demand[0]
         if self.running_requests and not excluding:
@@ -118,7 +114,7 @@ class SchedulerState:
                 continue
             total = request.num_tokens + request.num_output_placeholders
             tokens += total - request.num_computed_tokens
-            grow = -(-total // size) - request.num_blocks
+            grow = blocks_for_tokens(total, size) - request.num_blocks
             if grow > 0:
                 blocks += grow
         if not excluding:
@@ -132,25 +128,19 @@ class SchedulerState:
         them out of ``num_free_blocks``."""
         cached, held = self._hit(request)
         total = request.num_computed_tokens + cached + num_new_tokens
-        return max(0, -(-total // self.block_size) - request.num_blocks - held)
+        return max(0, blocks_for_tokens(total, self.block_size) - request.num_blocks - held)
 
     def admission(self, paused: Collection[str] = ()) -> Admission:
-        """A fresh budget for admitting waiting requests this step: slots, tokens and
-        free blocks left once the running requests (less ``paused``) take theirs. See
-        :class:`~aioserve.scheduling.admission.Admission`."""
+        """A fresh :class:`Admission`: the slots, step tokens and free blocks left once the
+        running requests (less ``paused``) take theirs."""
         tokens, blocks = self.running_demand(paused)
         return Admission(self, self.max_num_seqs - len(self.running),
                          self.max_num_batched_tokens - tokens, self.num_free_blocks - blocks)
 
     def preempt_for_growth(self, victims: Iterable[RequestView]) -> list[str]:
-        """Running requests to evict, taken from ``victims`` in order, until the others
-        have the free blocks to compute their next tokens; at least one request keeps
-        running. Empty when nothing needs to go (the common case).
-
-        Args:
-            victims: running requests in eviction order (e.g. newest first, as vLLM's
-                FCFS, or lowest priority first).
-        """
+        """Running request ids to evict, taken from ``victims`` in order (e.g. a policy's
+        ``victims(state)``), until the others have the free blocks to compute their next
+        tokens; at least one keeps running. Empty when nothing must go (the common case)."""
         tokens, need = self.running_demand()
         free = self.num_free_blocks
         if need <= free:
@@ -165,3 +155,67 @@ class SchedulerState:
             need -= self.blocks_needed(victim, self.tokens_to_compute(victim))
             left -= 1
         return chosen
+
+
+class Admission:
+    """The budget of one decision: slots, step tokens and free KV blocks left for waiting
+    requests. Made by :meth:`SchedulerState.admission`; :meth:`fits` asks, :meth:`admit`
+    takes, :meth:`fill` admits in order until the first request that does not fit (as vLLM
+    and SGLang admit: a large request is not overtaken forever). ``admitted`` lists the ids
+    admitted so far; ``budget`` counts tokens."""
+
+    __slots__ = ("state", "slots", "budget", "free_blocks", "admitted", "_busy")
+
+    def __init__(self, state: SchedulerState, slots: int, budget: int, free_blocks: int) -> None:
+        self.state = state
+        self.slots = slots
+        self.budget = budget
+        self.free_blocks = free_blocks
+        self.admitted: list[str] = []
+        self._busy = bool(state.running)
+
+    def cost(self, request: RequestView, max_tokens: int | None = None) -> tuple[int, int]:
+        """(tokens, blocks) the request's first chunk takes now: its tokens to compute,
+        at most the budget left and ``max_tokens``, and the free blocks they need."""
+        chunk = min(self.state.tokens_to_compute(request), self.budget)
+        if max_tokens is not None:
+            chunk = min(chunk, max(max_tokens, 1))
+        return chunk, self.state.blocks_needed(request, chunk)
+
+    def fits(self, request: RequestView, keep_free: int = 0,
+             max_tokens: int | None = None) -> bool:
+        """Whether the request can start now: a slot, some token budget and the blocks
+        of its first chunk, leaving ``keep_free`` blocks (a watermark; ignored while
+        nothing runs, so an idle engine always takes a request that fits at all)."""
+        if self.slots <= 0 or self.budget <= 0:
+            return False
+        _, blocks = self.cost(request, max_tokens)
+        if self._busy and self.free_blocks - blocks < keep_free:
+            return False
+        return blocks <= self.free_blocks
+
+    def admit(self, request: RequestView, max_tokens: int | None = None) -> None:
+        """Take the request's slot, tokens and blocks from the budget (check
+        :meth:`fits` first)."""
+        chunk, blocks = self.cost(request, max_tokens)
+        self.admitted.append(request.request_id)
+        self.slots -= 1
+        self.budget -= chunk
+        self.free_blocks -= blocks
+
+    def release(self, request: RequestView) -> None:
+        """Credit back a running request this decision preempts: its slot, its tokens
+        of this step and its blocks (held, and those it needed to grow)."""
+        tokens = self.state.tokens_to_compute(request)
+        self.slots += 1
+        self.budget += tokens
+        self.free_blocks += request.num_blocks + self.state.blocks_needed(request, tokens)
+
+    def fill(self, order: Iterable[RequestView], keep_free: int = 0) -> list[str]:
+        """Admit requests in ``order`` until the first that does not fit; returns every
+        id admitted so far."""
+        for request in order:
+            if not self.fits(request, keep_free):
+                break
+            self.admit(request)
+        return self.admitted

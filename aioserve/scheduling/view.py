@@ -14,13 +14,16 @@ if TYPE_CHECKING:
 
 class RequestView:
     """A read-only window on one engine request: properties only, no setters, no new
-    attributes (``__slots__``). The engine makes one per request when it is queued, so
-    a policy pays no copy per step; read it during the call that handed it to you and
-    keep only ids across steps.
+    attributes (``__slots__``). The engine makes one per request when it is queued, so a
+    policy pays no copy per step; read it during the call that handed it to you and keep
+    only ids across steps.
 
-    Token counts are in tokens; times are seconds on the engine's clock (the clock of
-    ``SchedulerState.now``: ``time.monotonic()`` or the simulator's virtual clock).
-    """
+    Counts are in tokens (blocks for ``num_blocks``); times are seconds on the engine's
+    clock (``SchedulerState.now``'s: ``time.monotonic()`` or the simulator's). ``priority``,
+    ``tenant``, ``ttft_slo_ms``, ``tpot_slo_ms`` and ``metadata`` are ``meta``'s fields
+    (:class:`~aioserve.request_meta.RequestMeta`); ``deadline`` is its deadline on the
+    engine's clock. The history (``first_scheduled_time``, ``first_token_time``,
+    ``last_token_time``) is None until it happens."""
 
     __slots__ = ("_request",)
 
@@ -50,38 +53,30 @@ class RequestView:
     # -- who asks, how urgent (RequestMeta) -------------------------------------------
     @property
     def meta(self) -> RequestMeta:
-        """All the request's metadata at once (frozen); the properties below read it."""
         return self._request.meta
 
     @property
     def priority(self) -> int:
-        """Lower is served first (vLLM's convention); 0 when not given."""
         return self._request.meta.priority
 
     @property
     def tenant(self) -> str | None:
-        """Who sent it (OpenAI ``user`` or ``X-Tenant``); None when not given."""
         return self._request.meta.tenant
 
     @property
     def ttft_slo_ms(self) -> float | None:
-        """Time-to-first-token objective in milliseconds, or None."""
         return self._request.meta.ttft_slo_ms
 
     @property
     def tpot_slo_ms(self) -> float | None:
-        """Time-per-output-token objective in milliseconds, or None."""
         return self._request.meta.tpot_slo_ms
 
     @property
     def deadline(self) -> float | None:
-        """When the whole request should be done, on the engine's clock (seconds), or
-        None."""
         return self._request.deadline
 
     @property
     def metadata(self) -> Mapping[str, str]:
-        """The free string pairs the client sent (read-only)."""
         return self._request.meta.metadata
 
     # -- tokens --------------------------------------------------------------------
@@ -91,7 +86,7 @@ class RequestView:
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
-        """The prompt's token ids (a copy: use the counts on hot paths)."""
+        """A copy: use the counts on hot paths."""
         return tuple(self._request.prompt_token_ids)
 
     @property
@@ -100,7 +95,6 @@ class RequestView:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus output tokens."""
         return self._request.num_tokens
 
     @property
@@ -121,12 +115,11 @@ class RequestView:
     # -- KV blocks -----------------------------------------------------------------
     @property
     def block_ids(self) -> tuple[int, ...]:
-        """The KV blocks it holds, in position order (a copy)."""
+        """A copy, in position order."""
         return tuple(self._request.block_ids)
 
     @property
     def num_blocks(self) -> int:
-        """KV blocks it holds."""
         return len(self._request.block_ids)
 
     # -- history (RequestMetrics) ----------------------------------------------------
@@ -136,20 +129,17 @@ class RequestView:
 
     @property
     def first_scheduled_time(self) -> float | None:
-        """When it first started running, or None."""
         return self._request.metrics.first_scheduled_time
 
     @property
     def first_token_time(self) -> float | None:
-        """When its first output token came back, or None."""
         return self._request.metrics.first_token_time
 
     @property
     def last_token_time(self) -> float | None:
-        """When its latest output token came back, or None."""
         return self._request.metrics.last_token_time
 
     @property
     def num_preemptions(self) -> int:
-        """Times it was preempted (its KV freed, recomputed on readmission)."""
+        """Times its KV was freed, to be recomputed on readmission."""
         return self._request.metrics.num_preemptions

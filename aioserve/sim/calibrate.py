@@ -1,5 +1,4 @@
-"""Calibration: run a short workload on the real engine, record every step, fit the
-simulator's step cost (:class:`~aioserve.sim.step_cost.StepCostModel`) to it."""
+"""Calibration: run a short workload on the real engine and fit the simulator's step cost."""
 
 from __future__ import annotations
 
@@ -17,10 +16,8 @@ from aioserve.sim.workloads import WorkloadRequest
 
 
 def calibration_workload(max_num_seqs: int, seed: int = 0) -> list[WorkloadRequest]:
-    """Steps of every composition the engine meets: requests one at a time (small
-    decode batches), a burst of twice ``max_num_seqs`` (full batches, queueing,
-    preemption when the cache is small), and long prompts among short outputs
-    (prefill-heavy steps, chunked prefill). Prompts 8-256 tokens, outputs 4-96."""
+    """Steps of every shape the engine meets: solo requests, a burst of twice
+    ``max_num_seqs`` and long prompts among short outputs (prompts 8-256, outputs 4-96)."""
     rng = random.Random(seed)
     items: list[WorkloadRequest] = []
     t = 0.0
@@ -59,13 +56,8 @@ def describe(engine: AsyncEngine) -> dict[str, Any]:
 
 async def calibrate(engine: AsyncEngine, workload: list[WorkloadRequest] | None = None,
                     rounds: int = 2) -> StepCostModel:
-    """Fit the step cost of a running, idle ``engine``: a warm-up pass, then ``rounds``
-    passes of ``workload`` (default :func:`calibration_workload`) under ``fcfs``.
-
-    Raises:
-        ValueError: too few steps to fit.
-        RuntimeError: the engine is busy.
-    """
+    """Fit the step cost of a running, idle ``engine`` on ``rounds`` passes of ``workload``
+    under ``fcfs``, after a warm-up (ValueError: too few steps; RuntimeError: busy)."""
     core = engine._require_core()
     workload = workload or calibration_workload(core.max_num_seqs)
     await replay(engine, workload[: max(4, len(workload) // 4)], "fcfs")  # warm-up

@@ -1,12 +1,5 @@
-"""Replay a simulator workload on a real, in-process engine, so the simulator and the
-engine run the very same JSONL and report the same figures.
-
-Each workload request is added at its ``arrival_s`` (seconds after the replay starts,
-on the event loop's clock) with the prompt the simulator would use (its token ids),
-``max_tokens`` = its limit and ``ignore_eos`` (so it produces exactly ``output_len``
-tokens when that is its limit), greedy, and its :class:`RequestMeta`. Timings are the
-engine's own (request metrics on the engine's clock), so no client lag enters them.
-"""
+"""Replay a simulator workload on a real, in-process engine (``simulate --real``): the same
+JSONL, prompts and figures, on the engine's clock; ``ignore_eos`` ends each at its length."""
 
 from __future__ import annotations
 
@@ -28,8 +21,7 @@ from aioserve.sim.workloads import WorkloadRequest
 
 
 def sim_config_of(engine: AsyncEngine, **overrides: Any) -> SimConfig:
-    """The :class:`SimConfig` of a running engine (slots, KV blocks, block size, token
-    budget, prefix caching, context length), one step ahead as the engine runs."""
+    """The :class:`SimConfig` of a running engine, one step ahead as the engine runs."""
     core = engine._require_core()
     fields: dict[str, Any] = {
         "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
@@ -43,14 +35,13 @@ def sim_config_of(engine: AsyncEngine, **overrides: Any) -> SimConfig:
 
 
 class _Recorder:
-    """Keeps the requests, steps and feedback of one replay."""
 
     def __init__(self) -> None:
         self.finished: dict[str, Request] = {}
         self.feedback: list[StepFeedback] = []
 
     def on_step(self, snapshot: object) -> None:
-        """(A listener without step snapshots.)"""
+        """A listener without step snapshots."""
 
     def on_finish(self, request: Request) -> None:
         self.finished[request.request_id] = request
@@ -69,7 +60,7 @@ async def _one(engine: AsyncEngine, item: WorkloadRequest, at: float, vocab_size
                             length_hint=item.length_hint)
     prompt = item.prompt_token_ids(vocab_size, FIRST_WORD_ID)
     try:
-        stream = engine.add_request(prompt, params, item.id, meta=item.meta(unix_zero))
+        stream = engine.add_request(prompt, params, item.id, meta=item.meta_from(unix_zero))
     except ValueError as exc:
         rejected[item.id] = str(exc)
         return
@@ -95,17 +86,13 @@ async def replay(
     scheduler: str | Scheduler,
     scheduler_params: Mapping[str, Any] | None = None,
 ) -> SimResult:
-    """Run ``workload`` on a running, idle ``engine`` under ``scheduler`` and return the
-    same result :func:`~aioserve.sim.simulator.simulate` returns (its ``runner`` is the
-    engine's runner; ``steps`` and ``feedback`` are the engine's real steps).
-
-    The engine's policy is replaced for the replay (and kept afterwards); its prefix
-    cache is emptied first.
+    """Run ``workload`` on a running, idle ``engine`` under ``scheduler``; returns what
+    :func:`~aioserve.sim.simulator.simulate` returns, from the engine's real steps. The
+    policy is replaced (and kept); the prefix cache is emptied first.
 
     Raises:
         ValueError: unknown scheduler or bad parameters.
-        RuntimeError: the engine is busy.
-    """
+        RuntimeError: the engine is busy."""
     core = engine._require_core()
     if core.has_work:
         raise RuntimeError("replay needs an idle engine")

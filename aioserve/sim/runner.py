@@ -1,17 +1,4 @@
-"""SimulatedRunner: the runner interface on a virtual clock, for comparing schedulers.
-
-Two cost models. The article's ("continuous batching: a car-pool whose empty seats
-are refilled at every stop"): every step costs ``step_ms`` (50 ms there) whatever the
-batch holds, plus an optional ``prefill_ms_per_token`` for each prompt (or recomputed)
-token fed in that step (0 there). Or a calibrated :class:`StepCostModel` fitted on this
-engine's real steps (``aioserve simulate --calibrate``). Every scheduled request gets
-one token per step. Nothing sleeps: the clock jumps by the step's cost, and a step
-yields to the event loop once with ``asyncio.sleep(0)``.
-
-Like the TorchRunner, :class:`OverlappedRunner` offers ``submit``: the engine's step
-loop then schedules step N+1 while step N runs (one step ahead), and a step starts
-when the one before it ends.
-"""
+"""SimulatedRunner: the runner interface on a virtual clock, for comparing schedulers."""
 
 from __future__ import annotations
 
@@ -34,33 +21,11 @@ FIRST_WORD_ID = 3
 class SimulatedRunner:
     """A runner with a virtual clock and scripted output lengths.
 
-    A request's n-th sampled token (0-based) is ``token_for(n)``: the EOS id when
-    ``n + 1`` reaches its scripted length, so the engine ends it with ``stop`` after
-    exactly that many tokens (the EOS token counts, as everywhere in aioserve);
-    requests without a script never emit EOS (``max_tokens`` ends them). The tokens
-    depend only on the request and its output index, so a request preempted and
-    recomputed produces exactly the tokens it would have produced without that.
-
-    Args:
-        output_lengths: scripted number of output tokens per request id (>= 1), or a
-            function from request id to it (None: no script for that id).
-        step_ms: cost of one step in milliseconds (>= 0; the article's 50).
-        prefill_ms_per_token: extra cost per prompt or recomputed token fed in a step,
-            in milliseconds (>= 0; default 0 as in the article).
-        num_kv_blocks, block_size: the KV cache the engine manages (no tensors here).
-        max_model_len: context length in tokens.
-        vocab_size: token ids accepted in prompts (> ``FIRST_WORD_ID``).
-        eos_token_id: the id that ends a scripted request.
-        cost_model: a calibrated step cost; overrides ``step_ms`` and
-            ``prefill_ms_per_token``.
-
-    Attributes:
-        on_clock: called with the clock (ns) each time a step ends, before the engine
-            sees its tokens (the simulator queues the requests that arrived meanwhile).
-
-    Raises:
-        ValueError: a cost is negative or a size is not positive.
-    """
+    A request's n-th token is EOS once ``n + 1`` reaches its scripted length (requests
+    without a script never emit EOS); tokens depend only on the request and the index, so
+    a recomputed request produces exactly what it would have. Costs are in milliseconds
+    (``step_ms`` per step, ``prefill_ms_per_token`` per prompt or recomputed token, or a
+    ``cost_model``); ``on_clock`` is called with the clock (ns) when a step ends."""
 
     def __init__(
         self,
@@ -99,25 +64,21 @@ class SimulatedRunner:
         self.on_clock: Callable[[int], None] | None = None
 
     def clock(self) -> float:
-        """The virtual time in seconds (the engine's clock when it runs this runner)."""
+        """The virtual time in seconds."""
         return self.now_ns / NS_PER_S
 
     def advance_to(self, time_ns: int) -> None:
-        """Move the clock forward to ``time_ns`` (an idle engine waiting for an arrival);
-        never backwards."""
+        """Move the clock forward to ``time_ns`` (never backwards)."""
         self.now_ns = max(self.now_ns, time_ns)
 
     def token_for(self, request_id: str, index: int) -> int:
-        """The token a request samples at output position ``index`` (0-based)."""
         length = self._length(request_id)
         if length is not None and index + 1 >= length:
             return self.eos_token_ids[0]
         return FIRST_WORD_ID + index % (self.vocab_size - FIRST_WORD_ID)
 
     def step_cost_ns(self, batch: ScheduledBatch) -> int:
-        """Cost of a step in nanoseconds: the calibrated model's, else ``step_ms`` plus
-        the prefill cost of every token fed that is not a decode token (a request's one
-        last sampled token)."""
+        """Step cost in ns: the calibrated model's, else ``step_ms`` plus its prefill tokens'."""
         prefill = sum(
             count
             for count, produced in zip(batch.num_scheduled_tokens, batch.num_output_tokens)
@@ -129,7 +90,6 @@ class SimulatedRunner:
         return self.step_ns + prefill * self.prefill_ns_per_token
 
     def outputs(self, batch: ScheduledBatch) -> RunnerOutput:
-        """Each request's next token (-1 where the batch does not sample)."""
         tokens = [
             self.token_for(request_id, produced) if sample else -1
             for request_id, produced, sample in zip(
@@ -145,8 +105,7 @@ class SimulatedRunner:
             self.on_clock(self.now_ns)
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
-        """Advance the clock by the step's cost and return each request's next token
-        (-1 where the batch does not sample). Yields to the event loop once."""
+        """Advance the clock by the step's cost and return each request's next token."""
         self._end_step(self.now_ns + self.step_cost_ns(batch))
         await asyncio.sleep(0)
         return self.outputs(batch)
@@ -156,19 +115,14 @@ class SimulatedRunner:
 
 
 class OverlappedRunner(SimulatedRunner):
-    """A simulated runner the engine schedules one step ahead of, as it does the
-    TorchRunner: ``submit`` starts a step when the step before it ends (or now, when
-    the runner is idle), and awaiting it moves the clock to its end.
-
-    Takes the same arguments as :class:`SimulatedRunner`.
-    """
+    """A simulated runner the engine schedules one step ahead of, as the TorchRunner: a
+    submitted step starts when the one before it ends."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.busy_until_ns = 0
 
     def submit(self, batch: ScheduledBatch) -> Coroutine[Any, Any, RunnerOutput]:
-        """Start the step; the returned awaitable ends it."""
         start = max(self.now_ns, self.busy_until_ns)
         self.busy_until_ns = end = start + self.step_cost_ns(batch)
         return self._finish(batch, end)

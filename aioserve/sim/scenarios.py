@@ -1,6 +1,4 @@
-"""Workloads that exercise scheduling policies: two tenants (one heavy, one light), a
-priority mix, an SLO mix and heavy-tailed lengths, each a bursty Poisson stream,
-deterministic for a seed. Named ``NAME[:key=value,...]`` on the command line."""
+"""Bursty, seeded workloads that exercise policies (``NAME[:key=value,...]``)."""
 
 from __future__ import annotations
 
@@ -9,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from aioserve.request_meta import RequestMeta
 from aioserve.sim.workloads import (
     WorkloadRequest,
     article_example,
@@ -19,8 +18,6 @@ from aioserve.sim.workloads import (
 
 
 def _arrivals(n: int, rate: float, burst: float, rng: random.Random) -> Iterator[float]:
-    """``n`` arrival times: bursts as a Poisson process, each burst a geometric number
-    of requests (mean ``burst``) arriving together, ``rate`` requests/s on average."""
     t, sent = 0.0, 0
     while sent < n:
         t += rng.expovariate(rate / burst)
@@ -38,7 +35,7 @@ def two_tenants(n: int = 200, rate: float = 40.0, light: float = 0.1, burst: flo
     prompts 16-64 tokens, outputs 16-128."""
     rng = random.Random(seed)
     return [WorkloadRequest(f"t{i:04d}", t, rng.randint(16, 64), rng.randint(16, 128),
-                            tenant="light" if rng.random() < light else "heavy")
+                            meta=RequestMeta(tenant="light" if rng.random() < light else "heavy"))
             for i, t in enumerate(_arrivals(n, rate, burst, rng))]
 
 
@@ -48,7 +45,7 @@ def priority_mix(n: int = 200, rate: float = 40.0, high: float = 0.1, burst: flo
     prompts 16-64 tokens, outputs 16-128."""
     rng = random.Random(seed)
     return [WorkloadRequest(f"q{i:04d}", t, rng.randint(16, 64), rng.randint(16, 128),
-                            priority=0 if rng.random() < high else 1)
+                            meta=RequestMeta(priority=0 if rng.random() < high else 1))
             for i, t in enumerate(_arrivals(n, rate, burst, rng))]
 
 
@@ -64,8 +61,8 @@ def slo_mix(n: int = 200, rate: float = 40.0, tight_ms: float = 500.0,
         items.append(WorkloadRequest(
             f"s{i:04d}", t, rng.randint(16, 128),
             rng.randint(8, 64) if tight else rng.randint(64, 192),
-            ttft_slo_ms=tight_ms if tight else loose_ms, tpot_slo_ms=tpot_ms,
-            tenant="interactive" if tight else "batch"))
+            meta=RequestMeta(tenant="interactive" if tight else "batch",
+                             ttft_slo_ms=tight_ms if tight else loose_ms, tpot_slo_ms=tpot_ms)))
     return items
 
 
@@ -87,11 +84,7 @@ SCENARIOS: dict[str, Callable[..., list[WorkloadRequest]]] = {
 
 
 def parse_options(name: str, text: str, allowed: tuple[str, ...]) -> dict[str, Any]:
-    """``key=value,...`` as numbers (ints where integral), checked against ``allowed``.
-
-    Raises:
-        ValueError: an unknown key or a value that is not a number.
-    """
+    """``key=value,...`` as numbers, checked against ``allowed`` (a ValueError names the key)."""
     options: dict[str, Any] = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
@@ -106,12 +99,7 @@ def parse_options(name: str, text: str, allowed: tuple[str, ...]) -> dict[str, A
 
 
 def scenario(spec: str) -> list[WorkloadRequest] | None:
-    """The scenario a spec names (``two-tenants:n=100,rate=60``), or None if it names
-    none.
-
-    Raises:
-        ValueError: a bad option.
-    """
+    """The scenario a spec names (``two-tenants:n=100,rate=60``), or None."""
     name, _, text = spec.partition(":")
     make = SCENARIOS.get(name)
     if make is None:
@@ -121,13 +109,7 @@ def scenario(spec: str) -> list[WorkloadRequest] | None:
 
 
 def load_workload(spec: str) -> list[WorkloadRequest]:
-    """``article-example``, ``article-mix``, ``poisson[:n=..,rate=..,burst=..,seed=..]``,
-    a scenario (``two-tenants``, ``priority-mix``, ``slo-mix``, ``heavy-tail``, each
-    with ``:key=value,...`` options) or a path to a JSON Lines file.
-
-    Raises:
-        ValueError: an unknown name, a bad option or a bad file.
-    """
+    """A named workload or scenario (``NAME[:key=value,...]``) or a JSON Lines file's path."""
     if spec == "article-example":
         return article_example()
     if spec == "article-mix":

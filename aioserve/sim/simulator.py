@@ -1,42 +1,30 @@
 """Run a workload through the engine's own step loop, EngineCore, a real scheduler and
 the real BlockManager, on a simulated runner's virtual clock.
 
-The step loop is the engine's (:class:`~aioserve.engine.step_loop.StepLoop`), so the
-simulator schedules exactly as the engine does. Two timings:
-
-* the article's (default): steps run back to back, one at a time; a step that starts
-  at ``t`` ends at ``t + cost``, and every token it samples is stamped with that end
-  time. A request's prefill is part of its first step, which also samples its first
-  token, so a request of ``n`` output tokens that runs without waiting finishes ``n``
-  steps after it starts (what makes the article's figures come out exactly);
-* the engine's (``overlap=True``, what a calibrated profile predicts): step N+1 is
-  scheduled while step N runs and starts when N ends, as the TorchRunner runs
-  (overlapped scheduling), so a request that arrives during step N waits for N+1 to
-  end before it is scheduled, and mid-step preemptions fall where the engine's do.
-
-Requests join the queue at the first step boundary at or after their arrival (strictly
-after, for ``after_start``); an idle engine jumps its clock to the next arrival.
-Latency is finish - arrival.
-"""
+Two timings (docs/schedulers.md): the article's (steps back to back; a request of ``n``
+output tokens that never waits finishes ``n`` steps after it starts) and the engine's
+(``overlap=True``: step N+1 scheduled while N runs, as the TorchRunner runs). Requests
+join at the first step boundary at or after their arrival (after, for ``after_start``)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from aioserve.engine.core import EngineCore
 from aioserve.engine.observation import EngineListener, ListenerHub, SnapshotBuilder, scheduler_name
 from aioserve.engine.output import Delivery
 from aioserve.engine.step_loop import StepInFlight, StepLoop
-from aioserve.kv_cache import BlockManager
+from aioserve.kv_cache import BlockManager, blocks_for_tokens
 from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
 from aioserve.scheduling.registry import load_scheduler
 from aioserve.sim.runner import FIRST_WORD_ID, OverlappedRunner, SimulatedRunner
-from aioserve.sim.sim_result import SimConfig, SimResult, SimulationStalled, StepRecord
+from aioserve.sim.step_cost import StepCostModel
 from aioserve.sim.workloads import WorkloadRequest
 
 __all__ = ["SimConfig", "SimResult", "SimulationStalled", "StepHook", "StepRecord", "simulate"]
@@ -45,8 +33,77 @@ __all__ = ["SimConfig", "SimResult", "SimulationStalled", "StepHook", "StepRecor
 StepHook = Callable[[EngineCore, StepFeedback], None]
 
 
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
+class SimulationStalled(RuntimeError):
+    """The engine had work but scheduled nothing three times in a row (a deadlock)."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated engine (times in ms, sizes in tokens and blocks).
+
+    Attributes:
+        slots: ``max_num_seqs``.
+        step_ms, prefill_ms_per_token: the article's step cost (50, 0).
+        kv_blocks: None: twice what every slot needs for the longest request.
+        enable_prefix_caching: off by default, so the article's figures stay its model's.
+        cost_model: a calibrated step cost; replaces ``step_ms`` and the prefill cost.
+        overlap: schedule one step ahead as the engine does (see the module).
+        max_model_len: None: the workload's longest request."""
+
+    slots: int = 4
+    step_ms: float = 50.0
+    prefill_ms_per_token: float = 0.0
+    kv_blocks: int | None = None
+    block_size: int = 16
+    max_num_batched_tokens: int = 4096
+    enable_prefix_caching: bool = False
+    cost_model: StepCostModel | None = None
+    overlap: bool = False
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step: start and end in seconds, the requests it ran, tokens fed."""
+
+    start_s: float
+    end_s: float
+    request_ids: tuple[str, ...]
+    num_tokens: int
+
+
+@dataclass
+class SimResult:
+    """What a simulation produced (times in seconds on the virtual clock).
+
+    Attributes:
+        finished: engine requests that ended, by id (tokens and metrics inside).
+        rejected: id -> why, for requests that can never fit.
+        feedback: what every step did (the engine's StepFeedback).
+        num_preemptions, num_preempted_tokens: overrides of the core's counts (None: its).
+        core, runner: the engine core and simulated runner at the end."""
+
+    scheduler: str
+    config: SimConfig
+    workload: list[WorkloadRequest]
+    core: EngineCore
+    runner: SimulatedRunner
+    finished: dict[str, Request] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    steps: list[StepRecord] = field(default_factory=list)
+    feedback: list[StepFeedback] = field(default_factory=list)
+    num_preemptions: int | None = None
+    num_preempted_tokens: int | None = None
+
+    @property
+    def preemptions(self) -> int:
+        return self.core.num_preemptions if self.num_preemptions is None else self.num_preemptions
+
+    @property
+    def preempted_tokens(self) -> int:
+        if self.num_preempted_tokens is None:
+            return self.core.num_preempted_tokens
+        return self.num_preempted_tokens
 
 
 def _make_core(
@@ -56,7 +113,7 @@ def _make_core(
     max_model_len = config.max_model_len or longest
     kv_blocks = config.kv_blocks
     if kv_blocks is None:
-        kv_blocks = 2 * config.slots * _blocks(longest, config.block_size)
+        kv_blocks = 2 * config.slots * blocks_for_tokens(longest, config.block_size)
     # A request ends by a scripted EOS after its output_len tokens; in the engine's
     # timing, one that asks for exactly that many ends by length instead, as it does on
     # the real engine (where it is replayed with ignore_eos).
@@ -87,7 +144,7 @@ def _make_core(
 def _submit(result: SimResult, item: WorkloadRequest) -> None:
     core = result.core
     kv = core.blocks
-    needed = _blocks(item.prompt_len + item.output_len - 1, kv.block_size)
+    needed = blocks_for_tokens(item.prompt_len + item.output_len - 1, kv.block_size)
     if needed > kv.num_blocks:
         result.rejected[item.id] = (
             f"needs {needed} KV blocks for {item.prompt_len} prompt + {item.output_len} output "
@@ -105,7 +162,7 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
                             ignore_eos=result.config.overlap and item.output_len >= item.limit)
     prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
     request = Request(item.id, prompt, params, item.arrival_s)
-    request.meta = item.meta(None)
+    request.meta = item.meta
     request.deadline = item.deadline_s
     try:
         core.add(request)
@@ -137,15 +194,13 @@ class _Arrivals:
         self.pending = deque(sorted(result.workload, key=lambda r: (r.arrival_ns, r.after_start)))
 
     def at_boundary(self, now_ns: int) -> None:
-        """Queue what arrived before ``now_ns`` (at it, unless ``after_start``)."""
         pending = self.pending
         while pending and (pending[0].arrival_ns < now_ns
                            or (pending[0].arrival_ns == now_ns and not pending[0].after_start)):
             _submit(self.result, pending.popleft())
 
     def when_idle(self, runner: SimulatedRunner) -> None:
-        """Jump an idle engine to the next arrival and queue it (an ``after_start``
-        arrival too when nothing else would start then)."""
+        """Jump an idle engine to the next arrival and queue it."""
         runner.advance_to(self.pending[0].arrival_ns)
         now = runner.now_ns
         self.at_boundary(now)
@@ -169,14 +224,12 @@ async def simulate(
         scheduler: a registered name, ``"package.module:Class"`` or an instance.
         config: the simulated engine (default ``SimConfig()``).
         on_step: called after every step (for invariant checks).
-        listener: gets a snapshot after every step and every finished request, as an
-            :meth:`AsyncEngine.add_listener` listener does (e.g. ``simulate --html``).
+        listener: gets a snapshot after every step and finished request (``--html``).
         scheduler_params: the policy's parameters (``--scheduler-config``).
 
     Raises:
         ValueError: unknown scheduler or bad parameters.
-        SimulationStalled: the engine stopped making progress.
-    """
+        SimulationStalled: the engine stopped making progress."""
     config = config or SimConfig()
     policy = load_scheduler(scheduler, scheduler_params)
     name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)

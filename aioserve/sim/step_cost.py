@@ -1,21 +1,11 @@
-"""StepCostModel: what one engine step costs, as a function of what is in it, fitted
-from real step records (a calibration profile).
-
-A step's cost is linear in four features of its batch:
+"""StepCostModel: an engine step's cost as a linear function of its batch, fitted on real steps.
 
     cost = intercept + per_seq * rows + per_prefill_token * prefill tokens
            + per_context_token * context tokens read
 
-(rows: requests in the step; prefill tokens: tokens fed by rows that are not decoding;
-context tokens: each row's KV positions read by attention, up to its last new token).
-The form is the usual roofline split of an LLM step: a fixed cost per step (kernel
-launches, the host's work), a cost per sequence (sampling, per-row attention set-up),
-a cost per token fed through the weights (the linear layers), and a cost per KV
-position read (attention) — the features Vidur and vLLM's performance models use.
-The cost of a real step is its *period*: from its start (its submission, or the end of
-the step before it when that was later) to its end, so it includes the host's work
-that the runner waited for.
-"""
+The roofline split Vidur's and vLLM's performance models use: per step (launches, host
+work), per row (sampling, attention set-up), per token fed (linear layers), per KV
+position read (attention). A real step's cost is its period, start to end."""
 
 from __future__ import annotations
 
@@ -53,16 +43,10 @@ def feedback_features(step: StepFeedback) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class StepCostModel:
-    """Milliseconds per step as a linear function of the batch (see the module).
+    """Milliseconds per step as a linear function of the batch (coefficients >= 0, in ms).
 
-    Attributes:
-        intercept_ms, per_seq_ms, per_prefill_token_ms, per_context_token_ms: the
-            coefficients (>= 0), milliseconds.
-        source: what it was fitted on (model, machine, engine settings), free form.
-        fit: quality of the fit on its own records: ``steps``, ``r2``,
-            ``mean_abs_error_ms``, ``total_error_pct`` (sum of predicted minus sum of
-            measured step times, percent).
-    """
+    ``source`` says what it was fitted on; ``fit`` its quality on its own records
+    (``steps``, ``r2``, ``mean_abs_error_ms``, ``total_error_pct``)."""
 
     intercept_ms: float
     per_seq_ms: float = 0.0
@@ -72,30 +56,20 @@ class StepCostModel:
     fit: dict[str, float] = field(default_factory=dict)
 
     def cost_ms(self, rows: int, prefill: int, context: int) -> float:
-        """Predicted step cost in milliseconds."""
         return (self.intercept_ms + self.per_seq_ms * rows
                 + self.per_prefill_token_ms * prefill + self.per_context_token_ms * context)
 
     def batch_cost_ms(self, batch: ScheduledBatch) -> float:
-        """Predicted cost of a batch in milliseconds."""
         return self.cost_ms(*batch_features(batch))
 
     def save(self, path: str | Path) -> Path:
-        """Write the profile as JSON."""
         path = Path(path)
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> StepCostModel:
-        """Read a profile written by :meth:`save`.
-
-        Raises:
-            ValueError: not such a profile: not JSON, not an object, an unknown key, no
-                ``intercept_ms``, a coefficient that is not a finite number >= 0, or a
-                ``source``/``fit`` that is not an object (the message says which).
-            OSError: cannot be read.
-        """
+        """Read a profile written by :meth:`save`; a ValueError names what is wrong."""
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as exc:
@@ -122,13 +96,8 @@ class StepCostModel:
 
 def fit_steps(steps: Sequence[StepFeedback], source: dict[str, Any] | None = None
               ) -> StepCostModel:
-    """Least-squares fit of the step cost on real step records, every coefficient kept
-    >= 0 (a feature whose coefficient comes out negative is dropped and the rest
-    refitted, the active-set method of Lawson and Hanson's NNLS).
-
-    Raises:
-        ValueError: fewer than 8 steps.
-    """
+    """Least-squares fit on real steps, every coefficient >= 0 (Lawson and Hanson's NNLS
+    active set: a negative one is dropped and the rest refitted); needs 8 steps."""
     if len(steps) < 8:
         raise ValueError(f"calibration needs at least 8 steps, got {len(steps)}")
     x = np.array([(1.0, *feedback_features(s)) for s in steps], dtype=np.float64)

@@ -1,5 +1,4 @@
-"""Production trace formats, told apart by their columns, so that a trace file is named
-for what it is instead of being read as a workload file with unknown keys."""
+"""Production trace formats, told apart by their columns, so a trace file is named as such."""
 
 from __future__ import annotations
 
@@ -10,15 +9,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TraceFormat:
-    """A trace format: its name (with its article) and the columns (CSV header, or JSON
-    keys) that mark it."""
+    """A trace format: its name and the columns (CSV header or JSON keys) that mark it."""
 
     name: str
     columns: frozenset[str]
 
     @property
     def refusal(self) -> str:
-        """What a workload reader says of a file in this format."""
         return f"this looks like {self.name}, not an aioserve workload; not supported yet"
 
 
@@ -35,14 +32,12 @@ TRACE_FORMATS = (
 
 
 def trace_format(columns: Collection[str]) -> TraceFormat | None:
-    """The known format whose marking columns are all among ``columns``, or None."""
     found = set(columns)
     return next((f for f in TRACE_FORMATS if f.columns <= found), None)
 
 
 def first_line_format(line: str) -> TraceFormat | None:
-    """The known format of a file whose first non-blank line is ``line``: its JSON
-    object's keys, else its comma-separated header, mark it; None when neither does."""
+    """The known format of a file's first line (JSON keys, else a CSV header), or None."""
     try:
         item = json.loads(line)
     except json.JSONDecodeError:

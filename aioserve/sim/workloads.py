@@ -1,10 +1,4 @@
-"""Simulator workloads: the article's two, JSON Lines files, and a bursty Poisson stream.
-
-The article is "continuous batching: a car-pool whose empty seats are refilled at every
-stop". Its example has four requests of 100, 20, 50 and 200 decode steps arriving
-together and a fifth of 30 arriving just after the batch starts; its mix has 100
-requests at t=0 alternating 20 and 200 tokens.
-"""
+"""Simulator workloads: the article's two, JSON Lines files, and a bursty Poisson stream."""
 
 from __future__ import annotations
 
@@ -12,11 +6,11 @@ import difflib
 import json
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from aioserve.request_meta import RequestMeta
+from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sim.runner import NS_PER_S
 from aioserve.sim.trace_formats import first_line_format, trace_format
 
@@ -27,30 +21,20 @@ ARTICLE_PROMPT_LEN = 16
 
 @dataclass(frozen=True)
 class WorkloadRequest:
-    """One simulated request.
+    """One simulated request (times in seconds on the workload's clock, lengths in tokens).
 
     Attributes:
-        id: request id.
-        arrival_s: arrival time in seconds.
-        prompt_len: prompt tokens (>= 1).
         output_len: output tokens it generates, the last one EOS (>= 1).
-        length_hint: predicted output tokens given to the scheduler (None: the true
-            ``output_len``).
+        length_hint: predicted output tokens given to the scheduler, or None.
         after_start: on a tie with a step boundary, arrive just after that step was
             scheduled (the article's request E, "just after the batch starts").
-        prefix_group: requests of one group share their first ``prefix_len`` prompt
-            tokens (None: the whole prompt is the request's own).
-        prefix_len: tokens of the shared prefix (<= ``prompt_len``).
-        max_tokens: the client's output limit (None: ``output_len``, the request asks
-            for exactly what it gets). Larger than ``output_len``, the request ends by
-            EOS after ``output_len`` tokens, unknown to the engine beforehand.
-        priority: lower is served first (``RequestMeta.priority``).
-        tenant: who sends it (the OpenAI ``user`` field), or None.
-        ttft_slo_ms, tpot_slo_ms: service-level objectives in milliseconds, or None.
-        deadline_s: when it should be done, seconds on the workload's clock (the clock
-            of ``arrival_s``), or None.
-        metadata: free string pairs passed to policies.
-    """
+        prefix_group, prefix_len: requests of one group share their first ``prefix_len``
+            prompt tokens.
+        max_tokens: the client's output limit (None: ``output_len``); larger, the request
+            ends by EOS after ``output_len`` tokens, unknown to the engine beforehand.
+        meta: priority, tenant, objectives and metadata (its ``deadline`` unset: see
+            ``deadline_s``); a workload file's keys of the same names build it.
+        deadline_s: when it should be done, or None."""
 
     id: str
     arrival_s: float
@@ -61,12 +45,8 @@ class WorkloadRequest:
     prefix_group: str | None = None
     prefix_len: int = 0
     max_tokens: int | None = None
-    priority: int = 0
-    tenant: str | None = None
-    ttft_slo_ms: float | None = None
-    tpot_slo_ms: float | None = None
+    meta: RequestMeta = DEFAULT_META
     deadline_s: float | None = None
-    metadata: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1 or self.arrival_s < 0:
@@ -80,29 +60,20 @@ class WorkloadRequest:
             raise ValueError(f"workload request {self.id!r}: max_tokens must be >= output_len")
         if self.deadline_s is not None and not 0 <= self.deadline_s < float("inf"):
             raise ValueError(f"workload request {self.id!r}: deadline_s must be >= 0")
-        try:
-            self.meta(None)
-        except ValueError as exc:
-            raise ValueError(f"workload request {self.id!r}: {exc}") from None
 
     @property
     def limit(self) -> int:
         """The request's ``max_tokens``: the workload's, else ``output_len``."""
         return self.max_tokens if self.max_tokens is not None else self.output_len
 
-    def meta(self, unix_epoch: float | None) -> RequestMeta:
-        """Its :class:`RequestMeta`; the deadline, in Unix seconds, is ``unix_epoch``
-        (the Unix time of the workload's zero) plus ``deadline_s`` (None: no deadline in
-        the meta; the simulator sets the request's deadline on its own clock)."""
-        deadline = None
-        if unix_epoch is not None and self.deadline_s is not None:
-            deadline = unix_epoch + self.deadline_s
-        return RequestMeta(self.priority, self.tenant, self.ttft_slo_ms, self.tpot_slo_ms,
-                           deadline, self.metadata)
+    def meta_from(self, unix_epoch: float) -> RequestMeta:
+        """Its meta with the deadline in Unix seconds, for a run whose zero is ``unix_epoch``."""
+        if self.deadline_s is None:
+            return self.meta
+        return replace(self.meta, deadline=unix_epoch + self.deadline_s)
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
-        """The prompt: its group's prefix, then tokens of its own (ids in
-        ``[low_id, vocab_size)``, drawn from the group name and the request id)."""
+        """Its group's shared prefix, then tokens of its own (ids in ``[low_id, vocab_size)``)."""
         shared = self.prefix_len if self.prefix_group is not None else 0
         head = random.Random(f"prefix:{self.prefix_group}")
         own = random.Random(f"request:{self.id}")
@@ -112,19 +83,18 @@ class WorkloadRequest:
 
     @property
     def arrival_ns(self) -> int:
-        """Arrival time in integer nanoseconds (the simulator's clock unit)."""
         return round(self.arrival_s * NS_PER_S)
 
 
 def article_example() -> list[WorkloadRequest]:
-    """A=100, B=20, C=50, D=200 decode steps at t=0; E=30 just after the batch starts."""
+    """The article's example: A=100, B=20, C=50, D=200 decode steps at t=0; E=30 just after."""
     lengths = {"A": 100, "B": 20, "C": 50, "D": 200}
     requests = [WorkloadRequest(k, 0.0, ARTICLE_PROMPT_LEN, n) for k, n in lengths.items()]
     return [*requests, WorkloadRequest("E", 0.0, ARTICLE_PROMPT_LEN, 30, after_start=True)]
 
 
 def article_mix(count: int = 100) -> list[WorkloadRequest]:
-    """``count`` requests at t=0 alternating 20 and 200 tokens (short, long, short, …)."""
+    """The article's mix: ``count`` requests at t=0 alternating 20 and 200 tokens."""
     return [
         WorkloadRequest(f"r{i:03d}", 0.0, ARTICLE_PROMPT_LEN, 20 if i % 2 == 0 else 200)
         for i in range(count)
@@ -134,14 +104,8 @@ def article_mix(count: int = 100) -> list[WorkloadRequest]:
 def poisson(
     n: int = 200, rate: float = 1.0, burst: float = 4.0, seed: int = 0
 ) -> list[WorkloadRequest]:
-    """A bursty Poisson stream: bursts arrive as a Poisson process, each burst holds a
-    geometric number of requests (mean ``burst``) arriving together, so requests arrive
-    at ``rate`` per second on average. 70 % are short (8–64 output tokens), 30 % long
-    (128–512); prompts are 16–256 tokens. Deterministic for a ``seed``.
-
-    Raises:
-        ValueError: n < 1, rate <= 0 or burst < 1.
-    """
+    """A bursty Poisson stream at ``rate`` requests/s: geometric bursts of mean ``burst``; 70 %
+    short (8-64 output tokens), 30 % long (128-512), prompts 16-256 tokens."""
     if n < 1 or rate <= 0 or burst < 1:
         raise ValueError("poisson workload needs n >= 1, rate > 0 and burst >= 1")
     rng = random.Random(seed)
@@ -169,16 +133,12 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "metadata": (dict,),
 }
 _REQUIRED = ("id", "arrival_s", "prompt_len", "output_len")
+#: The file's keys that are :class:`RequestMeta` fields (its deadline is ``deadline_s``).
+_META_KEYS = tuple(f.name for f in fields(RequestMeta) if f.name in _FIELDS)
 
 
 def parse_request(item: Any) -> WorkloadRequest:
-    """One workload request from a JSON object (see :func:`load_jsonl`).
-
-    Raises:
-        ValueError: not an object, an unknown key (or the keys of a production trace,
-            named), a required field missing, a field of the wrong type or value (the
-            message names it).
-    """
+    """One workload request from a JSON object; a ValueError names the bad key or field."""
     if not isinstance(item, dict):
         raise ValueError("not a JSON object")
     unknown = [name for name in item if name != "id" and name not in _FIELDS]
@@ -198,6 +158,11 @@ def parse_request(item: Any) -> WorkloadRequest:
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             raise ValueError(f"{name} must be of type {types[0].__name__}, got {value!r}")
         kwargs[name] = value
+    meta = {name: kwargs.pop(name) for name in _META_KEYS if name in kwargs}
+    try:
+        kwargs["meta"] = RequestMeta(**meta)
+    except ValueError as exc:
+        raise ValueError(f"workload request {item['id']!r}: {exc}") from None
     return WorkloadRequest(str(item["id"]), **kwargs)
 
 
@@ -210,19 +175,12 @@ def unknown_key(name: str) -> str:
 
 
 def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
-    """Read a workload file: one JSON object per line with ``id``, ``arrival_s``,
-    ``prompt_len``, ``output_len`` and optionally ``length_hint``, ``after_start``,
-    ``prefix_group``, ``prefix_len``, ``max_tokens``, ``priority``, ``tenant``,
-    ``ttft_slo_ms``, ``tpot_slo_ms``, ``deadline_s`` and ``metadata`` (the same file
-    ``aioserve bench serve --workload`` replays against a server).
+    """Read a workload file, one JSON object per line (keys: docs/schedulers.md).
 
     Raises:
-        ValueError: a line is not such an object (``FILE:LINE: `` and what is wrong: an
-            unknown key, a field's type or value), an id repeats, or the file is a
-            production trace (its columns name the format, see
-            :mod:`aioserve.sim.trace_formats`).
-        OSError: the file cannot be read.
-    """
+        ValueError: ``FILE:LINE: `` and what is wrong (a key, a field's type or value), a
+            repeated id, or a production trace's columns (named).
+        OSError: the file cannot be read."""
     lines = Path(path).read_text().splitlines()
     first = next((line for line in lines if line.strip()), None)
     found = first_line_format(first) if first is not None else None
@@ -246,15 +204,16 @@ def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
 
 
 def dump_jsonl(requests: list[WorkloadRequest], path: str | Path) -> Path:
-    """Write ``requests`` as a workload file :func:`load_jsonl` reads back (fields at
-    their defaults are left out)."""
+    """Write ``requests`` as a workload file (fields at their defaults left out)."""
     defaults = WorkloadRequest("x", 0.0, 1, 1)
     lines = []
     for request in requests:
         row: dict[str, Any] = {"id": request.id}
-        for name in ("arrival_s", "prompt_len", "output_len", *_FIELDS):
-            value = getattr(request, name)
-            if name in _REQUIRED or value != getattr(defaults, name):
+        for name in _FIELDS:
+            owner, default = ((request.meta, DEFAULT_META) if name in _META_KEYS
+                              else (request, defaults))
+            value = getattr(owner, name)
+            if name in _REQUIRED or value != getattr(default, name):
                 row[name] = dict(value) if isinstance(value, Mapping) else value
         lines.append(json.dumps(row))
     path = Path(path)

@@ -16,15 +16,18 @@ def body_fields(item: WorkloadRequest) -> dict[str, Any]:
     ``priority``, ``user`` (its tenant), the objectives, ``metadata`` and
     ``length_hint`` (only those it sets)."""
     fields: dict[str, Any] = {}
-    if item.priority:
-        fields["priority"] = item.priority
-    if item.tenant is not None:
-        fields["user"] = item.tenant
-    for name in ("ttft_slo_ms", "tpot_slo_ms", "length_hint"):
-        if getattr(item, name) is not None:
-            fields[name] = getattr(item, name)
-    if item.metadata:
-        fields["metadata"] = dict(item.metadata)
+    meta = item.meta
+    if meta.priority:
+        fields["priority"] = meta.priority
+    if meta.tenant is not None:
+        fields["user"] = meta.tenant
+    for name in ("ttft_slo_ms", "tpot_slo_ms"):
+        if getattr(meta, name) is not None:
+            fields[name] = getattr(meta, name)
+    if item.length_hint is not None:
+        fields["length_hint"] = item.length_hint
+    if meta.metadata:
+        fields["metadata"] = dict(meta.metadata)
     return fields
 
 

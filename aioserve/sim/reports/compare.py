@@ -1,5 +1,4 @@
-"""The policy comparison report (``aioserve simulate --compare``): a text table, plots
-and a self-contained HTML page of :func:`~aioserve.sim.reports.figures.policy_figures`."""
+"""The policy comparison report (``simulate --compare``): text tables, plots, an HTML page."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ GROUP_CELL = "mean TTFT (s) / p99 TTFT (s) / requests"
 
 @dataclass(frozen=True)
 class Table:
-    """One table of the report: a title, the column headers (units included) and rows of
-    cells, the first cell of a row naming its policy."""
+    """One table: a title, headers (units included), rows whose first cell names a policy."""
 
     title: str
     headers: list[str]
@@ -40,8 +38,7 @@ def _cell(value: Any, scale: float, digits: int) -> str:
 
 
 def comparison_tables(runs: list[dict[str, Any]]) -> list[Table]:
-    """The report's tables: the policies' figures, then TTFT per tenant and per priority
-    where the workload has several."""
+    """The policies' figures, then TTFT per tenant and per priority where there are several."""
     tables = [Table("policies", ["policy", *(h for _, h, _, _ in COLUMNS)],
                     [[r["scheduler"], *(_cell(r.get(k), s, d) for k, _, s, d in COLUMNS)]
                      for r in runs])]
@@ -63,7 +60,6 @@ def comparison_tables(runs: list[dict[str, Any]]) -> list[Table]:
 
 
 def format_table(table: Table) -> str:
-    """A table as aligned text: the policy column left, the others right."""
     widths = [max(len(str(c)) for c in column) for column in zip(table.headers, *table.rows)]
     lines = []
     for index, row in enumerate([table.headers, *table.rows]):
@@ -75,7 +71,6 @@ def format_table(table: Table) -> str:
 
 
 def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
-    """The figures of several policies as text tables (:func:`comparison_tables`)."""
     blocks = [title] if title else []
     for index, table in enumerate(comparison_tables(runs)):
         blocks.append(format_table(table) if index == 0
@@ -84,13 +79,8 @@ def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
 
 
 def comparison_figure(runs: list[dict[str, Any]], title: str = "") -> Any:
-    """The comparison as a matplotlib Figure: output tokens/s and goodput per policy,
-    TTFT p50/p99 per policy and, where the workload has several tenants, each tenant's
-    mean TTFT and share of the backlogged service. Every value axis starts at zero.
-
-    Raises:
-        ValueError: matplotlib is missing (``pip install 'aioserve[plots]'``).
-    """
+    """Throughput, goodput, TTFT p50/p99 and per-tenant TTFT and service share, axes from
+    zero (ValueError when matplotlib is missing)."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -149,11 +139,7 @@ def comparison_figure(runs: list[dict[str, Any]], title: str = "") -> Any:
 
 def plot_comparison(runs: list[dict[str, Any]], path: str | Path | None = None,
                     title: str = "") -> bytes:
-    """A PNG of :func:`comparison_figure`, written to ``path`` if given.
-
-    Raises:
-        ValueError: matplotlib is missing (``pip install 'aioserve[plots]'``).
-    """
+    """A PNG of :func:`comparison_figure`, written to ``path`` if given."""
     import matplotlib.pyplot as plt
 
     fig = comparison_figure(runs, title)
@@ -185,12 +171,7 @@ img{max-width:100%;background:#fff;border-radius:6px}h1{font-size:20px}h2{font-s
 
 def write_comparison_html(runs: list[dict[str, Any]], path: str | Path, title: str,
                           note: str = "") -> Path:
-    """A self-contained HTML report: each table of :func:`comparison_tables` once, in its
-    own section, then the plots inline.
-
-    Raises:
-        OSError: the file cannot be written.
-    """
+    """A self-contained HTML report: each table once in its own section, then the plots."""
     try:
         png = base64.b64encode(plot_comparison(runs)).decode("ascii")
     except ValueError:  # no matplotlib: the page without its plots

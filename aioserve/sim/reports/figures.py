@@ -1,15 +1,9 @@
-"""The figures that compare policies, from one run (simulated or real): throughput,
-goodput under service-level objectives, TTFT / TPOT / E2E latency, per-tenant service
-and Jain's fairness index, the longest wait, preemptions and recomputed tokens.
+"""The figures that compare policies, from one run (simulated or real).
 
-Definitions follow vLLM's serving benchmark (TTFT: arrival to first token; TPOT: mean
-time per output token after the first; E2E: arrival to last token) and DistServe's
-goodput (requests per second that meet every objective they carry). Jain's index is
-(sum x)^2 / (n * sum x^2) over the tenants' service (R. Jain, D. Chiu, W. Hawe, "A
-Quantitative Measure of Fairness and Discrimination", DEC-TR-301, 1984), counted as VTC
-counts it (input tokens + 2 x output tokens) during the steps in which every tenant had
-a request waiting (backlogged).
-"""
+TTFT, TPOT and E2E as vLLM's serving benchmark defines them; goodput as DistServe's
+(requests/s meeting every objective they carry); Jain's index (sum x)^2 / (n sum x^2)
+(Jain, Chiu, Hawe, DEC-TR-301, 1984) over the service tenants got, counted as VTC
+counts it, in the steps where every tenant had a request waiting."""
 
 from __future__ import annotations
 
@@ -17,8 +11,9 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from aioserve.dashboard.frames import percentile
 from aioserve.request import Request
-from aioserve.sim.reports.report import mean, percentile
+from aioserve.sim.reports.report import mean
 from aioserve.sim.simulator import SimResult
 from aioserve.sim.workloads import WorkloadRequest
 
@@ -31,13 +26,12 @@ def jain(values: list[float]) -> float | None:
 
 def meets(request: Request, item: WorkloadRequest, ttft_ms: float | None,
           tpot_ms: float | None) -> bool:
-    """Whether a finished request met every objective it carries (its own
-    ``ttft_slo_ms``/``tpot_slo_ms``/``deadline_s``, else the defaults given)."""
+    """Whether a finished request met every objective it carries, else the defaults given."""
     m = request.metrics
     if m.first_token_time is None or m.finished_time is None:
         return False
-    ttft_slo = item.ttft_slo_ms if item.ttft_slo_ms is not None else ttft_ms
-    tpot_slo = item.tpot_slo_ms if item.tpot_slo_ms is not None else tpot_ms
+    ttft_slo = item.meta.ttft_slo_ms if item.meta.ttft_slo_ms is not None else ttft_ms
+    tpot_slo = item.meta.tpot_slo_ms if item.meta.tpot_slo_ms is not None else tpot_ms
     if ttft_slo is not None and (m.first_token_time - item.arrival_s) * 1e3 > ttft_slo:
         return False
     tpot = _tpot(request)
@@ -66,14 +60,13 @@ def _latencies(requests: list[tuple[Request, WorkloadRequest]]) -> dict[str, flo
 
 
 def backlogged_service(result: SimResult) -> dict[str | None, float]:
-    """Each tenant's service (input + 2 x output tokens) in the steps during which
-    every tenant had a request waiting."""
+    """Each tenant's service (input + 2 x output tokens) while every tenant had one waiting."""
     queued: dict[str | None, list[tuple[float, float]]] = defaultdict(list)
-    tenant_of = {w.id: w.tenant for w in result.workload}
+    tenant_of = {w.id: w.meta.tenant for w in result.workload}
     for w in result.workload:
         request = result.finished.get(w.id)
         start = request.metrics.first_scheduled_time if request is not None else None
-        queued[w.tenant].append((w.arrival_s, math.inf if start is None else start))
+        queued[w.meta.tenant].append((w.arrival_s, math.inf if start is None else start))
     service: dict[str | None, float] = dict.fromkeys(queued, 0.0)
     if len(queued) < 2:
         return service
@@ -101,8 +94,8 @@ def policy_figures(result: SimResult, slo_ttft_ms: float | None = None,
     tenants: dict[str | None, list[tuple[Request, WorkloadRequest]]] = defaultdict(list)
     priorities: dict[int, list[tuple[Request, WorkloadRequest]]] = defaultdict(list)
     for pair in done:
-        tenants[pair[1].tenant].append(pair)
-        priorities[pair[1].priority].append(pair)
+        tenants[pair[1].meta.tenant].append(pair)
+        priorities[pair[1].meta.priority].append(pair)
     service = backlogged_service(result)
     return {
         "scheduler": result.scheduler, "finished": len(done),

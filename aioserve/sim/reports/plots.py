@@ -1,5 +1,4 @@
-"""Plots of simulations (matplotlib): a slot timeline per policy, like the article's
-step table, and a latency CDF when several policies are compared."""
+"""Plots of simulations (matplotlib): slot timelines, as the article's table, latency CDFs."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ Interval = tuple[int, str, float, float]
 
 
 def slot_intervals(result: SimResult) -> list[Interval]:
-    """Which request holds which slot when: a request in a step's batch holds a slot
-    (the lowest free one when it enters) until a step runs without it."""
+    """Which request holds which slot when (lowest free slot on entry, until a step omits it)."""
     holder: dict[str, tuple[int, float, float]] = {}
     intervals: list[Interval] = []
     for step in result.steps:
@@ -51,25 +49,17 @@ def _gantt(ax: Any, result: SimResult, summary: dict[str, Any]) -> None:
     ax.set_ylim(slots - 0.5, -0.5)
     ax.set_xlabel("time (s)")
     mean = summary["mean_latency_s"]
-    ax.set_title(
-        f"{summary['scheduler']}: makespan {summary['makespan_s']:.1f} s, "
-        f"mean latency {mean if mean is None else round(mean, 2)} s, "
-        f"{summary['preemptions']} preemptions",
-        fontsize=9,
-    )
+    ax.set_title(f"{summary['scheduler']}: makespan {summary['makespan_s']:.1f} s, "
+                 f"mean latency {mean if mean is None else round(mean, 2)} s, "
+                 f"{summary['preemptions']} preemptions", fontsize=9)
 
 
 def _cdf(ax: Any, summaries: list[dict[str, Any]]) -> None:
     for index, summary in enumerate(summaries):
         latencies = sorted(r["latency_s"] for r in summary["requests"] if r["status"] == "finished")
         fractions = [(i + 1) / len(latencies) for i in range(len(latencies))]
-        ax.step(
-            latencies,
-            fractions,
-            where="post",
-            label=summary["scheduler"],
-            linestyle=("-", "--", "-.", ":")[index % 4],
-        )
+        ax.step(latencies, fractions, where="post", label=summary["scheduler"],
+                linestyle=("-", "--", "-.", ":")[index % 4])
     ax.set_xlabel("latency (s)")
     ax.set_xlim(left=0)
     ax.set_ylim(0, 1.02)
@@ -81,12 +71,7 @@ def _cdf(ax: Any, summaries: list[dict[str, Any]]) -> None:
 
 def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]],
                     title: str = "") -> Any:
-    """A matplotlib Figure titled ``title``: one slot timeline per run, all on one time
-    axis from zero, and, for several runs, their latency CDF (its own axis: latency).
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
-    """
+    """One slot timeline per run on one time axis, and for several runs their latency CDF."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,12 +95,7 @@ def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]],
 
 def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | Path,
          title: str = "") -> Path:
-    """Write :func:`timeline_figure` as a PNG (or any format matplotlib knows from the
-    suffix); returns the path.
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'aioserve[plots]'``).
-    """
+    """Write :func:`timeline_figure` as an image (format from the suffix); returns the path."""
     import matplotlib.pyplot as plt
 
     fig = timeline_figure(results, summaries, title)

@@ -1,5 +1,4 @@
-"""``aioserve simulate --html``: record dashboard frames of simulated runs and write
-them as one self-contained page with a time slider and a policy selector."""
+"""``simulate --html``: dashboard frames of simulated runs, as one page with a time slider."""
 
 from __future__ import annotations
 
@@ -16,22 +15,16 @@ MAX_FRAMES = 2000
 
 
 class FrameRecorder:
-    """A simulator listener keeping one dashboard frame per step.
-
-    Args:
-        label: what the page shows as the model (e.g. the workload's name).
-    """
+    """A simulator listener keeping one dashboard frame per step (``label``: the model shown)."""
 
     def __init__(self, label: str) -> None:
         self.maker = FrameMaker(label)
         self.frames: list[dict[str, Any]] = []
 
     def on_step(self, snapshot: StepSnapshot) -> None:
-        """Keep the frame of one step."""
         self.frames.append(self.maker.frame(snapshot))
 
     def on_finish(self, request: Request) -> None:
-        """Add a finished request to the latency percentiles."""
         self.maker.record_finished(request)
 
     def kept(self, limit: int = MAX_FRAMES) -> list[dict[str, Any]]:
@@ -47,11 +40,7 @@ class FrameRecorder:
 
 
 def write_html(runs: dict[str, FrameRecorder], path: str | Path, title: str) -> Path:
-    """Write the replay of ``runs`` (policy name -> its recorder) to ``path``.
-
-    Raises:
-        OSError: the file cannot be written.
-    """
+    """Write the replay of ``runs`` (policy name -> its recorder) to ``path``."""
     path = Path(path)
     page = replay_page({name: rec.kept() for name, rec in runs.items()}, title)
     path.write_text(page, encoding="utf-8")
