@@ -1,7 +1,5 @@
-"""Block keys of automatic prefix caching (vLLM V1's ``KVCacheManager`` block hashes):
-a full block is named by its tokens and everything before them, a hash chained over
-its parent's key plus its own token ids
-(:mod:`~aioserve.prefix_cache` looks them up)."""
+"""Prefix-cache block keys (vLLM V1's block hashes): a full block is named by a hash
+chained over its parent's key, plus its own token ids."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ ROOT_HASH = 0
 
 
 def block_key(parent: BlockKey | None, tokens: Sequence[int]) -> BlockKey:
-    """The key of a full block of ``tokens`` whose predecessor has key ``parent``
-    (None for a sequence's first block)."""
+    """The key of a full block of ``tokens`` after the block keyed ``parent`` (or None)."""
     ids = tuple(tokens)
     return hash((parent[0] if parent is not None else ROOT_HASH, ids)), ids
 
@@ -29,15 +26,8 @@ def extend_keys(
     block_size: int,
     tokens_from: Callable[[int, int], Sequence[int]],
 ) -> list[BlockKey]:
-    """Extend ``keys`` (a sequence's block keys, in order) in place to its first
-    ``num_blocks`` blocks, hashing only the blocks not keyed yet; returns ``keys``.
-
-    Args:
-        keys: keys already known (a prefix of the sequence's keys).
-        num_blocks: full blocks the sequence has (each ``block_size`` tokens).
-        block_size: tokens per block.
-        tokens_from: ``(start, count)`` to the token ids at those positions.
-    """
+    """Extend a sequence's ``keys`` in place to its first ``num_blocks`` blocks, hashing
+    only new ones (``tokens_from(start, count)`` gives token ids); returns ``keys``."""
     while len(keys) < num_blocks:
         start = len(keys) * block_size
         keys.append(block_key(keys[-1] if keys else None, tokens_from(start, block_size)))

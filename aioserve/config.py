@@ -15,8 +15,8 @@ class EngineConfig:
         tokenizer: tokenizer directory or hub id; defaults to ``model``.
         scheduler: a registered policy name (``"fcfs"``, ``"static"``, …) or
             ``"package.module:Class"``.
-        scheduler_config: the policy's constructor parameters (JSON-like: a dict with
-            string keys), checked when the engine starts (``--scheduler-config``).
+        scheduler_config: the policy's parameters (a dict with string keys), checked
+            when the engine starts.
         max_num_seqs: most requests running at once (slots).
         max_num_batched_tokens: most tokens (prefill + decode) in one step; longer
             prompts are prefilled in chunks.
@@ -34,23 +34,19 @@ class EngineConfig:
             ``"bfloat16"`` or ``"float16"``.
         device: ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda[:N]"``.
         seed: seed of the sampler used by requests that give no seed of their own.
-        enable_prefix_caching: reuse the KV blocks of prompt prefixes already computed
-            (vLLM's automatic prefix caching: full blocks keyed by a chained hash,
-            shared by reference count, evicted least recently used first).
+        enable_prefix_caching: reuse the KV blocks of prefixes already computed (vLLM's
+            automatic prefix caching).
         attention_backend: the attention implementation behind the runner's seam
             (``"reference"``: exact on any device).
-        enforce_eager: never capture CUDA graphs (they are captured on CUDA for decode
-            steps when the attention backend supports them, e.g. ``"flex"``).
+        enforce_eager: never capture CUDA graphs (else captured for decode steps on CUDA
+            when the attention backend supports them).
         batch_invariant: a request's greedy tokens in any batch equal its tokens alone
             (on by default; off saves the padding it takes on the CPU, see
             :mod:`aioserve.runners.batch_invariance`).
-        forward: the model's forward: ``"auto"`` (default: ``"lean-llama"`` where it
-            applies, on the CPU with the reference attention backend, and its logits
-            equal transformers' bit for bit on a probe at load; else
-            ``"transformers"``), ``"transformers"`` (the model's own, any decoder) or
-            ``"lean-llama"`` (Llama checkpoints: the same arithmetic in fewer Python
-            calls, checked bit for bit against transformers' at load, an error where
-            it cannot run).
+        forward: ``"transformers"`` (the model's own), ``"lean-llama"`` (Llama: the same
+            arithmetic in fewer Python calls, checked bit for bit at load) or ``"auto"``
+            (lean-llama on the CPU with the reference backend when it checks, else
+            transformers).
 
     Raises:
         ValueError: a field is out of range; the message names the field.

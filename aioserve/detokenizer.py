@@ -1,12 +1,6 @@
-"""Incremental detokenization with stop strings, built on ``tokenizers.DecodeStream``.
-
-The stream is primed with the prompt, so the output's first word keeps its leading
-space exactly as a decode of prompt + output would. A delta never holds a broken
-UTF-8 character, and text that could still become a stop string is held back until
-the match is ruled out. At the end, joined deltas equal the decode of the prompt +
-output minus the decode of the prompt; trailing incomplete bytes become one U+FFFD
-(the tokenizer's own behaviour), the same in streaming and non-streaming responses.
-"""
+"""Incremental detokenization with stop strings on ``tokenizers.DecodeStream``: joined
+deltas equal decode(prompt + output) - decode(prompt); a delta never holds a broken
+UTF-8 character, nor text that could still become a stop string."""
 
 from __future__ import annotations
 
@@ -17,7 +11,6 @@ _MAX_PARTS = 64
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
     longest = 0
     for stop in stops:
         for size in range(min(len(stop) - 1, len(text)), longest, -1):
@@ -28,14 +21,8 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 
 
 class IncrementalDetokenizer:
-    """Turns one request's output tokens into text deltas.
-
-    Args:
-        tokenizer: a ``tokenizers.Tokenizer`` (``PreTrainedTokenizerFast.backend_tokenizer``).
-        prompt_token_ids: the prompt, used as decoding context.
-        stop: stop strings.
-        include_stop_str_in_output: keep the matched stop string in the text.
-    """
+    """Turns one request's output tokens into text deltas (``tokenizer``: a
+    ``tokenizers.Tokenizer``; the prompt primes the stream, keeping leading spaces)."""
 
     def __init__(
         self,
@@ -62,18 +49,14 @@ class IncrementalDetokenizer:
 
     @property
     def text(self) -> str:
-        """The text decoded so far (emitted or held back)."""
         if self._parts:
             self._text += "".join(self._parts)
             self._parts.clear()
         return self._text
 
     def add(self, token_id: int) -> str:
-        """Decode one more token; returns the text that is safe to send now.
-
-        After a stop string matched, ``stopped`` is True and the text ends before the
-        stop string (or after it, with ``include_stop_str_in_output``).
-        """
+        """Decode one more token; returns the text safe to send now (``stopped`` once a
+        stop string matched)."""
         self._token_ids.append(token_id)
         piece: str | None = None
         if not self.fallback:
@@ -104,10 +87,8 @@ class IncrementalDetokenizer:
         return self._emit(text, len(text) - _held_back(text, self._stop))
 
     def _fallback_step(self) -> str | None:
-        """New text after the last token once the streaming decoder has failed
-        (``tokenizers`` raises "Invalid prefix encountered while decoding stream" on
-        some byte-fallback sequences): the difference of two full decodes. A trailing
-        U+FFFD (an incomplete UTF-8 character) is held back until :meth:`finish`."""
+        # After DecodeStream failed ("Invalid prefix encountered" on some byte-fallback
+        # sequences): the difference of two full decodes, a trailing U+FFFD held back.
         text = self.text
         tail = self._decoded_tail().rstrip("\ufffd")
         if len(tail) <= len(text) or not tail.startswith(text):
@@ -115,9 +96,7 @@ class IncrementalDetokenizer:
         return tail[len(text) :]
 
     def _decoded_tail(self) -> str:
-        """The decode of prompt + output minus the decode of the prompt, or the decode
-        of the output alone when the prompt's text is not a prefix of the whole (bytes
-        of a character split between prompt and output)."""
+        # the output alone when a character's bytes are split between prompt and output
         decode = self._tokenizer.decode
         prompt_text = decode(self._prompt, skip_special_tokens=True)
         full = decode(self._prompt + self._token_ids, skip_special_tokens=True)
@@ -126,7 +105,7 @@ class IncrementalDetokenizer:
         return decode(self._token_ids, skip_special_tokens=True)
 
     def finish(self) -> str:
-        """The text still held back, at the end of generation (not after a stop string)."""
+        """The text still held back, at the end of generation."""
         text = self.text
         if not self.stopped:
             tail = self._decoded_tail()
@@ -135,7 +114,6 @@ class IncrementalDetokenizer:
         return self._emit(text, len(text))
 
     def _emit(self, text: str, upto: int) -> str:
-        """``text[emitted:upto]``, now emitted ("" when nothing new)."""
         if upto <= self._emitted:
             return ""
         delta = text[self._emitted : upto]

@@ -15,6 +15,5 @@ class UnsupportedModelError(ValueError):
 
 
 class RequestShedError(EngineError):
-    """A scheduling policy refused the request (admission control, load shedding): it
-    never ran, or ran and was dropped. The message gives the policy's reason. Over HTTP
-    this is a 503 with code ``request_shed``, so a client may retry later or elsewhere."""
+    """A scheduling policy refused the request (admission control, load shedding); the
+    message gives its reason. Over HTTP a 503 with code ``request_shed``: retry later."""

@@ -1,12 +1,4 @@
-"""The KV-cache block pool. Block ids index the runner's physical K/V tensors.
-
-With prefix caching (vLLM's automatic prefix caching), a full block of computed
-tokens is registered under its :func:`~aioserve.block_keys.block_key`; requests
-with the same prefix share it (reference counts), and when its last holder lets go
-it stays cached, evictable least recently released first, until its memory is
-needed. A shared block is read-only: the runner writes K/V only for new tokens,
-which never lie in a full block.
-"""
+"""The KV-cache block pool; block ids index the runner's physical K/V tensors."""
 
 from __future__ import annotations
 
@@ -24,19 +16,8 @@ def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
 class BlockManager:
     """A pool of fixed-size KV-cache blocks; allocation is all or nothing.
 
-    A block is in exactly one of three states: free (no content), in use (reference
-    count >= 1) or cached (a registered key, reference count 0, evictable). Free and
-    cached blocks both count as available (``num_free_blocks``); :meth:`allocate`
-    takes free ones first and then evicts cached ones, least recently used first.
-
-    Args:
-        num_blocks: blocks in the pool.
-        block_size: tokens per block.
-        enable_caching: register full blocks for reuse (:meth:`cache`, :meth:`match`);
-            when False the pool is a plain free list.
-
-    Raises:
-        ValueError: a size is not positive.
+    A block is free, in use (reference count >= 1) or, with ``enable_caching``, cached
+    (a key, no holder, evicted least recently used first); shared blocks are read-only.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
@@ -54,7 +35,7 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks an allocation may take: free plus cached-and-unused."""
+        """Blocks an allocation may take: free plus cached and unused."""
         return len(self._free) + len(self._evictable)
 
     @property
@@ -75,9 +56,8 @@ class BlockManager:
         return num_blocks <= self.num_free_blocks
 
     def allocate(self, num_blocks: int) -> list[int] | None:
-        """Take ``num_blocks`` blocks, or none at all (returns None) if too few are
-        available; evicts cached blocks (least recently used first) when free ones
-        run out."""
+        """Take ``num_blocks`` blocks (free ones first, then evicting cached ones), or
+        None and nothing if too few are available."""
         if num_blocks > self.num_free_blocks:
             return None
         taken = self._free[-num_blocks:] if num_blocks else []
@@ -93,13 +73,8 @@ class BlockManager:
         return taken
 
     def free(self, block_ids: Sequence[int]) -> None:
-        """Drop one reference to each block. A block nobody holds becomes free, or
-        cached (evictable) when it has a key; a table's later blocks are evicted
-        before its earlier ones.
-
-        Raises:
-            ValueError: a block is not in use (double free or foreign id).
-        """
+        """Drop one reference to each block (a table's later blocks are evicted first);
+        ValueError for a block not in use."""
         for block_id in block_ids:
             if block_id not in self._ref:
                 raise ValueError(f"block {block_id} is not allocated")
@@ -115,8 +90,7 @@ class BlockManager:
                 self._free.append(block_id)
 
     def match(self, keys: Sequence[BlockKey]) -> list[int]:
-        """The cached blocks of the longest prefix of ``keys`` (block ids in order);
-        takes no reference (see :meth:`share`)."""
+        """The cached blocks of the longest prefix of ``keys``; takes no reference."""
         found: list[int] = []
         block_of = self._block_of
         for key in keys:
@@ -127,8 +101,7 @@ class BlockManager:
         return found
 
     def num_unused(self, block_ids: Sequence[int]) -> int:
-        """How many of ``block_ids`` (cached blocks) nobody holds: sharing them takes
-        that many blocks from ``num_free_blocks``."""
+        """How many of these cached blocks nobody holds (sharing takes them from free)."""
         return sum(1 for b in block_ids if b in self._evictable)
 
     def share(self, block_ids: Sequence[int]) -> None:
@@ -141,29 +114,21 @@ class BlockManager:
                 self._ref[block_id] += 1
 
     def cache(self, block_id: int, key: BlockKey) -> None:
-        """Register an in-use block, now full of computed tokens, under ``key``. A key
-        already held by another block (the same prefix computed twice) or a block
-        already registered is left as it is."""
+        """Register an in-use block full of computed tokens under ``key`` (first wins)."""
         if self.enable_caching and key not in self._block_of and block_id not in self._key_of:
             self._block_of[key] = block_id
             self._key_of[block_id] = key
 
     def reset_cache(self) -> None:
-        """Forget every key (vLLM's ``reset_prefix_cache``): cached unused blocks
-        become free; blocks in use stay with their holders, no longer shareable."""
+        """Forget every key (vLLM's ``reset_prefix_cache``); blocks in use stay held."""
         self._free.extend(reversed(self._evictable))
         self._evictable.clear()
         self._key_of.clear()
         self._block_of.clear()
 
     def check_integrity(self, held: list[list[int]] | None = None) -> None:
-        """Assert that free, cached-unused and in-use blocks partition the pool, that
-        the key maps agree, and that ``held`` (each request's block table) accounts
-        for every reference exactly, with no block twice in one table.
-
-        Raises:
-            AssertionError: the pool is inconsistent.
-        """
+        """Assert that the pool's states partition it, its key maps agree, and ``held``
+        (every block table) accounts for each reference exactly."""
         free, used, idle = set(self._free), set(self._ref), set(self._evictable)
         assert len(free) == len(self._free), "a block is free twice"
         assert not (free & used or free & idle or used & idle), "a block is in two states"

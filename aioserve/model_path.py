@@ -10,17 +10,9 @@ _HUB_ID = re.compile(r"^[\w.-]{1,96}(/[\w.-]{1,96})?$")
 
 
 def check_model_path(spec: str) -> None:
-    """Refuse ``spec`` when it names a local model that is not there, before anything loads.
-
-    A directory must hold ``config.json``. Anything else is a hub id only when it has
-    that form (``name`` or ``owner/name``, not starting with ``.``, ``/`` or ``~``) and
-    its ``owner`` is not a local directory; otherwise it is a missing directory.
-
-    Raises:
-        FileNotFoundError: a directory without ``config.json``, or a directory that does
-            not exist (the message names it and what is missing).
-        NotADirectoryError: ``spec`` is a file.
-    """
+    """Refuse, before anything loads, a local model that is not there: a directory
+    without ``config.json`` or one that does not exist (FileNotFoundError), or a file
+    (NotADirectoryError). A hub id (``name`` or ``owner/name``, no local ``owner``) passes."""
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -18,11 +18,8 @@ class TokenLogprob:
 
 @dataclass(slots=True)
 class RequestOutput:
-    """A delta of one request's generation.
-
-    Built once per request per step by the step loop, so it is a plain slotted
-    dataclass (not frozen: a frozen one costs about 5x more to construct); treat
-    it as read-only.
+    """A delta of one request's generation; read-only (not frozen: built once per
+    request per step, and a frozen dataclass costs about 5x more to construct).
 
     Attributes:
         request_id: the request's id.

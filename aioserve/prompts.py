@@ -14,17 +14,8 @@ def _check_ids(ids: list[Any], vocab_size: int | None) -> None:
 
 
 def encode_prompt(prompt: str | list[int], tokenizer: Any, vocab_size: int | None) -> list[int]:
-    """Token ids of a prompt.
-
-    Args:
-        prompt: text, or token ids.
-        tokenizer: a transformers tokenizer, or None (then only ids are accepted).
-        vocab_size: token ids must be below this (None: unchecked).
-
-    Raises:
-        ValueError: the prompt is empty, not text or ids, text without a tokenizer, or
-            an id is out of range; the message starts with ``prompt``.
-    """
+    """Token ids of text (with a tokenizer) or ids (each below ``vocab_size``, if given);
+    ValueError, starting ``prompt``, for anything else or an empty prompt."""
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt is empty")

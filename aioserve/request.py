@@ -1,4 +1,4 @@
-"""A request's state inside the engine: tokens, one progress counter, its KV blocks."""
+"""A request inside the engine: tokens, one progress counter, its KV blocks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from aioserve.block_keys import BlockKey
 from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sampling_params import SamplingParams
-from aioserve.scheduling.view import RequestView
 
 
 class RequestStatus(enum.Enum):
@@ -46,39 +45,13 @@ class RequestMetrics:
 class Request:
     """One generation request.
 
-    Progress is a single counter, as in vLLM V1: ``num_computed_tokens`` catches up
-    with ``num_tokens`` (prompt + output). It advances when a step is *scheduled*, so
-    with overlapped scheduling it counts the tokens of the step in flight too
-    (``num_in_flight_tokens`` of them), and a token that step will sample is a
-    placeholder (``num_output_placeholders``) until its id comes back. A request whose
-    counter is behind by more than one token is prefilling (or recomputing after
-    preemption); by exactly one, decoding.
-
-    Attributes:
-        request_id: unique id.
-        prompt_token_ids: the prompt, token ids.
-        params: sampling parameters.
-        output_token_ids: tokens generated so far.
-        block_ids: KV-cache blocks held, in position order (the block table).
-        num_cached_tokens: prompt tokens found in the prefix cache when the request was
-            first admitted (not computed for it), as OpenAI's
-            ``usage.prompt_tokens_details.cached_tokens``.
-        block_keys: prefix-cache keys of the request's full blocks of tokens, in order,
-            each hashed once (extended as needed).
-        num_registered_blocks: leading blocks of ``block_ids`` already offered to the
-            prefix cache (full of computed tokens).
-        num_in_flight_tokens: of ``num_computed_tokens``, the tokens of steps scheduled
-            but not finished yet.
-        num_output_placeholders: output tokens those steps will sample (ids unknown yet).
-        epoch: incremented at each preemption, so tokens of a step scheduled before it
-            are dropped.
-        meta: priority, tenant, service-level objectives and free metadata (what a
-            policy may read beyond tokens).
-        deadline: ``meta.deadline`` on the engine's clock (seconds, the clock of
-            ``arrival_time``), or None.
-        shed_reason: why a policy shed the request (it then ends with ``error`` and
-            its stream with :class:`~aioserve.errors.RequestShedError`), or None.
-        view: the read-only view scheduling policies get of it.
+    Progress is a single counter, as in vLLM V1: ``num_computed_tokens`` catches up with
+    ``num_tokens`` (prompt + output); behind by more than one token it is prefilling (or
+    recomputing after a preemption), by one decoding. It advances when a step is
+    scheduled: ``num_in_flight_tokens`` of it belong to steps not finished yet, whose
+    sampled tokens are placeholders (``num_output_placeholders``) until their ids come
+    back. ``epoch`` counts preemptions, so a step scheduled before one is dropped.
+    ``deadline`` is ``meta.deadline`` on the engine's clock.
     """
 
     request_id: str
@@ -90,21 +63,19 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     block_ids: list[int] = field(default_factory=list)
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held at first admission
     block_keys: list[BlockKey] = field(default_factory=list)
-    num_registered_blocks: int = 0
+    num_registered_blocks: int = 0  # leading blocks offered to the prefix cache
     num_in_flight_tokens: int = 0
     num_output_placeholders: int = 0
     epoch: int = 0
     meta: RequestMeta = DEFAULT_META
     deadline: float | None = None
-    shed_reason: str | None = None
+    shed_reason: str | None = None  # why a policy shed it (it ends with ``error``)
     metrics: RequestMetrics = field(init=False)
-    view: RequestView = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
-        self.view = RequestView(self)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -116,12 +87,10 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus output tokens."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def num_blocks(self) -> int:
-        """KV blocks held."""
         return len(self.block_ids)
 
     @property

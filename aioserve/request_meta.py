@@ -1,13 +1,5 @@
-"""Who asks, how urgent it is, and by when it is due: what a scheduling policy may know
-of a request beyond its tokens.
-
-The fields follow the APIs users already send: ``priority`` is vLLM's extra request field
-(an integer, lower is served first), ``tenant`` is the OpenAI ``user`` field (or an
-``X-Tenant`` header set by a gateway), ``metadata`` is the OpenAI ``metadata`` field (at
-most 16 string pairs, keys of at most 64 characters, values of at most 512). The service
-level objectives are those of DistServe and vLLM's serving benchmark (time to first token,
-time per output token), plus an absolute deadline for the whole request.
-"""
+"""Who asks, how urgent it is, and by when it is due (the fields of vLLM's ``priority``,
+OpenAI's ``user`` and ``metadata``, DistServe's TTFT and TPOT objectives)."""
 
 from __future__ import annotations
 

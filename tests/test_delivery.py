@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.delta_queue import DeltaQueue
+from aioserve.engine.delta_queue import DeltaQueue
 
 PROMPT = "Once upon a time"
 

@@ -1,40 +1,37 @@
-"""The import graph of aioserve (and schedulers/) has no circle, and each sub-package
-imports only what its ``__init__`` docstring allows.
+"""The import graph of aioserve (and schedulers/) has no circle, and each package
+imports only what :data:`RULES` allows.
 
 The rule, exactly (read from the source with ``ast``; nothing is imported):
 
 * An import is an ``import X`` or ``from X import Y`` statement anywhere in a module:
-  at module level, in a class, in a function, under ``try`` or ``if``; except inside
-  an ``if TYPE_CHECKING:`` block (its ``else`` branch counts). Relative imports are
-  resolved. ``from P import N`` imports the module ``P.N`` when that is a module of
+  at module level, in a class, in a function, under ``try`` or ``if``. Relative imports
+  are resolved. ``from P import N`` imports the module ``P.N`` when that is a module of
   the package, else ``P``; a name outside the package counts as what it names
   (``torch.nn`` is ``torch``'s).
 * **No circle**: among the modules of ``aioserve`` and ``schedulers``, no module
-  reaches itself through imports (the parent packages that Python runs on the way,
-  ``__init__`` files, are not counted as edges here).
-* **Allowed imports**: each directory of ``aioserve`` with Python files has an
-  ``__init__.py`` whose docstring has an ``Imports (checked by ...)`` section. Its
-  ``may import:`` names packages (an aioserve module is in package P when it sits
-  directly in P's directory; the package ``aioserve`` is the core, its top-level
-  modules) or single modules; a module of the directory may import modules of its
-  own package, of the packages and the modules named, and nothing else of aioserve.
-* **Never at module level**: the names under ``never at module level:`` are not loaded
-  when the package's modules are imported: no module-level import of them (not in a
-  function or method, TYPE_CHECKING aside) by the package's modules, nor by any
-  aioserve module those load at module level, their parent packages included,
-  transitively (so ``import aioserve`` loads no torch).
+  reaches itself through imports, those under ``if TYPE_CHECKING:`` included (the
+  parent packages that Python runs on the way, ``__init__`` files, are not counted as
+  edges here).
+* **Allowed imports**: every package of ``aioserve`` (a directory with Python files;
+  the package ``aioserve`` is its top-level modules) has an entry in :data:`RULES`. A
+  module of the package may import modules of its own package, of the packages and
+  the modules its entry names, and nothing else of aioserve; an ``__init__`` may also
+  re-export what :data:`REEXPORTS` names. ``if TYPE_CHECKING:`` imports are not exempt.
+* **Never at module level**: the names an entry lists second are not loaded when the
+  package's modules are imported: no module-level import of them (not in a function
+  or method, TYPE_CHECKING aside) by the package's modules, nor by any aioserve
+  module those load at module level, their parent packages included, transitively
+  (so ``import aioserve`` loads no torch).
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("aioserve", "schedulers")
-KEYS = ("may import:", "never at module level:")
 
 
 def _modules() -> dict[str, Path]:
@@ -57,8 +54,9 @@ def package_of(name: str) -> str:
 
 @dataclass
 class Imports:
-    anywhere: set[str] = field(default_factory=set)
+    anywhere: set[str] = field(default_factory=set)  # TYPE_CHECKING ones aside
     module_level: set[str] = field(default_factory=set)
+    type_checking: set[str] = field(default_factory=set)  # only under TYPE_CHECKING
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -78,25 +76,31 @@ def imports_of(name: str) -> Imports:
     package = package_of(name)
     found = Imports()
 
-    def add(target: str, module_level: bool) -> None:
+    def add(target: str, module_level: bool, typing_only: bool) -> None:
         target = _resolve(target)
-        if target != name:
-            found.anywhere.add(target)
-            if module_level:
-                found.module_level.add(target)
+        if target == name:
+            return
+        if typing_only:
+            found.type_checking.add(target)
+            return
+        found.anywhere.add(target)
+        if module_level:
+            found.module_level.add(target)
 
-    def visit(node: ast.AST, module_level: bool) -> None:
+    def visit(node: ast.AST, module_level: bool, typing_only: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
+                for other in child.body:
+                    visit_node(other, module_level, True)
                 for other in child.orelse:
-                    visit_node(other, module_level)
+                    visit_node(other, module_level, typing_only)
                 continue
-            visit_node(child, module_level)
+            visit_node(child, module_level, typing_only)
 
-    def visit_node(node: ast.AST, module_level: bool) -> None:
+    def visit_node(node: ast.AST, module_level: bool, typing_only: bool) -> None:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                add(alias.name, module_level)
+                add(alias.name, module_level, typing_only)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -104,11 +108,11 @@ def imports_of(name: str) -> Imports:
                 base = ".".join(parts + ([base] if base else []))
             for alias in node.names:
                 full = f"{base}.{alias.name}"
-                add(full if full in MODULES else base, module_level)
+                add(full if full in MODULES else base, module_level, typing_only)
         inner = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        visit(node, module_level and not inner)
+        visit(node, module_level and not inner, typing_only)
 
-    visit(ast.parse(MODULES[name].read_text()), True)
+    visit(ast.parse(MODULES[name].read_text()), True, False)
     return found
 
 
@@ -125,7 +129,7 @@ def circles() -> list[list[str]]:
     def connect(node: str) -> None:
         index[node] = low[node] = len(index)
         stack.append(node)
-        for target in sorted(GRAPH[node].anywhere & MODULES.keys()):
+        for target in sorted((GRAPH[node].anywhere | GRAPH[node].type_checking) & MODULES.keys()):
             if target not in index:
                 connect(target)
                 low[node] = min(low[node], low[target])
@@ -147,23 +151,59 @@ def circles() -> list[list[str]]:
     return found
 
 
-def rules(package: str) -> dict[str, list[str]]:
-    """The package docstring's ``Imports`` section: key -> names."""
-    doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
-    match = re.search(r"^Imports \(checked by tests/test_import_rules\.py\):\n(.*?)(?:\n\n|\Z)",
-                      doc, re.S | re.M)
-    assert match, f"{package}/__init__.py: no 'Imports (checked by ...)' section"
-    section = " ".join(match.group(1).split())
-    found: dict[str, list[str]] = {}
-    for key in KEYS:
-        if key in section:
-            text = section.split(key, 1)[1]
-            for other in KEYS:
-                text = text.split(other, 1)[0]
-            found[key] = re.findall(r"[a-z_][a-z_0-9.]*", text.replace("(nothing else in "
-                                                                       "aioserve)", ""))
-    assert "may import:" in found, f"{package}: no 'may import:' line"
-    return found
+_NO_HEAVY = ("torch", "numpy", "transformers")
+
+#: package -> (what it may import besides its own modules, what it never loads at
+#: module level). "aioserve" is the top-level modules: the nouns every room shares.
+RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "aioserve": ((), ("aioserve.runners.torch", *_NO_HEAVY)),
+    "aioserve.engine": (("aioserve", "aioserve.scheduling", "aioserve.runners.base",
+                         "aioserve.runners.torch"), ("aioserve.runners.torch", *_NO_HEAVY)),
+    "aioserve.scheduling": (("aioserve",), _NO_HEAVY),
+    "aioserve.server": (("aioserve", "aioserve.engine", "aioserve.dashboard",
+                         "aioserve.scheduling", "aioserve.server.schema",
+                         "aioserve.server.openai", "aioserve.server.ws",
+                         "aioserve.runners.cpu.threads.thread_governor"), _NO_HEAVY),
+    "aioserve.server.schema": (("aioserve.sampling_params", "aioserve.request_meta"),
+                               _NO_HEAVY),
+    "aioserve.server.ws": (("aioserve", "aioserve.engine", "aioserve.dashboard",
+                            "aioserve.server", "aioserve.server.openai",
+                            "aioserve.server.schema"), _NO_HEAVY),
+    "aioserve.server.openai": (("aioserve", "aioserve.engine", "aioserve.server",
+                                "aioserve.server.schema"), _NO_HEAVY),
+    "aioserve.deploy": (("aioserve", "aioserve.server"), ()),
+    "aioserve.sim": (("aioserve", "aioserve.engine", "aioserve.dashboard", "aioserve.runners",
+                      "aioserve.scheduling"), ("torch", "transformers")),
+    "aioserve.sim.reports": (("aioserve", "aioserve.engine", "aioserve.dashboard",
+                              "aioserve.sim"), ("torch", "transformers", "matplotlib")),
+    "aioserve.runners": (("aioserve", "aioserve.runners.cpu"), ()),
+    "aioserve.runners.model": (("aioserve", "aioserve.runners.attention",
+                                "aioserve.runners.cpu"), ()),
+    "aioserve.runners.attention": (("aioserve.runners", "aioserve.runners.cpu",
+                                    "aioserve.runners.attention.flex"), ()),
+    "aioserve.runners.attention.flex": (("aioserve.runners.attention",), ()),
+    "aioserve.runners.torch": (("aioserve", "aioserve.runners", "aioserve.runners.attention",
+                                 "aioserve.runners.cpu", "aioserve.runners.cpu.threads",
+                                 "aioserve.runners.gpu", "aioserve.runners.model"), ()),
+    "aioserve.runners.cpu": ((), ()),
+    "aioserve.runners.cpu.threads": ((), ("torch", "numpy")),
+    "aioserve.runners.gpu": (("aioserve.runners.attention",), ()),
+    "aioserve.dashboard": (("aioserve", "aioserve.engine"), ()),
+    "aioserve.commands": (("aioserve", "aioserve.engine", "aioserve.bench",
+                           "aioserve.bench.models", "aioserve.bench.online", "aioserve.deploy",
+                           "aioserve.runners.attention", "aioserve.scheduling", "aioserve.server",
+                           "aioserve.sim", "aioserve.sim.reports",
+                           "aioserve.runners.torch.runner",
+                           "aioserve.runners.cpu.cpu_info"), ("torch", "transformers")),
+    "aioserve.bench": (("aioserve", "aioserve.engine", "aioserve.runners",
+                        "aioserve.runners.torch", "aioserve.sim", "aioserve.bench.models"), ()),
+    "aioserve.bench.online": (("aioserve", "aioserve.engine", "aioserve.bench", "aioserve.sim"),
+                              ("torch", "transformers", "matplotlib")),
+    "aioserve.bench.models": (("aioserve", "aioserve.bench"), ()),
+}
+
+#: package -> what its ``__init__`` re-exports from below it (its public names).
+REEXPORTS = {"aioserve": ("aioserve.engine",)}
 
 
 PACKAGES = sorted({package_of(name) for name in MODULES if name.startswith("aioserve")})
@@ -190,24 +230,31 @@ def test_no_import_circle():
     assert circles() == []
 
 
-def test_each_package_imports_only_what_its_docstring_allows():
+def test_every_package_has_rules():
+    assert sorted(RULES) == PACKAGES
+
+
+def test_each_package_imports_only_what_its_rules_allow():
     wrong = []
-    for package in PACKAGES:
-        allowed = {package, *rules(package)["may import:"]}
-        for name in MODULES:
-            if not name.startswith("aioserve") or package_of(name) != package:
-                continue
-            for target in GRAPH[name].anywhere:
-                if target.startswith("aioserve") and not (
-                        target in allowed or package_of(target) in allowed):
-                    wrong.append(f"{name} imports {target}")
+    for name in MODULES:
+        if not name.startswith("aioserve"):
+            continue
+        package = package_of(name)
+        allowed = {package, *RULES[package][0]}
+        if name == package:
+            allowed.update(REEXPORTS.get(package, ()))
+        found = GRAPH[name]
+        for target in found.anywhere | found.type_checking:
+            if target.startswith("aioserve") and not (
+                    target in allowed or package_of(target) in allowed):
+                wrong.append(f"{name} imports {target}")
     assert wrong == []
 
 
 def test_what_a_package_never_loads_at_module_level():
     wrong = []
     for package in PACKAGES:
-        banned = rules(package).get("never at module level:", [])
+        banned = RULES[package][1]
         for name in (n for n in MODULES if package_of(n) == package):
             for loaded in _loaded_at_import(name):
                 hit = [b for b in banned if loaded == b or loaded.startswith(b + ".")]
@@ -218,12 +265,13 @@ def test_what_a_package_never_loads_at_module_level():
 
 def test_the_checker_sees_what_it_checks():
     """The rule's parts, on the real graph: function-level imports count, TYPE_CHECKING
-    ones do not, module-level loading is followed through other modules."""
-    engine = GRAPH["aioserve.engine"]
+    ones are seen apart, module-level loading is followed through other modules."""
+    engine = GRAPH["aioserve.engine.async_engine"]
     assert "aioserve.runners.torch.runner" in engine.anywhere
     assert "aioserve.runners.torch.runner" not in engine.module_level
-    assert "aioserve.kv_cache" not in GRAPH["aioserve.prefix_cache"].anywhere  # TYPE_CHECKING
+    prefix_cache = GRAPH["aioserve.engine.prefix_cache"]
+    assert "aioserve.kv_cache" in prefix_cache.type_checking
+    assert "aioserve.kv_cache" not in prefix_cache.anywhere
     assert "torch" in _loaded_at_import("aioserve.runners.torch.setup")
-    assert "torch" not in _loaded_at_import("aioserve.engine")
-    assert rules("aioserve")["never at module level:"] == [
-        "aioserve.runners.torch", "torch", "numpy", "transformers"]
+    assert "torch" not in _loaded_at_import("aioserve")
+    assert "aioserve.engine.async_engine" in _loaded_at_import("aioserve")

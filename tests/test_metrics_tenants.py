@@ -71,7 +71,7 @@ def test_label_values_are_bounded():
 
 
 def test_frames_show_each_tenant():
-    from aioserve.step_snapshot import SlotState, StepSnapshot
+    from aioserve.engine.observation import SlotState, StepSnapshot
 
     request = Request("r", [5, 6], SamplingParams(), 0.0)
     request.meta = RequestMeta(tenant="acme", priority=2)
@@ -85,3 +85,14 @@ def test_frames_show_each_tenant():
     assert frame["slots"][0][8:] == ["acme", 2]
     assert frame["tenants"][0][:3] == ["acme", 1, 2] and frame["tenants"][0][3]["p50"] == 0.2
     assert frame["tenants"][1] == [None, 0, 1, None]
+
+
+def test_snapshot_rows_keep_their_json_form():
+    from aioserve.engine.observation import SlotState, StepSnapshot
+
+    request = Request("r", [5, 6], SamplingParams(max_tokens=7), 0.0)
+    request.meta = RequestMeta(tenant="acme", priority=2, metadata={"team": "ads"})
+    slot = SlotState.of(request)
+    data = StepSnapshot(1, 0.5, "fcfs", (slot, None), (slot,), 1, 1, 8, 4, 0, 1).to_json()
+    assert data["slots"] == [["r", "prefill", 2, 0, 0, 7, 0, 0, "acme", 2], None]
+    assert data["waiting"] == [["r", 0, "acme", 2]]

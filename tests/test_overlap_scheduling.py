@@ -9,7 +9,7 @@ import pytest
 from scripted_runner import ScriptedRunner
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.engine_core import EngineCore
+from aioserve.engine.core import EngineCore
 from aioserve.kv_cache import BlockManager
 from aioserve.request import Request
 from aioserve.runners.base import RunnerOutput, ScheduledBatch

@@ -8,9 +8,9 @@ import random
 import pytest
 
 from aioserve.block_keys import block_key, extend_keys
-from aioserve.engine_core import EngineCore
+from aioserve.engine.core import EngineCore
+from aioserve.engine.prefix_cache import cached_prefix
 from aioserve.kv_cache import BlockManager
-from aioserve.prefix_cache import cached_prefix
 from aioserve.request import Request, RequestStatus
 from aioserve.sampling_params import SamplingParams
 from aioserve.sim.runner import SimulatedRunner

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.engine_core import EngineCore
+from aioserve.engine.core import EngineCore
 from aioserve.request import FinishReason, RequestStatus
 from aioserve.request_meta import RequestMeta
 from aioserve.runners.base import ScheduledBatch

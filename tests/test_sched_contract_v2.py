@@ -44,7 +44,7 @@ class Recorder(OrderedScheduler):
 
 def test_views_are_read_only():
     request = Request("r", [5, 6, 7], SamplingParams(), 0.0)
-    view = request.view
+    view = RequestView(request)
     for name in ("request_id", "priority", "num_computed_tokens", "block_ids", "tenant"):
         with pytest.raises(AttributeError):
             setattr(view, name, None)

@@ -9,7 +9,7 @@ import pytest
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
-from aioserve.scheduling import SchedulerState
+from aioserve.scheduling import RequestView, SchedulerState
 from aioserve.scheduling.guard import PolicyGuard
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import slo_mix
@@ -34,10 +34,10 @@ def running(request_id: str, priority: int, arrival: float) -> Request:
 
 def test_priority_victims_are_the_lowest_priority_then_the_latest():
     reqs = [running("a", 0, 0.0), running("b", 2, 0.1), running("c", 2, 0.2), running("d", 1, 0.3)]
-    state = SchedulerState((), tuple(r.view for r in reqs), 0, 8, 4, 4, 4096, 1.0, 0)
+    state = SchedulerState((), tuple(RequestView(r) for r in reqs), 0, 8, 4, 4, 4096, 1.0, 0)
     assert [r.request_id for r in PriorityScheduler().victims(state)] == ["c", "b", "d", "a"]
     guard = PolicyGuard(PriorityScheduler(), lambda: state)  # the engine's mid-step choice
-    assert guard.choose_victim(reqs[0].view, [r.view for r in reqs[::-1]]) == 1
+    assert guard.choose_victim(RequestView(reqs[0]), [RequestView(r) for r in reqs[::-1]]) == 1
 
 
 async def test_high_priority_preempts_lower_priority_at_max_num_seqs():
@@ -128,16 +128,16 @@ def test_vtc_lifts_a_tenant_without_waiting_requests_to_the_waiting_minimum():
     policy.counters.update(busy=500.0, runs=100.0)
 
     def state(*waiting: Request) -> SchedulerState:
-        return SchedulerState(tuple(r.view for r in waiting), (runs.view,), 8, 8, 4, 4, 64,
-                              0.0, 0)
+        return SchedulerState(tuple(RequestView(r) for r in waiting), (RequestView(runs),),
+                              8, 8, 4, 4, 64, 0.0, 0)
 
-    policy.on_arrival(busy[1].view, state(busy[0], busy[1]))
+    policy.on_arrival(RequestView(busy[1]), state(busy[0], busy[1]))
     assert policy.counters["busy"] == 500.0  # it has another waiting: no lift
     back = tenant_request("r2", "runs")
-    policy.on_arrival(back.view, state(busy[0], back))
+    policy.on_arrival(RequestView(back), state(busy[0], back))
     assert policy.counters["runs"] == 500.0  # a running request banks no credit
     idle = tenant_request("i1", "idle")
-    policy.on_arrival(idle.view, state(idle))
+    policy.on_arrival(RequestView(idle), state(idle))
     assert policy.counters.get("idle", 0.0) == 0.0  # nobody waits: nothing to lift to
 
 
@@ -176,7 +176,8 @@ def test_mlfq_skip_join_in_iterations_and_demotion():
     state = SchedulerState((), (), 8, 8, 4, 4, 4096, 0.0, 0)
     prompts = {"short": 6, "mid": 800, "long": 1000, "huge": 4000}
     for request_id, tokens in prompts.items():
-        policy.on_arrival(Request(request_id, [5] * tokens, SamplingParams(), 0.0).view, state)
+        request = Request(request_id, [5] * tokens, SamplingParams(), 0.0)
+        policy.on_arrival(RequestView(request), state)
     # prefill iterations 1, 8, 10, 40 against quanta 8, 16, 32, 64
     assert policy.level == {"short": 0, "mid": 0, "long": 1, "huge": 3}
     from aioserve.scheduling import StepFeedback
@@ -211,14 +212,14 @@ def test_edf_due_time_is_the_next_tokens():
     policy = EDFScheduler(default_ttft_ms=10_000, default_tpot_ms=200)
     request = Request("r", [5] * 4, SamplingParams(), 1.0)
     request.meta = type(request.meta)(ttft_slo_ms=500, tpot_slo_ms=50)
-    assert policy.due(request.view) == 1.5  # the first token
+    assert policy.due(RequestView(request)) == 1.5  # the first token
     request.output_token_ids = [7, 7, 7]
     request.metrics.first_token_time, request.metrics.last_token_time = 1.4, 2.0
-    assert policy.due(request.view) == 2.05  # the last token's time + TPOT, not the first's
+    assert policy.due(RequestView(request)) == 2.05  # the last token's time + TPOT, not the first's
     plain = Request("p", [5] * 4, SamplingParams(), 1.0)
-    assert policy.due(plain.view) == 11.0  # best effort: the default TTFT ages it
+    assert policy.due(RequestView(plain)) == 11.0  # best effort: the default TTFT ages it
     plain.metrics.first_token_time = plain.metrics.last_token_time = 3.0
-    assert policy.due(plain.view) == 3.2
+    assert policy.due(RequestView(plain)) == 3.2
 
 
 def test_edf_slack_check_delays_what_cannot_be_on_time():
@@ -228,6 +229,6 @@ def test_edf_slack_check_delays_what_cannot_be_on_time():
     hopeless.meta = type(hopeless.meta)(ttft_slo_ms=1050)  # due 1.05, next step ends 1.1
     fresh = Request("f", [5] * 4, SamplingParams(), 1.0)
     fresh.meta = type(fresh.meta)(ttft_slo_ms=3000)
-    state = SchedulerState((hopeless.view, fresh.view), (), 8, 8, 4, 4, 64, 1.0, 0)
-    assert policy.late(hopeless.view, state) and not policy.late(fresh.view, state)
+    state = SchedulerState((RequestView(hopeless), RequestView(fresh)), (), 8, 8, 4, 4, 64, 1.0, 0)
+    assert policy.late(RequestView(hopeless), state) and not policy.late(RequestView(fresh), state)
     assert [r.request_id for r in policy.order(state)] == ["f", "h"]

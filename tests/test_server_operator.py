@@ -18,7 +18,7 @@ from server_support import base_url, scripted_engine, serve
 from aioserve import EngineConfig
 from aioserve.cli import build_parser
 from aioserve.commands.common import engine_config
-from aioserve.memory_size import MemoryBudget, parse_memory
+from aioserve.commands.memory_size import MemoryBudget, parse_memory
 from aioserve.server import ServerConfig
 from aioserve.server.state import default_model_name
 

@@ -7,8 +7,8 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from aioserve.commands.memory_size import parse_memory
 from aioserve.config import EngineConfig
-from aioserve.memory_size import parse_memory
 from aioserve.model_path import check_model_path
 from aioserve.runners.attention import registry as attention_registry
 from aioserve.scheduling.registry import load_scheduler, params_by_policy

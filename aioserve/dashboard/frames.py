@@ -6,8 +6,8 @@ import math
 from collections import deque
 from typing import Any
 
+from aioserve.engine.observation import StepSnapshot
 from aioserve.request import Request
-from aioserve.step_snapshot import StepSnapshot
 
 #: Percentiles the page shows.
 PERCENTILES = (50, 90, 99)

@@ -14,9 +14,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from aioserve.engine import AsyncEngine
+from aioserve.engine.observation import StepSnapshot
 from aioserve.request import Request, RequestMetrics
 from aioserve.runners.cpu.threads.thread_governor import threads_in_use
-from aioserve.step_snapshot import StepSnapshot
 
 PREFIX = "aioserve:"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,

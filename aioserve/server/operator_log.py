@@ -6,15 +6,22 @@ from __future__ import annotations
 import logging
 
 from aioserve.engine import AsyncEngine
+from aioserve.engine.observation import StepSnapshot, scheduler_name
 from aioserve.errors import EngineNotRunningError
-from aioserve.memory_size import format_bytes
 from aioserve.request import Request
 from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor, threads_in_use
 from aioserve.scheduling.parameters import configuration_text, policy_configuration
 from aioserve.startup_clock import PhaseClock, describe
-from aioserve.step_snapshot import StepSnapshot, scheduler_name
 
 logger = logging.getLogger("aioserve.serve")
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes for people: ``1.50 GiB``, ``12.0 MiB``, ``512 B``."""
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}" if n < 10 * size else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def startup_summary(engine: AsyncEngine, served_name: str | None = None) -> str:

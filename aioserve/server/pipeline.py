@@ -11,13 +11,13 @@ from typing import Any
 from aiohttp import web
 
 from aioserve.engine import AsyncEngine
+from aioserve.engine.output import RequestStream
 from aioserve.errors import EngineError
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.server.errors import ApiError, api_error, bad_request
 from aioserve.server.schema.requests import Body, Served, parse
 from aioserve.server.state import ENGINE_KEY, MODEL_NAMES_KEY
-from aioserve.streams import RequestStream
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from aioserve.engine import AsyncEngine
+from aioserve.engine.observation import scheduler_name
 from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
@@ -17,7 +18,6 @@ from aioserve.scheduling.registry import load_scheduler
 from aioserve.sim.runner import FIRST_WORD_ID
 from aioserve.sim.simulator import SimConfig, SimResult, StepRecord
 from aioserve.sim.workloads import WorkloadRequest
-from aioserve.step_snapshot import scheduler_name
 
 
 def sim_config_of(engine: AsyncEngine, **overrides: Any) -> SimConfig:

@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aioserve.delivery import Delivery
-from aioserve.engine_core import EngineCore
+from aioserve.engine.core import EngineCore
+from aioserve.engine.observation import EngineListener, ListenerHub, SnapshotBuilder, scheduler_name
+from aioserve.engine.output import Delivery
+from aioserve.engine.step_loop import StepInFlight, StepLoop
 from aioserve.kv_cache import BlockManager, blocks_for_tokens
-from aioserve.listeners import ListenerHub
 from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
@@ -25,8 +26,6 @@ from aioserve.scheduling.registry import load_scheduler
 from aioserve.sim.runner import FIRST_WORD_ID, OverlappedRunner, SimulatedRunner
 from aioserve.sim.step_cost import StepCostModel
 from aioserve.sim.workloads import WorkloadRequest
-from aioserve.step_loop import StepInFlight, StepLoop
-from aioserve.step_snapshot import EngineListener, SnapshotBuilder, scheduler_name
 
 __all__ = ["SimConfig", "SimResult", "SimulationStalled", "StepHook", "StepRecord", "simulate"]
 

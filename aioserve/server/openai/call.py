@@ -14,13 +14,13 @@ from typing import Any
 
 from aiohttp import web
 
+from aioserve.engine.output import RequestStream
 from aioserve.errors import EngineError
 from aioserve.outputs import RequestOutput
 from aioserve.server.errors import api_error, error_body
 from aioserve.server.schema import responses
 from aioserve.server.schema.requests import CallFields
 from aioserve.server.state import ENGINE_KEY, served_model_name
-from aioserve.streams import RequestStream
 
 #: Seconds between checks that an HTTP client is still connected.
 POLL_INTERVAL = 0.05

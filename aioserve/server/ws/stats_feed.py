@@ -11,10 +11,10 @@ from aiohttp import WSMsgType, web
 
 from aioserve.dashboard.frames import FrameMaker
 from aioserve.engine import AsyncEngine
+from aioserve.engine.observation import StepSnapshot
 from aioserve.errors import EngineNotRunningError
 from aioserve.request import Request
 from aioserve.server.ws.outbox import SOCKETS_KEY, bound_send_buffer
-from aioserve.step_snapshot import StepSnapshot
 
 
 class StatsFeed:

@@ -17,6 +17,7 @@ import anyio
 from aiohttp import WSMsgType, web
 from anyio.abc import TaskGroup
 
+from aioserve.engine.output import RequestStream
 from aioserve.errors import EngineError
 from aioserve.server.errors import ApiError, api_error
 from aioserve.server.logprobs import CompletionLogprobs, TokenText
@@ -31,7 +32,6 @@ from aioserve.server.ws.outbox import (
     bound_send_buffer,
     close_socket,
 )
-from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from aioserve.dashboard import replay_page
 from aioserve.dashboard.frames import FrameMaker
+from aioserve.engine.observation import StepSnapshot
 from aioserve.request import Request
-from aioserve.step_snapshot import StepSnapshot
 
 #: Most frames kept per run; longer runs keep every k-th step (and the last).
 MAX_FRAMES = 2000

@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aioserve.config import EngineConfig
-from aioserve.delivery import Delivery
-from aioserve.engine_core import EngineCore
-from aioserve.engine_readouts import EngineReadouts
+from aioserve.engine.core import EngineCore
+from aioserve.engine.observation import EngineListener, ListenerHub, StepSnapshot
+from aioserve.engine.output import Delivery, RequestStream
+from aioserve.engine.step_loop import StepLoop
 from aioserve.errors import EngineError, EngineNotRunningError
 from aioserve.kv_cache import BlockManager
-from aioserve.listeners import ListenerHub
 from aioserve.outputs import RequestOutput
 from aioserve.prompts import encode_prompt
 from aioserve.request import Request
@@ -26,19 +26,15 @@ from aioserve.runners.base import ModelRunner
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler
 from aioserve.scheduling.registry import load_scheduler
-from aioserve.step_loop import StepLoop
-from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
 
 
-class AsyncEngine(EngineReadouts):
+class AsyncEngine:
     """An asyncio LLM engine with continuous batching and a pluggable scheduler.
 
-    ``async with AsyncEngine(config) as engine`` loads the model (off the event loop)
-    and starts one background task, the step loop: ask the scheduler, build a packed
-    batch, ``await`` one model step in the runner's worker thread, and push each new
-    token to its request's stream.
+    ``async with AsyncEngine(config) as engine`` loads the model off the event loop and
+    starts the step loop task: schedule, await one model step, update, fan out.
 
     Args:
         config: the engine configuration.
@@ -155,8 +151,7 @@ class AsyncEngine(EngineReadouts):
         return True
 
     def _on_loop_done(self, task: asyncio.Task[None]) -> None:
-        """If the step loop died (a bug), end every open stream with an error at once:
-        nobody waits forever, and ``is_running`` (``/health``) turns false."""
+        """A step loop that died (a bug) ends every open stream at once with an error."""
         if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()
@@ -172,7 +167,6 @@ class AsyncEngine(EngineReadouts):
 
     @property
     def is_running(self) -> bool:
-        """True while the step loop runs."""
         return self._loop_task is not None and not self._loop_task.done()
 
     @property
@@ -241,12 +235,9 @@ class AsyncEngine(EngineReadouts):
         return stream
 
     def release(self, stream: RequestStream) -> None:
-        """Stop delivering a stream made by :meth:`add_request` whose consumer reads
-        ``stream.queue`` itself: abort its request if it has not finished, and forget
-        the stream. Idempotent; :meth:`generate` does this when its loop ends.
-
-        It acts on this stream's own request only, never on the id: a request that
-        reused the id meanwhile (allowed once this one ended) is left alone."""
+        """Stop delivering a stream from :meth:`add_request` whose consumer reads
+        ``stream.queue`` itself: abort its own request (never another that reused the id)
+        if unfinished, and forget the stream. Idempotent; :meth:`generate` does this."""
         self._delivery.release(stream, self.core)
 
     async def generate(
@@ -283,13 +274,57 @@ class AsyncEngine(EngineReadouts):
             self.release(stream)
 
     def abort(self, request_id: str) -> None:
-        """Abort a request now: it leaves its queue and frees its KV blocks. Its stream
-        ends with ``finish_reason="abort"``. Unknown ids are ignored. The id is free
-        again at once: a new request may take it while the old stream's consumer
-        still reads the old request's end."""
+        """Abort a request now, freeing its KV blocks; its stream ends with
+        ``finish_reason="abort"`` and its id is free at once. Unknown ids are ignored."""
         if self.core is not None and self.core.abort(request_id) is not None:
             self._delivery.flush_finished(self.core)
 
     def _on_finish(self, request: Request) -> None:
         self._delivery.on_finish(request)
         self.listeners.notify_finish(request)
+
+    def stats(self) -> dict[str, float]:
+        """Running and waiting requests, KV usage (0–1), free blocks, preemptions, steps,
+        and prefix-cache queried and hit tokens."""
+        core = self._require_core()
+        return {
+            "num_running": len(core.running),
+            "num_waiting": len(core.waiting),
+            "kv_cache_usage": core.blocks.usage,
+            "num_free_blocks": core.blocks.num_free_blocks,
+            "num_preemptions": core.num_preemptions,
+            "num_steps": core.step_count,
+            "prefix_cache_queries": core.prefix_cache_queries,
+            "prefix_cache_hits": core.prefix_cache_hits,
+        }
+
+    def add_listener(self, listener: EngineListener, *, step_interval: float | None = 0.0) -> None:
+        """Call ``listener.on_finish`` for every request that ends and, unless
+        ``step_interval`` is None, ``listener.on_step(snapshot)`` after a step at most
+        once per ``step_interval`` seconds of the engine clock (0: every step). Both run
+        in the step loop: they must not block. Works before or after :meth:`start`.
+
+        Raises:
+            ValueError: ``step_interval`` is negative.
+        """
+        self.listeners.add(listener, step_interval)
+
+    def remove_listener(self, listener: EngineListener) -> None:
+        """Stop calling ``listener``; unknown listeners are ignored."""
+        self.listeners.remove(listener)
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (e.g. between benchmark runs); running requests go on.
+
+        Raises:
+            EngineNotRunningError: the engine is not running.
+        """
+        self._require_core().blocks.reset_cache()
+
+    def snapshot(self) -> StepSnapshot:
+        """The engine's slots, queue and KV cache now (what listeners receive).
+
+        Raises:
+            EngineNotRunningError: the engine is not running.
+        """
+        return self.listeners.snapshot(self._require_core())

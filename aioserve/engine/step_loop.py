@@ -1,13 +1,4 @@
-"""StepLoop: the engine's background task, one model step per iteration.
-
-Each iteration takes the oldest step's sampled tokens (``EngineCore.update``), hands
-every request its delta (:class:`~aioserve.delivery.Delivery`), and keeps the runner
-busy: with a runner that has ``submit`` (the TorchRunner), step N+1 is scheduled and
-submitted while step N runs, its decode inputs being N's sampled tokens still on the
-runner's side (vLLM's async scheduling, SGLang's overlap scheduler).
-A failure ends only the requests it concerns: a failed model step its batch, a
-faulty policy what it was deciding on; the loop goes on.
-"""
+"""StepLoop: the engine's background task: schedule, await the step, update, fan out."""
 
 from __future__ import annotations
 
@@ -17,10 +8,10 @@ import logging
 from collections import deque
 from collections.abc import Awaitable
 
-from aioserve.delivery import Delivery
-from aioserve.engine_core import EngineCore, StepResult
+from aioserve.engine.core import EngineCore, StepResult
+from aioserve.engine.observation import ListenerHub
+from aioserve.engine.output import Delivery
 from aioserve.errors import EngineError
-from aioserve.listeners import ListenerHub
 from aioserve.request import Request
 from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
 
@@ -31,18 +22,9 @@ StepInFlight = tuple[ScheduledBatch, Awaitable[RunnerOutput]]
 
 
 class StepLoop:
-    """The step loop of one engine (run as one asyncio task by ``AsyncEngine``).
-
-    Args:
-        core: the engine's state and bookkeeping.
-        runner: the model runner.
-        delivery: the open output streams.
-        listeners: step and finish listeners.
-
-    Attributes:
-        wakeup: set when work arrives (the loop waits on it while idle).
-        idle: set whenever the loop finds nothing to run.
-    """
+    """The step loop of one engine. A failure ends only the requests it concerns (a
+    failed model step its batch, a faulty policy what it was deciding on); the loop
+    goes on. ``wakeup`` is set when work arrives, ``idle`` when there is none."""
 
     def __init__(
         self, core: EngineCore, runner: ModelRunner, delivery: Delivery, listeners: ListenerHub,
@@ -55,11 +37,8 @@ class StepLoop:
         self.idle = asyncio.Event()
 
     async def run(self) -> None:
-        """The loop, overlapped: while step N runs, N+1 is already scheduled and
-        submitted, so the runner never waits for the event loop; then N's tokens are
-        taken (``update``), handed out (fan-out) and N+2 is scheduled while N+1 runs. A
-        runner without ``submit`` (simulated, scripted) runs one step at a time: its
-        ``step`` coroutine is the step, so a virtual clock sees the steps in order."""
+        """The loop; overlapped with a runner that has ``submit`` (vLLM's async scheduling):
+        while step N runs, N+1 is scheduled and submitted, decoding from N's tokens."""
         core = self.core
         overlap = hasattr(self.runner, "submit")
         in_flight: deque[StepInFlight] = deque()
@@ -106,8 +85,7 @@ class StepLoop:
                 self.start_step(in_flight)
 
     async def wait_for_work(self) -> None:
-        """Wait for :attr:`wakeup`, or, for a runner with an ``idle_poll_s`` (not None),
-        at most that many seconds (the loop then tells the runner again that it is idle)."""
+        """Wait for :attr:`wakeup`, at most the runner's ``idle_poll_s`` if it has one."""
         poll = getattr(self.runner, "idle_poll_s", None)
         if poll is None:
             await self.wakeup.wait()
@@ -116,16 +94,14 @@ class StepLoop:
             await asyncio.wait_for(self.wakeup.wait(), poll)
 
     def runner_idle(self) -> None:
-        """Tell a runner that has ``on_idle`` that no request has started; when it
-        answers that its arithmetic changed (the TorchRunner switching to compiled CPU
-        kernels), empty the prefix cache, whose blocks the old arithmetic computed."""
+        """Tell the runner it is idle; if its arithmetic changed (compiled CPU kernels),
+        empty the prefix cache, whose blocks the old arithmetic computed."""
         on_idle = getattr(self.runner, "on_idle", None)
         if on_idle is not None and on_idle():
             self.core.blocks.reset_cache()
 
     def start_step(self, in_flight: deque[StepInFlight]) -> None:
-        """Schedule the next batch and start the runner on it (nothing when there is
-        nothing to run)."""
+        """Schedule the next batch and start the runner on it."""
         core = self.core
         if not core.has_work:
             return
@@ -145,16 +121,13 @@ class StepLoop:
             in_flight.append((batch, asyncio.ensure_future(self.runner.step(batch))))
 
     def fan_out(self, output: RunnerOutput, results: list[StepResult]) -> None:
-        """Hand every request of a step its token (one pass, see ``Delivery.fan_out``)."""
         self.delivery.fan_out(self.core, output, results)
 
     def fail_all(self, exc: Exception) -> None:
-        """End every running and waiting request with ``exc`` (the policy failed)."""
         core = self.core
         self.fail([*core.running, *core.waiting], exc, "scheduler failed")
 
     def fail(self, requests: list[Request], exc: Exception, what: str = "model step failed",
              ) -> None:
-        """End the given requests with an EngineError saying ``what`` failed."""
         error = EngineError(f"{what}: {type(exc).__name__}: {exc}")
         self.delivery.fail(self.core, requests, error)

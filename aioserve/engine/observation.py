@@ -1,21 +1,16 @@
-"""A compact, read-only picture of the engine after one step, and the listener hook
-that receives it.
-
-:meth:`AsyncEngine.add_listener` takes an :class:`EngineListener`; the engine builds
-a :class:`StepSnapshot` only when a listener is due (never when none listens), so the
-step loop pays nothing for an unwatched engine. The simulator builds the same
-snapshots from its :class:`EngineCore` (``aioserve simulate --html``).
-"""
+"""Observation: listeners and the step snapshots built for them (only when one is due)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from aioserve.engine.core import EngineCore
 from aioserve.request import Request
+from aioserve.request_meta import DEFAULT_META, RequestMeta
 
-if TYPE_CHECKING:
-    from aioserve.engine_core import EngineCore
+logger = logging.getLogger(__name__)
 
 #: Most waiting requests a snapshot lists by name (``num_waiting`` counts them all).
 MAX_WAITING_LISTED = 64
@@ -34,18 +29,8 @@ class EngineListener(Protocol):
 
 @dataclass(frozen=True)
 class SlotState:
-    """The request holding one slot.
-
-    Attributes:
-        request_id: the request.
-        phase: ``"prefill"`` (prompt or recompute still being fed) or ``"decode"``.
-        num_prompt_tokens, num_output_tokens, num_computed_tokens: tokens.
-        max_tokens: the request's output limit in tokens.
-        num_blocks: KV blocks held.
-        num_preemptions: times this request was preempted.
-        tenant: who sent it (``RequestMeta.tenant``), or None.
-        priority: its priority (lower is served first).
-    """
+    """The request holding one slot; ``phase`` is ``"prefill"`` (prompt or recompute
+    still being fed) or ``"decode"``, counts are in tokens and KV blocks."""
 
     request_id: str
     phase: str
@@ -55,41 +40,24 @@ class SlotState:
     max_tokens: int
     num_blocks: int
     num_preemptions: int
-    tenant: str | None = None
-    priority: int = 0
+    meta: RequestMeta = DEFAULT_META
 
     @classmethod
     def of(cls, request: Request) -> SlotState:
-        """The state of a running (or waiting) request."""
         behind = request.num_tokens - request.num_computed_tokens
         return cls(request.request_id, "prefill" if behind > 1 else "decode",
                    request.num_prompt_tokens, request.num_output_tokens,
                    request.num_computed_tokens, request.params.max_tokens,
-                   len(request.block_ids), request.metrics.num_preemptions,
-                   request.meta.tenant, request.meta.priority)
+                   len(request.block_ids), request.metrics.num_preemptions, request.meta)
 
 
 @dataclass(frozen=True)
 class StepSnapshot:
-    """The engine after a step.
-
-    Attributes:
-        step: steps run so far.
-        time: the engine clock in seconds (monotonic, or the simulator's virtual clock).
-        scheduler: the active policy's name.
-        slots: ``max_num_seqs`` entries; a request keeps its slot index while it
-            runs; None is a free slot.
-        waiting: the first :data:`MAX_WAITING_LISTED` waiting requests, in queue order.
-        num_waiting: all waiting requests.
-        kv_used_blocks, kv_total_blocks, block_size: the KV cache, in blocks and
-            tokens per block.
-        num_preemptions: preemptions so far.
-        num_generated_tokens: output tokens sampled so far (the tokens/s counter).
-        tenants: (tenant, running, waiting) per tenant with requests in the engine
-            (None: requests without a tenant), most requests first.
-        idle_s: seconds the engine has waited with nothing to run so far (the
-            engine clock's; ``time`` less this is its busy time).
-    """
+    """The engine after a step: ``time`` and ``idle_s`` in seconds of the engine clock
+    (monotonic or the simulator's); ``slots`` has ``max_num_seqs`` entries (None: free),
+    a request keeping its index while it runs; ``waiting`` lists the first
+    :data:`MAX_WAITING_LISTED` in queue order; ``tenants`` is (tenant, running, waiting)
+    per tenant, most requests first; counters are totals since the start."""
 
     step: int
     time: float
@@ -113,12 +81,12 @@ class StepSnapshot:
         def row(s: SlotState) -> list[Any]:
             return [s.request_id, s.phase, s.num_prompt_tokens, s.num_output_tokens,
                     s.num_computed_tokens, s.max_tokens, s.num_blocks, s.num_preemptions,
-                    s.tenant, s.priority]
+                    s.meta.tenant, s.meta.priority]
 
         return {
             "step": self.step, "time": round(self.time, 6), "scheduler": self.scheduler,
             "slots": [None if s is None else row(s) for s in self.slots],
-            "waiting": [[s.request_id, s.num_preemptions, s.tenant, s.priority]
+            "waiting": [[s.request_id, s.num_preemptions, s.meta.tenant, s.meta.priority]
                         for s in self.waiting],
             "num_waiting": self.num_waiting,
             "kv_used_blocks": self.kv_used_blocks, "kv_total_blocks": self.kv_total_blocks,
@@ -135,12 +103,7 @@ def scheduler_name(scheduler: object) -> str:
 
 
 class SnapshotBuilder:
-    """Builds snapshots of one :class:`EngineCore`, keeping each running request in
-    the same slot from one snapshot to the next.
-
-    Args:
-        core: the engine core to picture.
-    """
+    """Snapshots of one :class:`EngineCore`; a running request keeps its slot index."""
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
@@ -148,11 +111,9 @@ class SnapshotBuilder:
         self.num_generated_tokens = 0
 
     def count_tokens(self, n: int) -> None:
-        """Add ``n`` sampled output tokens to the counter (the engine calls this)."""
         self.num_generated_tokens += n
 
     def build(self) -> StepSnapshot:
-        """The core's state now."""
         core = self.core
         slots: list[SlotState | None] = [None] * core.max_num_seqs
         running = {r.request_id: r for r in core.running}
@@ -178,3 +139,60 @@ class SnapshotBuilder:
             blocks.num_blocks, blocks.block_size, core.num_preemptions,
             self.num_generated_tokens, tenants, core.idle_s,
         )
+
+
+class ListenerHub:
+    """The listeners of one engine; one that raises is logged and skipped."""
+
+    def __init__(self) -> None:
+        self._listeners: list[EngineListener] = []
+        self._step_listeners: dict[EngineListener, tuple[float, float]] = {}  # interval, due
+        self._snapshots: SnapshotBuilder | None = None
+
+    @property
+    def has_step_listeners(self) -> bool:
+        return bool(self._step_listeners)
+
+    def add(self, listener: EngineListener, step_interval: float | None) -> None:
+        if step_interval is not None and step_interval < 0:
+            raise ValueError(f"step_interval must be >= 0 seconds, got {step_interval}")
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+        if step_interval is not None:
+            self._step_listeners[listener] = (step_interval, float("-inf"))
+
+    def remove(self, listener: EngineListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+        self._step_listeners.pop(listener, None)
+
+    def snapshot(self, core: EngineCore) -> StepSnapshot:
+        return self._builder(core).build()
+
+    def _builder(self, core: EngineCore) -> SnapshotBuilder:
+        if self._snapshots is None or self._snapshots.core is not core:
+            self._snapshots = SnapshotBuilder(core)
+        return self._snapshots
+
+    def publish_step(self, core: EngineCore, num_tokens: int, force: bool = False) -> None:
+        """Count sampled tokens; hand a snapshot to the step listeners due (all: ``force``)."""
+        builder = self._builder(core)
+        builder.count_tokens(num_tokens)
+        now = core.clock()
+        snapshot = None
+        for listener, (interval, due) in list(self._step_listeners.items()):
+            if (now < due and not force) or listener not in self._step_listeners:
+                continue  # not due, or removed by an earlier listener just now
+            snapshot = snapshot or builder.build()
+            self._step_listeners[listener] = (interval, now + interval)
+            try:
+                listener.on_step(snapshot)
+            except Exception:
+                logger.exception("listener %r failed in on_step", listener)
+
+    def notify_finish(self, request: Request) -> None:
+        for listener in self._listeners:
+            try:
+                listener.on_finish(request)
+            except Exception:
+                logger.exception("listener %r failed in on_finish", listener)

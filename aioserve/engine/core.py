@@ -1,14 +1,5 @@
-"""EngineCore: the synchronous heart of the step loop (queues, blocks, batches).
-
-It owns every request's state and the BlockManager (:class:`EngineQueues`); with
-prefix caching on, admission starts a request after its longest cached prefix, and
-``update()`` offers blocks to the cache once they are full of computed tokens. A
-scheduler plugin only decides; ``schedule()`` checks and applies its decision (shed,
-preempt, pause, prefill chunks, admissions), ``update()`` takes the runner's tokens
-and tells the policy and the step observers what the step did. It never touches the
-model or the tokenizer, so the same core runs on the TorchRunner and on a simulated
-clock.
-"""
+"""EngineCore: the synchronous heart of the step loop (queues, KV blocks, batches); it
+never touches the model, so it runs the same on the TorchRunner and a simulated clock."""
 
 from __future__ import annotations
 
@@ -16,13 +7,13 @@ import logging
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 
-from aioserve.batch_builder import BatchBuilder, InFlight
-from aioserve.engine_queues import EngineQueues
+from aioserve.engine.batch import BatchBuilder, InFlight
+from aioserve.engine.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
 from aioserve.kv_cache import BlockManager
-from aioserve.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.scheduling import Scheduler, SchedulerState, StepFeedback
+from aioserve.scheduling import RequestView, Scheduler, SchedulerState, StepFeedback
+from aioserve.scheduling.guard import PolicyGuard
 
 logger = logging.getLogger(__name__)
 
@@ -33,26 +24,10 @@ StepResult = tuple[Request, int, int]
 StepObserver = Callable[[StepFeedback], None]
 
 
-class EngineCore(EngineQueues):
-    """Queues, KV blocks and the per-step bookkeeping.
-
-    Scheduling may run one step ahead (overlapped scheduling): ``schedule()`` may be
-    called again before the previous batch's ``update()``; a request in that step then
-    counts its token being sampled as a placeholder and decodes from it. Batches are
-    updated in the order they were scheduled.
-
-    Args:
-        scheduler: the policy.
-        blocks: the KV block pool.
-        max_num_seqs: slots.
-        max_num_batched_tokens: token budget per step.
-        max_model_len: context length in tokens.
-        eos_token_ids: ids that end a request unless it ignores EOS.
-        clock: time source in seconds.
-
-    Attributes:
-        step_observers: called with a :class:`StepFeedback` after every step.
-    """
+class EngineCore:
+    """Every request's place, its KV blocks and the per-step bookkeeping. The policy only
+    decides (called through ``guard``, which contains its failures). ``schedule()`` may
+    run one step ahead of ``update()`` (overlap); batches update in scheduling order."""
 
     def __init__(
         self,
@@ -64,29 +39,151 @@ class EngineCore(EngineQueues):
         eos_token_ids: tuple[int, ...],
         clock: Callable[[], float],
     ) -> None:
-        super().__init__(scheduler, blocks, clock)
+        self.scheduler = scheduler
+        self.guard = PolicyGuard(scheduler, self.snapshot)
+        self.blocks = blocks
+        self.clock = clock
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.views: dict[str, RequestView] = {}  # what the policy reads of each request
+        self.running_views: tuple[RequestView, ...] | None = None  # None: to be made again
+        self.step_count = 0
+        self.num_preemptions = 0
+        self.num_preempted_tokens = 0  # computed tokens whose KV preemptions dropped
+        self.num_shed = 0
+        self.idle_s = 0.0  # seconds the step loop waited with nothing to run
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.on_finish: Callable[[Request], None] | None = None  # hears every request that ends
         self.step_observers: list[StepObserver] = []
+        self._released: list[str] = []
+        self._new_blocks: dict[str, list[int]] = {}
+        self._slots: set[str] = set()  # requests the runner holds state for
+        self._finishing: set[str] = set()  # their step in flight samples their last token
         self._in_flight: deque[list[InFlight]] = deque()
         self._scheduled_at: deque[float] = deque()  # when each step in flight was submitted
         self._last_step_end = float("-inf")
 
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        """Queue a request (its prompt and ``max_tokens`` validated by the caller).
+
+        Raises:
+            ValueError: the id is already in use, or the prompt can never fit the KV cache.
+        """
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        needed = self.blocks.blocks_for_tokens(request.num_prompt_tokens)
+        if needed > self.blocks.num_blocks:
+            raise ValueError(
+                f"prompt of {request.num_prompt_tokens} tokens needs {needed} KV blocks, but the "
+                f"KV cache holds {self.blocks.num_blocks} blocks "
+                f"({self.blocks.num_blocks * self.blocks.block_size} tokens)"
+            )
+        self.requests[request.request_id] = request
+        view = self.views[request.request_id] = RequestView(request)
+        self.waiting.append(request)
+        self.guard.on_arrival(view)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """End a request (any status): free its blocks and forget it."""
+        if request.status is RequestStatus.FINISHED:
+            return
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.running_views = None
+        else:
+            self.waiting.remove(request)
+        self._free_blocks(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.metrics.finished_time = self.clock()
+        request.metrics.finished_step = self.step_count
+        self.requests.pop(request.request_id, None)
+        self._release(request)
+        self.guard.on_finish(self.views.pop(request.request_id))
+        if self.on_finish is not None:
+            self.on_finish(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Abort a waiting or running request; returns it, or None if unknown."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.finish(request, FinishReason.ABORT)
+        return request
+
+    def shed(self, reasons: Mapping[str, str]) -> None:
+        """End the named requests with ``error``: the policy refused them."""
+        for request_id, reason in reasons.items():
+            request = self.requests.get(request_id)
+            if request is not None:
+                request.shed_reason = reason or "refused by the scheduling policy"
+                self.num_shed += 1
+                logger.info("scheduler shed %s: %s", request_id, request.shed_reason)
+                self.finish(request, FinishReason.ERROR)
+
+    def _free_blocks(self, request: Request) -> None:
+        if request.block_ids:
+            self.blocks.free(request.block_ids)
+            request.block_ids = []
+
+    def preempt(self, request: Request) -> None:
+        """Evict a running request; it is recomputed (prompt + output) when readmitted."""
+        self.running.remove(request)
+        self.running_views = None
+        self._free_blocks(request)
+        self.num_preempted_tokens += request.num_confirmed_tokens
+        request.num_computed_tokens = 0
+        request.num_in_flight_tokens = 0
+        request.num_output_placeholders = 0
+        request.epoch += 1
+        request.num_registered_blocks = 0
+        request.status = RequestStatus.WAITING
+        request.metrics.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+        self.guard.on_preempt(self.views[request.request_id])
+        self._release(request)
+
+    def _release(self, request: Request) -> None:
+        # the runner drops the request's state at the next step
+        self._finishing.discard(request.request_id)
+        if request.request_id in self._slots:
+            self._slots.discard(request.request_id)
+            self._released.append(request.request_id)
+        self._new_blocks.pop(request.request_id, None)
+
+    def set_policy(self, scheduler: Scheduler) -> None:
+        """Use another policy from the next step on; RuntimeError unless idle."""
+        if self.has_work:
+            raise RuntimeError("the policy can only change while the engine is idle")
+        self.scheduler = scheduler
+        self.guard = PolicyGuard(scheduler, self.snapshot)
+
+    def fail(self, requests: list[Request]) -> None:
+        """End these requests (not their ids, which may be reused) with ``error``."""
+        for request in requests:
+            self.finish(request, FinishReason.ERROR)
+
     def snapshot(self) -> SchedulerState:
-        """The read-only view a policy decides on."""
-        running = self.running
+        """The read-only state a policy decides on."""
+        running, view_of = self.running, self.views
         views = self.running_views
         if self._finishing:  # their slots are free for the next step
             running = [r for r in running if r.request_id not in self._finishing]
-            views = tuple([r.view for r in running])
+            views = tuple([view_of[r.request_id] for r in running])
         elif views is None:
-            views = self.running_views = tuple([r.view for r in running])
+            views = self.running_views = tuple([view_of[r.request_id] for r in running])
         return SchedulerState(
-            waiting=tuple([r.view for r in self.waiting]),
+            waiting=tuple([view_of[r.request_id] for r in self.waiting]),
             running=views,
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
@@ -100,8 +197,7 @@ class EngineCore(EngineQueues):
         )
 
     def schedule(self) -> ScheduledBatch | None:
-        """Ask the policy, apply its checked decision, and build the next batch
-        (None when there is nothing to run)."""
+        """Ask the policy, apply its checked decision, build the next batch (or None)."""
         if not self.waiting and not self.running:
             return None
         decision = self.guard.schedule(self.snapshot())
@@ -131,8 +227,7 @@ class EngineCore(EngineQueues):
 
     def _schedule_running(self, batch: BatchBuilder, paused: Collection[str],
                           chunks: Mapping[str, int], budget: int | None = None) -> int:
-        """Schedule the running requests' next tokens (decode, or the rest of a
-        chunked prefill) within the token budget, skipping ``paused``; returns the
+        """Schedule the running requests' next tokens, skipping ``paused``; returns the
         budget left."""
         # a copy of the list: _reserve may preempt
         running = [r for r in self.running if r.request_id not in paused] if paused else list(
@@ -143,10 +238,8 @@ class EngineCore(EngineQueues):
 
     def _reserve(self, request: Request, count: int, scheduled: list[str]) -> bool:
         """Give ``request`` the blocks for ``count`` more tokens, preempting unscheduled
-        running requests if needed: the policy's choice (``choose_victim``), by default
-        the newest (the request itself when it is the newest). A request alone that
-        cannot grow ends with ``length`` (after the token its step in flight samples,
-        if any)."""
+        running requests (``choose_victim``; by default the newest) if needed. A request
+        alone that cannot grow ends with ``length``."""
         need = self.blocks.blocks_for_tokens(request.num_computed_tokens + count)
         need -= len(request.block_ids)
         while need > self.blocks.num_free_blocks:
@@ -162,7 +255,9 @@ class EngineCore(EngineQueues):
                 return False
             index = 0
             if len(candidates) > 1:
-                index = self.guard.choose_victim(request.view, [r.view for r in candidates])
+                view_of = self.views
+                index = self.guard.choose_victim(
+                    view_of[request.request_id], [view_of[r.request_id] for r in candidates])
             victim = candidates[index]
             self.preempt(victim)
             if victim is request:
@@ -174,8 +269,7 @@ class EngineCore(EngineQueues):
 
     def _schedule_admissions(self, admit: list[str], batch: BatchBuilder, budget: int,
                              chunks: Mapping[str, int]) -> int:
-        """Admit in the given order while slots, budget and blocks allow; returns the
-        budget left."""
+        """Admit in order while slots, budget and blocks allow; returns the budget left."""
         now = self.clock()
         for request_id in admit:
             request = self.requests.get(request_id)
@@ -205,11 +299,9 @@ class EngineCore(EngineQueues):
         return budget
 
     def update(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:
-        """Take the oldest scheduled batch's sampled tokens: confirm its computed
-        tokens, append tokens, end requests on EOS, stop ids, ``max_tokens`` or the
-        context length. Requests preempted or finished since it was scheduled are
-        skipped (their tokens are dropped). Then the step observers and the policy's
-        ``on_step`` hear what the step did."""
+        """Take the oldest scheduled batch's sampled tokens: append them, end requests on
+        EOS, stop ids, ``max_tokens`` or the context length (requests preempted or ended
+        since it was scheduled drop theirs), then tell the step observers."""
         record = self._in_flight.popleft()
         scheduled_at = self._scheduled_at.popleft()
         self.step_count += 1
@@ -253,7 +345,6 @@ class EngineCore(EngineQueues):
 
     def _report_step(self, batch: ScheduledBatch, results: list[StepResult], start: float,
                      end: float) -> None:
-        """Hand the step's :class:`StepFeedback` to the observers and the policy."""
         emitted = [0] * len(batch.request_ids)
         finished: list[str] = []
         for request, _, index in results:
@@ -272,14 +363,12 @@ class EngineCore(EngineQueues):
             self.guard.on_step(feedback)
 
     def oldest_batch_record(self) -> list[InFlight]:
-        """The in-flight record of the oldest scheduled batch (the next :meth:`update`
-        or :meth:`abandon`): one ``(request, epoch, count, samples)`` per row, in its
-        order; kept as it is by both, so a failed step's requests can be read from it."""
+        """The rows of the oldest scheduled batch (the next :meth:`update` or
+        :meth:`abandon`), which both leave as they are."""
         return self._in_flight[0]
 
     def abandon(self, batch: ScheduledBatch) -> None:
-        """Forget the oldest scheduled batch, whose step failed (its requests are
-        being ended by the caller)."""
+        """Forget the oldest scheduled batch, whose step failed."""
         self._in_flight.popleft()
         self._last_step_end = self.clock()
         self._scheduled_at.popleft()

@@ -1,14 +1,5 @@
-"""Automatic prefix caching: the lookup of a waiting request's cached
-prefix, its first allocation after that prefix, and the registration of blocks once
-they are full of computed tokens. A full block is named by its tokens and everything
-before them.
-
-The design is vLLM's automatic prefix caching (V1 ``KVCacheManager``): a block's key
-chains the hash of its parent block with its own token ids, so equal keys mean equal
-prefixes; only full blocks get a key, so a partially filled block is never shared.
-Like vLLM's ``BlockHashType`` the key also carries the block's token ids, so two
-blocks collide only if their parents' 64-bit hashes collide *and* their tokens match.
-"""
+"""Automatic prefix caching (vLLM V1's): a waiting request's cached prefix, its first
+allocation after it, and the registration of blocks once full of computed tokens."""
 
 from __future__ import annotations
 
@@ -25,10 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["allocate_first_chunk", "cached_prefix", "prefix_hit_lookup", "register_computed"]
 
 def cached_prefix(blocks: BlockManager, request: Request) -> list[int]:
-    """The cached blocks a waiting request can start from: the longest cached prefix
-    of its tokens (prompt, and output after a preemption) in whole blocks, stopping
-    before its last token, which must be computed to sample from. Takes no reference.
-    Empty when caching is off."""
+    """The longest cached prefix of a request's tokens in whole blocks, before its last."""
     if not blocks.enable_caching:
         return []
     limit = (request.num_tokens - 1) // blocks.block_size
@@ -37,9 +25,7 @@ def cached_prefix(blocks: BlockManager, request: Request) -> list[int]:
 
 
 def register_computed(blocks: BlockManager, request: Request) -> None:
-    """Offer the request's blocks that are now full of computed tokens (prompt or
-    output) to the cache, each once. Call after a step that computed its tokens ended
-    (steps still in flight do not count)."""
+    """Offer the request's blocks now full of confirmed tokens to the cache, each once."""
     full = request.num_confirmed_tokens // blocks.block_size
     done = request.num_registered_blocks
     if full <= done or not blocks.enable_caching:
@@ -54,9 +40,7 @@ def register_computed(blocks: BlockManager, request: Request) -> None:
 def prefix_hit_lookup(
     blocks: BlockManager, requests: Mapping[str, Request]
 ) -> Callable[[RequestView], PrefixHit]:
-    """``SchedulerState.prefix_hit`` for one snapshot: a waiting request's cached
-    prefix, looked up on first use and memoised (the pool does not change while a
-    policy decides)."""
+    """``SchedulerState.prefix_hit`` for one snapshot, memoised while the policy decides."""
     memo: dict[str, PrefixHit] = {}
 
     def hit(view: RequestView) -> PrefixHit:
@@ -72,13 +56,9 @@ def prefix_hit_lookup(
 
 
 def allocate_first_chunk(blocks: BlockManager, request: Request, budget: int) -> int | None:
-    """Give a waiting request its cached prefix (shared blocks, counted as computed)
-    and new blocks for a first chunk of up to ``budget`` tokens after it.
-
-    Returns:
-        The cached tokens it starts after (0 without a hit), or None when too few
-        blocks are available (nothing is taken).
-    """
+    """Give a waiting request its cached prefix and new blocks for a first chunk of up
+    to ``budget`` tokens; returns the cached tokens, or None (nothing taken) when too
+    few blocks are free."""
     cached = cached_prefix(blocks, request)
     start = len(cached) * blocks.block_size
     count = min(request.num_tokens - start, budget)

@@ -1,10 +1,4 @@
-"""Delivery: the engine's per-request output streams, fed once per step.
-
-It hands each request its new token (detokenized, stop strings checked), ends the
-streams of finished requests, and keeps one request's failure to itself: a fault
-while delivering a request's output (detokenizer, stop check, queue) ends that request
-alone with an error and frees its blocks, while its batch-mates go on.
-"""
+"""Output: each request's stream of RequestOutput deltas, fed once per step."""
 
 from __future__ import annotations
 
@@ -12,30 +6,82 @@ import logging
 from typing import Any
 
 from aioserve.detokenizer import IncrementalDetokenizer
-from aioserve.engine_core import EngineCore, StepResult
+from aioserve.engine.core import EngineCore, StepResult
+from aioserve.engine.delta_queue import DeltaQueue
 from aioserve.errors import EngineError, RequestShedError
+from aioserve.outputs import RequestOutput, TokenLogprob
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.runners.base import RunnerOutput
-from aioserve.streams import RequestStream
 
 logger = logging.getLogger(__name__)
 
 
-class Delivery:
-    """The open streams of one engine, by request id.
+_FINISHED = RequestStatus.FINISHED
 
-    Attributes:
-        streams: request id -> its stream, until its consumer releases it.
-    """
+
+class RequestStream:
+    """One request's delta queue (unbounded: at most ``max_tokens`` deltas) and
+    detokenizer; an exception on the queue is raised by the consumer."""
+
+    __slots__ = ("request", "queue", "detokenizer", "closed")
+
+    def __init__(self, request: Request, detokenizer: IncrementalDetokenizer | None) -> None:
+        self.request = request
+        self.queue: DeltaQueue[RequestOutput | BaseException] = DeltaQueue()
+        self.detokenizer = detokenizer
+        self.closed = False
+
+    def push_token(self, token: int, text: str, logprob: TokenLogprob | None) -> None:
+        """Queue the delta of one new token; the request's status says if it is the last."""
+        if self.closed:
+            return
+        request = self.request
+        logprobs = None if logprob is None else [logprob]
+        if request.status is _FINISHED:
+            self.put([token], text, logprobs)
+            return
+        self.queue.put_nowait(RequestOutput(  # positional: the cheapest construction
+            request.request_id, text, [token], False, None, len(request.prompt_token_ids),
+            len(request.output_token_ids), logprobs, request.metrics, None,
+            request.num_cached_tokens,
+        ))
+
+    def push_final(self) -> None:
+        self.put([], "", None)
+
+    def put(self, tokens: list[int], text: str, logprobs: list[TokenLogprob] | None) -> None:
+        if self.closed:
+            return
+        request = self.request
+        finished = request.is_finished
+        if finished:
+            if self.detokenizer is not None and request.finish_reason is not None:
+                text += self.detokenizer.finish()  # may raise: the stream stays open
+            self.closed = True
+        reason = request.finish_reason
+        self.queue.put_nowait(RequestOutput(  # positional: the cheapest construction
+            request.request_id, text, tokens, finished,
+            reason.value if finished and reason is not None else None,
+            len(request.prompt_token_ids), len(request.output_token_ids), logprobs,
+            request.metrics, None, request.num_cached_tokens,
+        ))
+
+    def push_error(self, error: BaseException) -> None:
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(error)
+
+
+class Delivery:
+    """The open streams of one engine, by request id. A fault while delivering one
+    request's output ends that request alone with an error; its batch-mates go on."""
 
     def __init__(self) -> None:
         self.streams: dict[str, RequestStream] = {}
         self._finished: list[Request] = []
 
     def open_stream(self, request: Request, tokenizer: Any) -> RequestStream:
-        """Register and return the stream of a queued ``request``; with a ``tokenizer``
-        (a transformers fast tokenizer, or a ``tokenizers`` one) its tokens come
-        detokenized incrementally, stop strings checked."""
+        """The stream of a queued request, detokenized if there is a tokenizer."""
         detok = None
         if tokenizer is not None:
             backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
@@ -47,9 +93,7 @@ class Delivery:
         return stream
 
     def release(self, stream: RequestStream, core: EngineCore | None) -> None:
-        """Forget ``stream`` and abort its request if it has not finished (idempotent).
-        It acts on this stream's own request only, never on the id: a request that
-        reused the id meanwhile is left alone."""
+        """Forget ``stream`` and abort its own request (not the id's) if unfinished."""
         request = stream.request
         if self.streams.get(request.request_id) is stream:
             del self.streams[request.request_id]
@@ -60,14 +104,10 @@ class Delivery:
                 self.flush_finished(core)
 
     def on_finish(self, request: Request) -> None:
-        """Note a request the core ended; its stream ends at :meth:`flush_finished`."""
         self._finished.append(request)
 
     def fan_out(self, core: EngineCore, output: RunnerOutput, results: list[StepResult]) -> None:
-        """Hand every request of a step its sampled token (one pass over the step).
-
-        A request whose text hits a stop string is finished here (``stop``).
-        """
+        """Hand every request of a step its token; a stop string finishes it here."""
         streams = self.streams
         logprobs = output.logprobs
         stop, finished = FinishReason.STOP, RequestStatus.FINISHED
@@ -89,7 +129,6 @@ class Delivery:
                 self.fail_request(core, request, stream, exc)
 
     def flush_finished(self, core: EngineCore) -> None:
-        """End the streams of the requests finished since the last flush."""
         finished, self._finished = self._finished, []
         for request in finished:
             stream = self.streams.get(request.request_id)
@@ -107,17 +146,13 @@ class Delivery:
     def fail_request(
         self, core: EngineCore, request: Request, stream: RequestStream, exc: Exception
     ) -> None:
-        """End one request whose delivery failed with an error; its blocks are freed."""
         logger.exception("delivering %s failed", request.request_id)
         stream.push_error(EngineError(f"output processing failed: {type(exc).__name__}: {exc}"))
         if not request.is_finished:
             core.finish(request, FinishReason.ERROR)
 
     def fail(self, core: EngineCore, requests: list[Request], error: EngineError) -> None:
-        """End the given requests (a failed step, a drain) with ``error``. It acts on
-        these requests and their own streams only, never on the ids: a request that
-        was aborted and whose id a new request took meanwhile ends alone (already
-        ended), and the new request's stream goes on."""
+        """End these requests and their own streams (not their ids') with ``error``."""
         for request in requests:
             stream = self.streams.get(request.request_id)
             if stream is not None and stream.request is request:
@@ -125,6 +160,5 @@ class Delivery:
         core.fail(requests)  # their streams are closed: flush_finished skips them
 
     def end_all(self, error: EngineError) -> None:
-        """End every open stream with ``error`` (the engine stopped)."""
         for stream in list(self.streams.values()):
             stream.push_error(error)

@@ -1,9 +1,4 @@
-"""BatchBuilder: one step's :class:`ScheduledBatch`, built as the core schedules.
-
-Each scheduled request is written once: its row of the batch (id, tokens to compute,
-start position, sample flag, output index), its counters advanced by what is now in
-flight, and the core's record of the step (read back by ``EngineCore.update``).
-"""
+"""BatchBuilder: one step's :class:`ScheduledBatch`, built as the core schedules."""
 
 from __future__ import annotations
 
@@ -18,20 +13,8 @@ InFlight = tuple[Request, int, int, bool]
 
 
 class BatchBuilder:
-    """The rows of one step, in the order requests are scheduled.
-
-    Args:
-        max_model_len: context length in tokens (a request reaching it ends).
-        block_size: tokens per KV block.
-        reserve: ``reserve(request, count, scheduled_ids)`` gives a request the blocks
-            for ``count`` more tokens (False: it is not scheduled this step).
-
-    Attributes:
-        request_ids: the scheduled requests so far.
-        record: the in-flight record of each row.
-        finishing: ids of requests whose last token this step samples (``max_tokens``
-            or the context length reached), filled as rows are added.
-    """
+    """The rows of one step, in scheduling order; each request is written once (its row,
+    its in-flight counters, its ``record`` row read back by ``EngineCore.update``)."""
 
     __slots__ = ("max_model_len", "block_size", "_reserve", "request_ids", "_counts", "_starts",
                  "_sample", "_produced", "_new", "record", "finishing")
@@ -52,13 +35,9 @@ class BatchBuilder:
 
     def add_running(self, running: Iterable[Request], budget: int,
                     chunks: Mapping[str, int] | None = None) -> int:
-        """Schedule the requests' next tokens (decode, or the rest of a chunked
-        prefill) in order, from each one's ``num_computed_tokens`` on, within ``budget``
-        tokens and each one's limit in ``chunks`` (request id -> most tokens this step);
-        returns the budget left. A row samples a token when its tokens reach
-        the end of the request's; each request's counters advance by what is now in
-        flight. The per-step hot path at hundreds of running requests, so every lookup
-        is bound once."""
+        """Schedule the requests' next tokens (decode, or the rest of a chunked prefill)
+        within ``budget`` and each one's limit in ``chunks`` (id -> most tokens);
+        returns the budget left. The per-step hot path: every lookup is bound once."""
         chunks = chunks or None  # one truth test here, not one per request
         ids, counts, starts = self.request_ids, self._counts, self._starts
         block_size, reserve = self.block_size, self._reserve
@@ -106,8 +85,7 @@ class BatchBuilder:
         return budget
 
     def add_new(self, request: Request, count: int) -> None:
-        """Schedule a request the runner holds no state for (admitted, or readmitted
-        after a preemption): its known tokens and blocks go in a :class:`NewRequest`."""
+        """Schedule a request the runner holds no state for (admitted or readmitted)."""
         self._new.append(NewRequest(
             request.request_id, request.prompt_token_ids + request.output_token_ids,
             len(request.prompt_token_ids), request.params, list(request.block_ids),

@@ -43,10 +43,3 @@ def parse_memory(text: str) -> MemoryBudget:
         raise ValueError(f"memory size must be positive, got {text!r}")
     return MemoryBudget(bytes=size)
 
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes for people: ``1.50 GiB``, ``12.0 MiB``, ``512 B``."""
-    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}" if n < 10 * size else f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
