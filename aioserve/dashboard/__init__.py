@@ -1,8 +1,4 @@
-"""The dashboard page: one self-contained HTML file, live over ``/ws/stats`` or replaying frames.
-
-Imports (checked by tests/test_import_rules.py):
-    may import: aioserve
-"""
+"""The dashboard page: one self-contained HTML file, live over ``/ws/stats`` or replaying frames."""
 
 from __future__ import annotations
 

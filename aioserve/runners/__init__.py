@@ -1,5 +1,2 @@
 """Model runners: the engine's boundary to the model (``base.py``: plain data in, plain data out)
-and the torch runner's rooms (``torch/``, ``model/``, ``attention/``, ``cpu/``, ``gpu/``).
-
-Imports (checked by tests/test_import_rules.py):
-    may import: aioserve, aioserve.runners.cpu"""
+and the torch runner's rooms (``torch/``, ``model/``, ``attention/``, ``cpu/``, ``gpu/``)."""

@@ -1,9 +1,4 @@
-"""The scheduler plugin contract (version 4, docs/schedulers.md).
-
-Imports (checked by tests/test_import_rules.py):
-    may import: aioserve
-    never at module level: torch, numpy, transformers
-"""
+"""The scheduler plugin contract (version 4, docs/schedulers.md)."""
 
 from aioserve.scheduling.decision import NO_DECISION, SchedulerOutput
 from aioserve.scheduling.feedback import StepFeedback
