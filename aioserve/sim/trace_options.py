@@ -64,10 +64,10 @@ def parse_options(text: str) -> TraceOptions:
     """``key=value,...`` (``OPTIONS``); ValueError naming the option."""
     found: dict[str, float | str] = {}
     for part in filter(None, text.split(",")):
-        key, _, value = part.partition("=")
+        key, _, raw = part.partition("=")
         if key not in OPTIONS:
             raise ValueError(f"workload option {key!r}: unknown (known: {', '.join(OPTIONS)})")
-        found[key] = _number(key, value)
+        found[key] = _number(key, raw)
     options = TraceOptions(**found)  # type: ignore[arg-type]
     positive = {"duration": options.duration, "n": options.n, "rate": options.rate,
                 "speed": options.speed, "burstiness": options.burstiness,
