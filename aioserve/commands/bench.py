@@ -231,9 +231,10 @@ def _throughput(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import aiohttp
+
     from aioserve.bench.online.metrics import summarize
     from aioserve.bench.online.serving import AuthenticationError, run_serving
-    import aiohttp
 
     api_key = args.api_key
     if api_key is None:
