@@ -48,7 +48,7 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
 def measured(outcomes: Sequence[tuple[float, bool]]) -> list[tuple[float, bool]]:
     """The (arrival s, met its SLO) pairs counted: the middle ``MEASURED_FRACTION`` by arrival."""
     ordered = sorted(outcomes, key=lambda o: o[0])
-    cut = math.floor(len(ordered) * (1 - MEASURED_FRACTION) / 2)
+    cut = math.floor(len(ordered) * (1 - MEASURED_FRACTION) / 2 + 1e-9)
     return ordered[cut: len(ordered) - cut] or ordered
 
 
