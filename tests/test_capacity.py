@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from aioserve.cli import main
 from aioserve.sim.capacity import (
     Curve,
     RunPoint,
@@ -91,3 +92,28 @@ def test_repeat_capacities_give_the_capacity_interval():
     mean, half = curve.capacity_ci(0.9)
     assert mean == pytest.approx((1.5 + 1 + 1 / 6) / 2)  # 1.5 and 1.1667
     assert half > 0
+
+
+def test_simulate_sweep_rate_on_the_command_line(capsys, tmp_path):
+    status = main(["simulate", "--workload", "poisson:n=30", "--scheduler", "fcfs,spf",
+                   "--sweep-rate", "0.5:2:2", "--sweep-repeats", "2", "--slo-ttft-ms", "5000",
+                   "--json", "--report", str(tmp_path / "c.html")])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 0 and "capacity @ 90% (req/s)" in "\n".join(out)
+    rows = [json.loads(line) for line in out if line.startswith("{")]
+    assert [r["policy"] for r in rows] == ["fcfs", "spf"] and rows[0]["rates"] == [0.5, 2.0]
+    assert all(len(points) == 2 for points in rows[0]["runs"])
+    assert (tmp_path / "c.html").exists()
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["simulate", "--sweep-rate", "3:1"], "--sweep-rate: expected 0 < LO <= HI"),
+    (["simulate", "--sweep-rate", "1:2", "--workload", "article-mix"], "no arrival rate"),
+    (["simulate", "--sweep-rate", "1:2", "--workload", "poisson", "--target-attainment", "2"],
+     "--target-attainment: must be in (0, 1]"),
+    (["bench", "serve", "--sweep-rate", "1:2"], "--sweep-rate: give the --workload"),
+    (["bench", "serve", "--burstiness", "0"], "--burstiness: must be > 0"),
+])
+def test_sweep_and_arrival_flags_are_refused_by_name(capsys, args, error):
+    assert main(args) == 2
+    assert error in capsys.readouterr().err

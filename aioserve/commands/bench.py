@@ -122,7 +122,7 @@ def _add_serve(sub: Any) -> None:
 def _add_serve_arrivals(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burstiness", type=non_negative_float, default=1.0,
                    help="random prompts: gamma arrivals of this shape at --request-rate "
-                        "(1: Poisson; lower: burstier), as vLLM bench's")
+                        "(default 1: Poisson; lower: burstier), as vLLM bench's")
     p.add_argument("--max-concurrency", type=positive_int, default=None,
                    help="most requests in flight; a later one is sent when one ends "
                         "(default: no limit)")
@@ -131,7 +131,8 @@ def _add_serve_arrivals(p: argparse.ArgumentParser) -> None:
                         "report SLO attainment, goodput and the highest rate meeting "
                         "--target-attainment, as aioserve simulate --sweep-rate does")
     p.add_argument("--sweep-repeats", type=positive_int, default=3,
-                   help="--sweep-rate: runs per rate (other seeds, or a file's next windows)")
+                   help="--sweep-rate: runs per rate, other seeds or a file's next windows "
+                        "(default 3)")
     p.add_argument("--target-attainment", type=non_negative_float, default=0.9,
                    help="--sweep-rate: the SLO attainment to meet, 0-1 (default 0.9)")
 
