@@ -101,6 +101,8 @@ def test_lengths_scale_by_one_factor_and_clip_to_the_context(tmp_path):
                 for t in range(100)]
     assert [(r.prompt_len, r.output_len) for r in auto[:99]] == expected[:99]
     assert (auto[99].prompt_len + auto[99].output_len, auto[99].output_len) == (512, 47)
+    window = load_file(path, "len_scale=auto,max_len=512,start=10,n=5")
+    assert [r.prompt_len for r in window] == [r.prompt_len for r in auto[10:15]]  # one factor
     clipped = load_file(path, "max_len=300")
     assert all(r.output_len <= 150 and r.prompt_len + r.output_len <= 300 for r in clipped)
 

@@ -3,7 +3,8 @@
 In order: the window (``start`` s on the trace's clock, then ``duration`` s and/or the first
 ``n`` requests; ``window=i`` takes the i-th such window after ``start``), re-zeroed at its
 first arrival; lengths times one factor ``len_scale`` (``auto`` with ``max_len``: the factor
-that fits the window's p99 of prompt + output into ``max_len``, never above 1), then clipped
+that fits the whole file's p99 of prompt + output into ``max_len``, never above 1; so every
+window of a file scales alike), then clipped
 to ``max_len``: output to ``max_len // 2``, prompt to ``max_len - output``; arrivals scaled to
 a mean ``rate`` (req/s over the window) or sped up by ``speed``, or with ``burstiness`` redrawn
 as gamma arrivals of that shape at that rate (vLLM bench's ``--burstiness``; order and lengths
@@ -132,9 +133,9 @@ def length_factor(requests: list[WorkloadRequest], options: TraceOptions) -> flo
     return scale
 
 
-def scale_lengths(requests: list[WorkloadRequest], options: TraceOptions) -> list[WorkloadRequest]:
-    """Every length times :func:`length_factor`, then clipped to ``max_len``."""
-    factor = length_factor(requests, options)
+def scale_lengths(requests: list[WorkloadRequest], options: TraceOptions,
+                  factor: float) -> list[WorkloadRequest]:
+    """Every length times ``factor``, then clipped to ``max_len``."""
     if factor == 1.0 and options.max_len is None:
         return requests
     cap = options.max_len
@@ -197,5 +198,6 @@ def load_file(path: str | Path, text: str = "") -> list[WorkloadRequest]:
     requests = read_trace(path, found) if found is not None else load_jsonl(path)
     if not text:
         return requests
+    factor = length_factor(requests, options)
     chosen = window(requests, options, str(path))
-    return retime(scale_lengths(chosen, options), options)
+    return retime(scale_lengths(chosen, options, factor), options)
