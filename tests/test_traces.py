@@ -16,7 +16,7 @@ from aioserve.sim.runner import FIRST_WORD_ID
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.trace_formats import AZURE, AZURE_PROCESSED, MOONCAKE
-from aioserve.sim.trace_options import load_file, parse_options
+from aioserve.sim.trace_options import describe, load_file, parse_options
 from aioserve.sim.traces import detect
 from aioserve.sim.workloads import WorkloadRequest
 
@@ -161,6 +161,8 @@ def test_a_project_workload_file_takes_the_same_options(tmp_path):
     rows = load_workload(f"{path}:start=1,n=3,len_scale=0.5,rate=4")
     assert [(r.id, r.arrival_s, r.prompt_len, r.output_len) for r in rows] == [
         ("r1", 0, 20, 4), ("r2", 0.25, 20, 4), ("r3", 0.5, 20, 4)]
+    assert describe(rows) == ("3 requests over 0.5 s (4.00 req/s); prompt tokens median / p99 "
+                              "/ max 20 / 20 / 20, output 4 / 4 / 4")
 
 
 async def test_max_concurrency_holds_arrivals_and_counts_ttft_from_the_send():

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.common import check_scheduler, scheduler_params
@@ -18,6 +19,7 @@ from aioserve.sim.reports.replay import FrameRecorder, write_html
 from aioserve.sim.reports.report import format_report, summarize
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimResult, simulate
+from aioserve.sim.trace_options import describe, split_spec
 from aioserve.sim.workloads import WorkloadRequest
 
 if TYPE_CHECKING:
@@ -136,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         workload = load_workload(args.workload) if args.workload != "article-example" else None
         return asyncio.run(_calibrate(args, real, workload))
     workload = load_workload(args.workload)
+    if Path(args.workload).exists() or Path(split_spec(args.workload)[0]).exists():
+        print(f"workload: {describe(workload)}", file=sys.stderr)
     names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
     if not names:
         raise ValueError("--scheduler: give at least one policy")

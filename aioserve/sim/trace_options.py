@@ -201,3 +201,20 @@ def load_file(path: str | Path, text: str = "") -> list[WorkloadRequest]:
     factor = length_factor(requests, options)
     chosen = window(requests, options, str(path))
     return retime(scale_lengths(chosen, options, factor), options)
+
+
+def describe(requests: list[WorkloadRequest]) -> str:
+    """One line: requests, span, mean rate, prompt and output tokens (median / p99 / max)."""
+    def spread(values: list[int]) -> str:
+        ordered = sorted(values)
+        p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+        return f"{ordered[len(ordered) // 2]} / {p99} / {ordered[-1]}"
+
+    times = sorted(r.arrival_s for r in requests)
+    span = times[-1] - times[0]
+    rate = f"{(len(times) - 1) / span:.2f} req/s" if span > 0 else "all at once"
+    blocks = {r.block_tokens for r in requests if r.prefix_blocks}
+    return (f"{len(requests)} requests over {span:.1f} s ({rate}); prompt tokens median / p99 / "
+            f"max {spread([r.prompt_len for r in requests])}, output "
+            f"{spread([r.output_len for r in requests])}"
+            + (f"; {blocks.pop()} tokens per prefix block" if len(blocks) == 1 else ""))
