@@ -173,3 +173,12 @@ async def test_max_concurrency_holds_arrivals_and_counts_ttft_from_the_send():
     assert max(len(s.request_ids) for s in free.steps) == 4
     sent = sorted(w.arrival_s for w in limited.workload)
     assert sent == [0.0, 0.0, 0.5, 0.5]  # sent when the first two ended, after 10 steps
+
+
+def test_the_shipped_traces_read_whole_as_their_readme_counts():
+    azure, moon = load_workload(str(AZURE_TRACE)), load_workload(str(MOONCAKE_TRACE))
+    assert (len(azure), len(moon)) == (19_366, 12_031)
+    assert round(azure[-1].arrival_s) == 3502 and round(moon[-1].arrival_s) == 3537
+    assert sorted(r.prompt_len for r in moon)[len(moon) // 2] == 6909
+    window = load_workload(f"{MOONCAKE_TRACE}:start=1800,n=50,len_scale=1/32,max_len=512")
+    assert len(window) == 50 and {r.block_tokens for r in window} == {16}
