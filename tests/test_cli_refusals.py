@@ -128,19 +128,21 @@ def test_an_unknown_workload_key_is_named_with_its_line(tmp_path, command):
                            "'tenant'? (known: id, arrival_s, prompt_len, output_len, "), line
 
 
-def test_a_production_trace_is_named_not_refused_key_by_key(tmp_path):
-    """A file whose columns mark a known trace format says which format it is."""
+def test_a_production_trace_is_read_and_a_bad_row_named_by_file_line_and_column(tmp_path):
+    """A file whose columns mark a known trace format is read as that format (issue 32);
+    a bad row is refused naming the file, the line and the column, before torch loads."""
     mooncake = tmp_path / "mooncake.jsonl"
     mooncake.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 5,
                                     "hash_ids": [0]}) + "\n")
+    ran = subprocess.run([sys.executable, "-m", "aioserve.cli", "simulate", "--workload",
+                          str(mooncake), "--json"], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout.splitlines()[-1])["finished"] == 1
     azure = tmp_path / "azure.csv"
-    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,374,44\n")
-    assert refuse("simulate", "--workload", str(mooncake)) == (
-        f"aioserve: error: {mooncake}: this looks like a Mooncake trace (JSONL: timestamp, "
-        "input_length, output_length, hash_ids), not an aioserve workload; not supported yet")
-    line = refuse("simulate", "--workload", str(azure))
-    assert line.startswith(f"aioserve: error: {azure}: this looks like an Azure LLM inference "
-                           "trace (CSV: TIMESTAMP, ContextTokens, GeneratedTokens)"), line
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,374,x\n")
+    assert refuse("simulate", "--workload", str(azure)) == (
+        f"aioserve: error: {azure}:2: column 'GeneratedTokens': expected a whole number of "
+        "tokens >= 0, got 'x'")
 
 
 @pytest.mark.parametrize(("text", "reason"), [

@@ -22,6 +22,7 @@ from aioserve.commands.common import (
     add_runner_options,
     check_model,
     check_scheduler,
+    non_negative_float,
     positive_int,
 )
 from aioserve.config import EngineConfig
@@ -110,9 +111,30 @@ def _add_serve(sub: Any) -> None:
                    help="replay a simulator workload (a JSONL file, or a named one as "
                         "aioserve simulate --workload): its arrival times, prompt and output "
                         "lengths, priority, tenant (sent as user), objectives and metadata; "
-                        "the random options are then unused")
+                        "the random options are then unused; a trace with its options "
+                        "(FILE[:n=,rate=,max_len=,...]; Mooncake prefix blocks become shared "
+                        "token-id prefixes)")
     _workload_options(p, 100)
+    _add_serve_arrivals(p)
     p.set_defaults(bench=_serve)
+
+
+def _add_serve_arrivals(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--burstiness", type=non_negative_float, default=1.0,
+                   help="random prompts: gamma arrivals of this shape at --request-rate "
+                        "(default 1: Poisson; lower: burstier), as vLLM bench's")
+    p.add_argument("--max-concurrency", type=positive_int, default=None,
+                   help="most requests in flight; a later one is sent when one ends "
+                        "(default: no limit)")
+    p.add_argument("--sweep-rate", default=None, metavar="LO:HI[:N]",
+                   help="capacity search on --workload: run it at N rates (default 5) and "
+                        "report SLO attainment, goodput and the highest rate meeting "
+                        "--target-attainment, as aioserve simulate --sweep-rate does")
+    p.add_argument("--sweep-repeats", type=positive_int, default=3,
+                   help="--sweep-rate: runs per rate, other seeds or a file's next windows "
+                        "(default 3)")
+    p.add_argument("--target-attainment", type=non_negative_float, default=0.9,
+                   help="--sweep-rate: the SLO attainment to meet, 0-1 (default 0.9)")
 
 
 def _add_overhead(sub: Any) -> None:
@@ -210,10 +232,10 @@ def _throughput(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import aiohttp
+
     from aioserve.bench.online.metrics import summarize
     from aioserve.bench.online.serving import AuthenticationError, run_serving
-    requests = _requests(args)
-    import aiohttp
 
     api_key = args.api_key
     if api_key is None:
@@ -221,11 +243,17 @@ def _serve(args: argparse.Namespace) -> int:
     elif not api_key.strip():
         raise ValueError("--api-key is empty (an unset variable?): give the key, or leave "
                          "the option out")
+    if not args.burstiness > 0:
+        raise ValueError("--burstiness: must be > 0")
+    if args.sweep_rate is not None:
+        return _serve_sweep(args, api_key or None)
+    requests = _requests(args)
     try:
         records, duration, endpoint = asyncio.run(run_serving(
             args.base_url, requests, request_rate=args.request_rate, endpoint=args.endpoint,
             model=args.served_model_name, seed=args.seed,
             progress=not args.no_progress and not args.json, api_key=api_key or None,
+            burstiness=args.burstiness, max_concurrency=args.max_concurrency,
         ))
     except AuthenticationError as exc:
         print(f"aioserve bench serve: authentication failed: {exc}", file=sys.stderr)
@@ -241,7 +269,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         source = (Path(args.workload).name if args.workload else "random prompts" + (
             "" if math.isinf(args.request_rate) else ", Poisson arrivals"))
-        times = send_times(requests, args.request_rate, args.seed)
+        times = send_times(requests, args.request_rate, args.seed, args.burstiness)
         try:
             plot_serving(records, args.plot, run_title(source, times, endpoint))
         except ImportError as exc:
@@ -252,6 +280,31 @@ def _serve(args: argparse.Namespace) -> int:
     if failures and not args.json:
         print(f"first error: {failures[0]}", file=sys.stderr)
     return 0 if result.completed else 1
+
+
+def _serve_sweep(args: argparse.Namespace, api_key: str | None) -> int:
+    """``bench serve --sweep-rate``: the server's attainment curve and capacity."""
+    from aioserve.bench.online.sweep import live_sweep
+    from aioserve.sim.capacity import parse_rates
+    from aioserve.sim.reports.sweep import format_sweep, plot_sweep
+
+    if not args.workload:
+        raise ValueError("--sweep-rate: give the --workload to sweep (a trace or a named one)")
+    if not 0 < args.target_attainment <= 1:
+        raise ValueError("--target-attainment: must be in (0, 1]")
+    rates = parse_rates(args.sweep_rate)
+    curve = asyncio.run(live_sweep(
+        args.base_url, args.workload, rates, args.sweep_repeats, vocab_size=args.vocab_size,
+        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, endpoint=args.endpoint,
+        model=args.served_model_name, api_key=api_key, max_concurrency=args.max_concurrency))
+    target = args.target_attainment
+    print(format_sweep([curve], target, f"server {args.base_url}: {args.workload}; SLO TTFT "
+                       f"{args.slo_ttft_ms} ms, TPOT {args.slo_tpot_ms} ms"))
+    if args.plot:
+        plot_sweep([curve], target, args.plot, f"server: {args.workload}")
+    if args.json:
+        print(json.dumps(curve.to_dict(target)))
+    return 0
 
 
 def _overhead(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.common import check_scheduler, scheduler_params
@@ -18,6 +19,7 @@ from aioserve.sim.reports.replay import FrameRecorder, write_html
 from aioserve.sim.reports.report import format_report, summarize
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimResult, simulate
+from aioserve.sim.trace_options import describe, split_spec
 from aioserve.sim.workloads import WorkloadRequest
 
 if TYPE_CHECKING:
@@ -86,13 +88,58 @@ async def _calibrate(args: argparse.Namespace, real: EngineConfig,
     return 0
 
 
+def _sweep(args: argparse.Namespace, names: list[str]) -> int:
+    """``--sweep-rate``: each policy's attainment and goodput against rate, and its capacity."""
+    from aioserve.sim.capacity import parse_rates
+    from aioserve.sim.reports.sweep import (
+        format_sweep,
+        plot_sweep,
+        simulate_sweep,
+        write_sweep_html,
+    )
+
+    if args.real or args.calibrate:
+        raise ValueError("--sweep-rate simulates; against the real engine use a server and "
+                         "aioserve bench serve --sweep-rate")
+    if not 0 < args.target_attainment <= 1:
+        raise ValueError("--target-attainment: must be in (0, 1]")
+    rates = parse_rates(args.sweep_rate)
+    params = policy_params(args.scheduler_config, names)
+    curves = asyncio.run(simulate_sweep(
+        args.workload, names, rates, args.sweep_repeats, lambda w: sim_config(args, w),
+        args.slo_ttft_ms, args.slo_tpot_ms, params))
+    target = args.target_attainment
+    title = (f"simulated: {args.workload}; SLO TTFT {args.slo_ttft_ms} ms, TPOT "
+             f"{args.slo_tpot_ms} ms (objectives the workload carries first); "
+             f"{args.sweep_repeats} repeats")
+    print(format_sweep(curves, target, title))
+    if args.plot:
+        plot_sweep(curves, target, args.plot, f"simulated: {args.workload}")
+        print(f"plot: {args.plot}", file=sys.stderr)
+    if args.report:
+        path = write_sweep_html(curves, target, args.report, f"aioserve capacity: "
+                                f"{args.workload}", title)
+        print(f"report: {path}", file=sys.stderr)
+    if args.json:
+        for curve in curves:
+            print(json.dumps(curve.to_dict(target)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``simulate``; ValueError for an unknown scheduler, workload or option."""
+    if args.sweep_rate is not None:
+        names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
+        if not names:
+            raise ValueError("--scheduler: give at least one policy")
+        return _sweep(args, names)
     real = engine_config(args) if args.calibrate or args.real else None
     if args.calibrate and real is not None:
         workload = load_workload(args.workload) if args.workload != "article-example" else None
         return asyncio.run(_calibrate(args, real, workload))
     workload = load_workload(args.workload)
+    if Path(args.workload).exists() or Path(split_spec(args.workload)[0]).exists():
+        print(f"workload: {describe(workload)}", file=sys.stderr)
     names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
     if not names:
         raise ValueError("--scheduler: give at least one policy")

@@ -23,7 +23,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--workload", default="article-example",
         help="article-example, article-mix, poisson[:n=,rate=,burst=,seed=], two-tenants, "
-        "priority-mix, slo-mix, heavy-tail (each with :key=value options) or FILE.jsonl")
+        "priority-mix, slo-mix, heavy-tail (each with :key=value options), or a trace or "
+        "workload file: FILE[:start=,duration=,n=,window=,rate=|speed=,burstiness=,seed=,"
+        "len_scale=,max_len=] (Azure CSV, Mooncake JSONL or aioserve JSONL; README: Real "
+        "traces)")
     add("--slots", type=positive_int, default=None,
         help="slots (default 4, or the profile's)")
     add("--step-ms", type=non_negative_float, default=50.0,
@@ -58,11 +61,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="print the policy comparison: throughput, goodput, TTFT/TPOT/E2E, per-tenant "
         "service and Jain's index, max wait, preemptions, recomputed tokens")
     add("--slo-ttft-ms", type=non_negative_float, default=None,
-        help="--compare: TTFT objective of requests that carry none")
+        help="--compare, --sweep-rate: TTFT objective of requests that carry none")
     add("--slo-tpot-ms", type=non_negative_float, default=None,
-        help="--compare: TPOT objective of requests that carry none")
+        help="--compare, --sweep-rate: TPOT objective of requests that carry none")
+    _add_sweep_options(parser)
     add("--report", default=None, metavar="FILE.html",
-        help="--compare: also write the comparison as a self-contained HTML page")
+        help="--compare, --sweep-rate: also write the comparison as a self-contained HTML page")
     add("--json", action="store_true",
         help="print one JSON object per scheduler as the last line(s)")
     add("--plot", default=None, metavar="FILE.png",
@@ -70,6 +74,21 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add("--html", default=None, metavar="FILE.html",
         help="a self-contained page replaying each run's slots step by step "
         "(time slider; a policy selector when comparing several)")
+
+
+def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--sweep-rate", default=None, metavar="LO:HI[:N]",
+        help="capacity search: run the workload at N rates (default 5) from LO to HI req/s and "
+        "report per policy SLO attainment, goodput and the highest rate meeting "
+        "--target-attainment (needs a workload with a rate: poisson, a scenario or a file)")
+    add("--sweep-repeats", type=positive_int, default=3,
+        help="--sweep-rate: runs per rate, other seeds or a file's next windows (default 3)")
+    add("--target-attainment", type=non_negative_float, default=0.9,
+        help="--sweep-rate: the SLO attainment to meet, 0-1 (default 0.9)")
+    add("--max-concurrency", type=positive_int, default=None,
+        help="most requests in the engine at once; later arrivals wait for one to finish, "
+        "as vLLM bench's --max-concurrency (default: no limit)")
 
 
 def _profile(args: argparse.Namespace) -> StepCostModel | None:
@@ -104,6 +123,7 @@ def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> Sim
         enable_prefix_caching=args.enable_prefix_caching or bool(
             source.get("enable_prefix_caching", False)),
         cost_model=model, overlap=overlap, max_model_len=source.get("max_model_len"),
+        max_concurrency=args.max_concurrency,
     )
 
 

@@ -8,13 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from aioserve.request_meta import RequestMeta
-from aioserve.sim.workloads import (
-    WorkloadRequest,
-    article_example,
-    article_mix,
-    load_jsonl,
-    poisson,
-)
+from aioserve.sim.trace_options import load_file, split_spec
+from aioserve.sim.workloads import WorkloadRequest, article_example, article_mix, poisson
 
 
 def _arrivals(n: int, rate: float, burst: float, rng: random.Random) -> Iterator[float]:
@@ -109,7 +104,8 @@ def scenario(spec: str) -> list[WorkloadRequest] | None:
 
 
 def load_workload(spec: str) -> list[WorkloadRequest]:
-    """A named workload or scenario (``NAME[:key=value,...]``) or a JSON Lines file's path."""
+    """A named workload or scenario (``NAME[:key=value,...]``), or a trace or JSON Lines
+    file (``FILE[:key=value,...]``, see :mod:`aioserve.sim.trace_options`)."""
     if spec == "article-example":
         return article_example()
     if spec == "article-mix":
@@ -120,7 +116,8 @@ def load_workload(spec: str) -> list[WorkloadRequest]:
     found = scenario(spec)
     if found is not None:
         return found
-    if not Path(spec).exists():
+    path, text = (spec, "") if Path(spec).exists() else split_spec(spec)
+    if not Path(path).exists():
         raise ValueError(f"workload {spec!r}: not article-example, article-mix, poisson:..., "
                          f"{', '.join(SCENARIOS)} or a file")
-    return load_jsonl(spec)
+    return load_file(path, text)

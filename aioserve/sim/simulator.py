@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aioserve.engine.core import EngineCore
@@ -23,7 +23,7 @@ from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
 from aioserve.scheduling.registry import load_scheduler
-from aioserve.sim.runner import FIRST_WORD_ID, OverlappedRunner, SimulatedRunner
+from aioserve.sim.runner import FIRST_WORD_ID, NS_PER_S, OverlappedRunner, SimulatedRunner
 from aioserve.sim.step_cost import StepCostModel
 from aioserve.sim.workloads import WorkloadRequest
 
@@ -48,7 +48,10 @@ class SimConfig:
         enable_prefix_caching: off by default, so the article's figures stay its model's.
         cost_model: a calibrated step cost; replaces ``step_ms`` and the prefill cost.
         overlap: schedule one step ahead as the engine does (see the module).
-        max_model_len: None: the workload's longest request."""
+        max_model_len: None: the workload's longest request.
+        max_concurrency: most requests in the engine at once (a client's limit, as vLLM
+            bench's ``--max-concurrency``): a request arriving at the limit is sent when
+            one finishes, and its TTFT counts from then; None: no limit."""
 
     slots: int = 4
     step_ms: float = 50.0
@@ -60,6 +63,7 @@ class SimConfig:
     cost_model: StepCostModel | None = None
     overlap: bool = False
     max_model_len: int | None = None
+    max_concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -192,12 +196,30 @@ class _Arrivals:
     def __init__(self, result: SimResult) -> None:
         self.result = result
         self.pending = deque(sorted(result.workload, key=lambda r: (r.arrival_ns, r.after_start)))
+        self.limit = result.config.max_concurrency
+        self.position = {r.id: i for i, r in enumerate(result.workload)}
+        self.sent = 0
+        self.held = False  # a request waited for the concurrency limit at the last boundary
+
+    def _room(self) -> bool:
+        result = self.result
+        return self.limit is None or (
+            self.sent - len(result.finished) - len(result.rejected) < self.limit)
 
     def at_boundary(self, now_ns: int) -> None:
         pending = self.pending
         while pending and (pending[0].arrival_ns < now_ns
                            or (pending[0].arrival_ns == now_ns and not pending[0].after_start)):
-            _submit(self.result, pending.popleft())
+            if not self._room():
+                self.held = True
+                return
+            item = pending.popleft()
+            if self.held and item.arrival_ns < now_ns:  # sent when a request finished, now
+                item = replace(item, arrival_s=now_ns / NS_PER_S)
+                self.result.workload[self.position[item.id]] = item
+            self.sent += 1
+            _submit(self.result, item)
+        self.held = False
 
     def when_idle(self, runner: SimulatedRunner) -> None:
         """Jump an idle engine to the next arrival and queue it."""
@@ -206,6 +228,7 @@ class _Arrivals:
         self.at_boundary(now)
         core = self.result.core
         while not core.has_work and self.pending and self.pending[0].arrival_ns <= now:
+            self.sent += 1
             _submit(self.result, self.pending.popleft())
 
 

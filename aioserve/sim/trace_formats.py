@@ -1,4 +1,4 @@
-"""Production trace formats, told apart by their columns, so a trace file is named as such."""
+"""Production trace formats, told apart by their columns before any key is checked."""
 
 from __future__ import annotations
 
@@ -9,26 +9,36 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TraceFormat:
-    """A trace format: its name and the columns (CSV header or JSON keys) that mark it."""
+    """A trace format: its name, the columns (CSV header or JSON keys) that mark it, and the
+    columns read as (arrival, prompt tokens, output tokens, prefix-block ids or "")."""
 
     name: str
     columns: frozenset[str]
+    key: str = ""
+    read: tuple[str, str, str, str] = ("", "", "", "")
 
     @property
     def refusal(self) -> str:
-        return f"this looks like {self.name}, not an aioserve workload; not supported yet"
+        return (f"this looks like {self.name}, not an aioserve workload row "
+                "(a trace is read as a whole file: --workload FILE[:options])")
 
 
-#: The trace formats known by their columns (none is read yet: each is named when met).
-TRACE_FORMATS = (
-    TraceFormat("a Mooncake trace (JSONL: timestamp, input_length, output_length, hash_ids)",
-                frozenset({"timestamp", "input_length", "output_length"})),
-    TraceFormat("an Azure LLM inference trace (CSV: TIMESTAMP, ContextTokens, GeneratedTokens)",
-                frozenset({"TIMESTAMP", "ContextTokens", "GeneratedTokens"})),
-    TraceFormat("an Azure LLM inference trace as processed by Splitwise/Vidur (CSV: arrived_at, "
-                "num_prefill_tokens, num_decode_tokens)",
-                frozenset({"arrived_at", "num_prefill_tokens", "num_decode_tokens"})),
-)
+MOONCAKE = TraceFormat(
+    "a Mooncake trace (JSONL: timestamp, input_length, output_length, hash_ids)",
+    frozenset({"timestamp", "input_length", "output_length"}), "mooncake",
+    ("timestamp", "input_length", "output_length", "hash_ids"))
+AZURE = TraceFormat(
+    "an Azure LLM inference trace (CSV: TIMESTAMP, ContextTokens, GeneratedTokens)",
+    frozenset({"TIMESTAMP", "ContextTokens", "GeneratedTokens"}), "azure-original",
+    ("TIMESTAMP", "ContextTokens", "GeneratedTokens", ""))
+AZURE_PROCESSED = TraceFormat(
+    "an Azure LLM inference trace as processed by Splitwise/Vidur (CSV: arrived_at, "
+    "num_prefill_tokens, num_decode_tokens)",
+    frozenset({"arrived_at", "num_prefill_tokens", "num_decode_tokens"}), "azure",
+    ("arrived_at", "num_prefill_tokens", "num_decode_tokens", ""))
+
+#: The trace formats known by their columns.
+TRACE_FORMATS = (MOONCAKE, AZURE, AZURE_PROCESSED)
 
 
 def trace_format(columns: Collection[str]) -> TraceFormat | None:

@@ -34,7 +34,10 @@ class WorkloadRequest:
             ends by EOS after ``output_len`` tokens, unknown to the engine beforehand.
         meta: priority, tenant, objectives and metadata (its ``deadline`` unset: see
             ``deadline_s``); a workload file's keys of the same names build it.
-        deadline_s: when it should be done, or None."""
+        deadline_s: when it should be done, or None.
+        prefix_blocks, block_tokens: a trace's prefix-block ids (Mooncake ``hash_ids``), each
+            ``block_tokens`` prompt tokens drawn from its id alone, so equal ids are equal
+            tokens (the prompt's leading blocks; ``prefix_group`` is then unused)."""
 
     id: str
     arrival_s: float
@@ -47,6 +50,8 @@ class WorkloadRequest:
     max_tokens: int | None = None
     meta: RequestMeta = DEFAULT_META
     deadline_s: float | None = None
+    prefix_blocks: tuple[int, ...] = ()
+    block_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1 or self.arrival_s < 0:
@@ -60,6 +65,8 @@ class WorkloadRequest:
             raise ValueError(f"workload request {self.id!r}: max_tokens must be >= output_len")
         if self.deadline_s is not None and not 0 <= self.deadline_s < float("inf"):
             raise ValueError(f"workload request {self.id!r}: deadline_s must be >= 0")
+        if self.prefix_blocks and self.block_tokens < 1:
+            raise ValueError(f"workload request {self.id!r}: block_tokens must be >= 1")
 
     @property
     def limit(self) -> int:
@@ -73,13 +80,27 @@ class WorkloadRequest:
         return replace(self.meta, deadline=unix_epoch + self.deadline_s)
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
-        """Its group's shared prefix, then tokens of its own (ids in ``[low_id, vocab_size)``)."""
+        """Its group's shared prefix (or prefix blocks), then tokens of its own (ids in
+        ``[low_id, vocab_size)``)."""
+        if self.prefix_blocks:
+            return self._block_token_ids(vocab_size, low_id)
         shared = self.prefix_len if self.prefix_group is not None else 0
         head = random.Random(f"prefix:{self.prefix_group}")
         own = random.Random(f"request:{self.id}")
         return [head.randrange(low_id, vocab_size) for _ in range(shared)] + [
             own.randrange(low_id, vocab_size) for _ in range(self.prompt_len - shared)
         ]
+
+    def _block_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
+        ids: list[int] = []
+        for block in self.prefix_blocks:
+            if len(ids) >= self.prompt_len:
+                break
+            head = random.Random(f"block:{block}:{self.block_tokens}")
+            ids += [head.randrange(low_id, vocab_size) for _ in range(self.block_tokens)]
+        own = random.Random(f"request:{self.id}")
+        ids += [own.randrange(low_id, vocab_size) for _ in range(self.prompt_len - len(ids))]
+        return ids[: self.prompt_len]
 
     @property
     def arrival_ns(self) -> int:

@@ -78,6 +78,13 @@ def _groups(done: list[RequestRecord]) -> dict[str, dict[str, Any]]:
         for (tenant, priority), rs in sorted(groups.items(), key=str)}
 
 
+def meets_slo(record: RequestRecord, slo_ttft_ms: float = float("inf"),
+              slo_tpot_ms: float = float("inf")) -> bool:
+    """Whether a request succeeded within its own objectives, else those given."""
+    return record.ok and (record.ttft * 1000 <= (record.slo_ms[0] or slo_ttft_ms)
+                          and (record.tpot or 0.0) * 1000 <= (record.slo_ms[1] or slo_tpot_ms))
+
+
 def summarize(
     records: list[RequestRecord],
     duration_s: float,
@@ -89,11 +96,7 @@ def summarize(
     """Statistics over the successful requests; goodput as ``vllm bench serve --goodput``."""
     done = [r for r in records if r.ok]
     tpots = [t for r in done if (t := r.tpot) is not None]
-    good = [
-        r for r in done
-        if r.ttft * 1000 <= (r.slo_ms[0] or slo_ttft_ms)
-        and (r.tpot or 0.0) * 1000 <= (r.slo_ms[1] or slo_tpot_ms)
-    ]
+    good = [r for r in done if meets_slo(r, slo_ttft_ms, slo_tpot_ms)]
     out_tokens = sum(r.output_tokens for r in done)
     metrics: dict[str, Any] = {
         "ttft": latency_stats([r.ttft for r in done]),

@@ -209,18 +209,27 @@ async def connect_ws(session: aiohttp.ClientSession, base_url: str,
         raise
 
 
-def arrival_gaps(num: int, request_rate: float, seed: int) -> list[float]:
-    """Exponential gaps at ``request_rate`` per second (a Poisson process); zeros when infinite."""
+def arrival_gaps(num: int, request_rate: float, seed: int,
+                 burstiness: float = 1.0) -> list[float]:
+    """Gaps at ``request_rate`` per second: exponential (a Poisson process), or with
+    ``burstiness`` != 1 gamma of that shape and the same mean, as vLLM bench's
+    ``--burstiness``; zeros when the rate is infinite."""
     if math.isinf(request_rate):
         return [0.0] * num
     rng = random.Random(seed)
+    if burstiness != 1.0:
+        return [rng.gammavariate(burstiness, 1 / (request_rate * burstiness))
+                for _ in range(num)]
     return [rng.expovariate(request_rate) for _ in range(num)]
 
 
-def send_times(requests: list[BenchRequest], request_rate: float, seed: int) -> list[float]:
-    """Seconds after the start to send each request: its ``arrival_s``, else Poisson arrivals."""
+def send_times(requests: list[BenchRequest], request_rate: float, seed: int,
+               burstiness: float = 1.0) -> list[float]:
+    """Seconds after the start to send each request: its ``arrival_s``, else the arrivals of
+    :func:`arrival_gaps`."""
     times, t = [], 0.0
-    for request, gap in zip(requests, arrival_gaps(len(requests), request_rate, seed)):
+    gaps = arrival_gaps(len(requests), request_rate, seed, burstiness)
+    for request, gap in zip(requests, gaps):
         t += gap
         times.append(request.arrival_s if request.arrival_s is not None else t)
     return times
@@ -236,9 +245,13 @@ async def run_serving(
     seed: int = 0,
     progress: bool = False,
     api_key: str | None = None,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
 ) -> tuple[list[RequestRecord], float, str]:
     """Send ``requests`` and wait for all; returns the records (request order), the wall seconds
-    and the endpoint used. ``api_key`` goes as a Bearer token.
+    and the endpoint used. ``api_key`` goes as a Bearer token. ``burstiness``: see
+    :func:`arrival_gaps`; ``max_concurrency``: most requests in flight, a later one is sent
+    (and its TTFT counted) when one ends, as vLLM bench's ``--max-concurrency``.
 
     Raises:
         ValueError: unknown endpoint. aiohttp.ClientError: the server is unreachable (ws).
@@ -264,17 +277,26 @@ async def run_serving(
         if endpoint == "ws":
             ws = await connect_ws(session, base_url, api_key)
 
-        async def one(index: int) -> None:
+        limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+        async def send(index: int) -> None:
             if ws is not None:
                 await ws.send(f"b{index}", records[index], requests[index], unix_start)
             else:
                 await send_completion(session, base_url, model, records[index], requests[index],
                                       unix_start)
+
+        async def one(index: int) -> None:
+            if limit is None:
+                await send(index)
+            else:
+                async with limit:
+                    await send(index)
             bar.update(1)
 
         tasks = []
         start, unix_start = time.perf_counter(), time.time()
-        times = send_times(requests, request_rate, seed)
+        times = send_times(requests, request_rate, seed, burstiness)
         for index in sorted(range(len(requests)), key=times.__getitem__):
             delay = start + times[index] - time.perf_counter()
             if delay > 0:
