@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aioserve.engine.core import EngineCore
@@ -27,7 +27,11 @@ from aioserve.sim.runner import FIRST_WORD_ID, OverlappedRunner, SimulatedRunner
 from aioserve.sim.step_cost import StepCostModel
 from aioserve.sim.workloads import WorkloadRequest
 
-__all__ = ["SimConfig", "SimResult", "SimulationStalled", "StepHook", "StepRecord", "simulate"]
+#: The simulated context length when neither the flags nor a profile give one.
+DEFAULT_MAX_MODEL_LEN = 2048
+
+__all__ = ["DEFAULT_MAX_MODEL_LEN", "SimConfig", "SimResult", "SimulationStalled", "StepHook",
+           "StepRecord", "simulate"]
 
 #: Called after every step with the engine core and what the step did.
 StepHook = Callable[[EngineCore, StepFeedback], None]
@@ -44,11 +48,12 @@ class SimConfig:
     Attributes:
         slots: ``max_num_seqs``.
         step_ms, prefill_ms_per_token: the article's step cost (50, 0).
-        kv_blocks: None: twice what every slot needs for the longest request.
+        kv_blocks: None: what every slot needs for a full context (no memory pressure).
         enable_prefix_caching: off by default, so the article's figures stay its model's.
         cost_model: a calibrated step cost; replaces ``step_ms`` and the prefill cost.
         overlap: schedule one step ahead as the engine does (see the module).
-        max_model_len: None: the workload's longest request."""
+        max_model_len: the context length (None: ``DEFAULT_MAX_MODEL_LEN``); a request's
+            ``max_tokens`` defaults to what is left of it, never to its true length."""
 
     slots: int = 4
     step_ms: float = 50.0
@@ -109,16 +114,15 @@ class SimResult:
 def _make_core(
     workload: list[WorkloadRequest], scheduler: Scheduler, config: SimConfig
 ) -> tuple[EngineCore, SimulatedRunner]:
-    longest = max((r.prompt_len + r.limit for r in workload), default=1)
-    max_model_len = config.max_model_len or longest
+    max_model_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
     kv_blocks = config.kv_blocks
     if kv_blocks is None:
-        kv_blocks = 2 * config.slots * blocks_for_tokens(longest, config.block_size)
-    # A request ends by a scripted EOS after its output_len tokens; in the engine's
-    # timing, one that asks for exactly that many ends by length instead, as it does on
-    # the real engine (where it is replayed with ignore_eos).
+        kv_blocks = config.slots * blocks_for_tokens(max_model_len, config.block_size)
+    # The hidden stop: a request ends by a scripted EOS after its output_len tokens, which
+    # neither its max_tokens (a cap) nor its view tells the policy. In the engine's timing
+    # one whose cap is exactly that many ends by length instead, as on the real engine.
     scripted = {r.id: r.output_len for r in workload
-                if not config.overlap or r.output_len < r.limit}
+                if not config.overlap or r.output_len < r.cap(max_model_len)}
     kind = OverlappedRunner if config.overlap else SimulatedRunner
     runner = kind(
         scripted,
@@ -152,14 +156,15 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
             f"({kv.num_blocks * kv.block_size} tokens)"
         )
         return
-    if item.prompt_len + item.limit > core.max_model_len:  # as AsyncEngine.add_request
+    cap = item.cap(core.max_model_len)
+    if item.prompt_len + max(cap, item.output_len) > core.max_model_len:  # as add_request
         result.rejected[item.id] = (
-            f"max_tokens: prompt ({item.prompt_len} tokens) + max_tokens ({item.limit}) "
-            f"exceeds the context length of {core.max_model_len} tokens")
+            f"max_tokens: prompt ({item.prompt_len} tokens) + max_tokens ({cap}, output_len "
+            f"{item.output_len}) exceeds the context length of {core.max_model_len} tokens")
         return
     # No oracle: the policy is told a length only when the workload tells one.
-    params = SamplingParams(max_tokens=item.limit, temperature=0.0, length_hint=item.length_hint,
-                            ignore_eos=result.config.overlap and item.output_len >= item.limit)
+    params = SamplingParams(max_tokens=cap, temperature=0.0, length_hint=item.length_hint,
+                            ignore_eos=result.config.overlap and item.output_len >= cap)
     prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
     request = Request(item.id, prompt, params, item.arrival_s)
     request.meta = item.meta
@@ -168,6 +173,17 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
         core.add(request)
     except ValueError as exc:
         result.rejected[item.id] = str(exc)
+
+
+def reads_true_lengths(policy: object) -> bool:
+    """Whether the policy's length predictor is an oracle (``upper_bound``)."""
+    return bool(getattr(getattr(policy, "predictor", None), "upper_bound", False))
+
+
+def oracle_hints(workload: list[WorkloadRequest]) -> list[WorkloadRequest]:
+    """The workload with each request's true length as its ``length_hint`` (unless set)."""
+    return [r if r.length_hint is not None else replace(r, length_hint=r.output_len)
+            for r in workload]
 
 
 class _SimStepLoop(StepLoop):
@@ -233,6 +249,9 @@ async def simulate(
     config = config or SimConfig()
     policy = load_scheduler(scheduler, scheduler_params)
     name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
+    if reads_true_lengths(policy):
+        workload = oracle_hints(workload)
+        name += " (oracle: upper bound)"
     core, runner = _make_core(workload, policy, config)
     result = SimResult(name, config, list(workload), core, runner)
     listeners = ListenerHub()
