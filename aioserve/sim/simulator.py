@@ -31,7 +31,7 @@ from aioserve.sim.workloads import WorkloadRequest
 DEFAULT_MAX_MODEL_LEN = 2048
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "SimConfig", "SimResult", "SimulationStalled", "StepHook",
-           "StepRecord", "simulate"]
+           "StepRecord", "simulate", "timing_line"]
 
 #: Called after every step with the engine core and what the step did.
 StepHook = Callable[[EngineCore, StepFeedback], None]
@@ -109,6 +109,26 @@ class SimResult:
         if self.num_preempted_tokens is None:
             return self.core.num_preempted_tokens
         return self.num_preempted_tokens
+
+
+def timing_line(result: SimResult) -> str:
+    """What the run's clock charges: flat article timing or a calibrated profile, whether
+    prefill and recomputation cost anything, the KV cache and the context length."""
+    config, core = result.config, result.core
+    blocks = core.blocks.num_blocks
+    cache = f"KV cache {blocks} blocks of {core.blocks.block_size} tokens"
+    if config.kv_blocks is None and config.cost_model is None:
+        cache += " (a full context per slot: no memory pressure)"
+    tail = f"{cache}, context {core.max_model_len} tokens, {config.slots} slots"
+    if config.cost_model is not None:
+        forward = config.cost_model.source.get("forward")
+        return (f"timing: calibrated profile (forward {forward}), one step ahead: prefill and "
+                f"recomputation cost what they cost where it was calibrated; {tail}")
+    prefill = ("free (--prefill-ms-per-token 0)" if config.prefill_ms_per_token == 0
+               else f"{config.prefill_ms_per_token:g} ms per token")
+    return (f"timing: flat, {config.step_ms:g} ms a step (the article's model, not this "
+            f"engine's; --profile for a calibrated one): prefill and recomputation {prefill}; "
+            f"{tail}")
 
 
 def _make_core(
