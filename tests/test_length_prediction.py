@@ -178,8 +178,8 @@ async def test_the_engine_stops_a_request_after_stop_after_tokens():
 
 
 async def test_the_hidden_stop_over_http_and_the_websocket(tokenizer):
-    engine = AsyncEngine(EngineConfig(model="scripted"), runner=ScriptedRunner([300]),
-                         tokenizer=tokenizer)
+    engine = AsyncEngine(EngineConfig(model="scripted", scheduler="spf"),
+                         runner=ScriptedRunner([300]), tokenizer=tokenizer)
     body = {"prompt": [5, 6, 7], "max_tokens": 50}
     async with serve(engine) as server, aiohttp.ClientSession() as session:
         url = base_url(server)
@@ -188,6 +188,12 @@ async def test_the_hidden_stop_over_http_and_the_websocket(tokenizer):
             answer = await response.json()
         assert answer["usage"]["completion_tokens"] == 3
         assert answer["choices"][0]["finish_reason"] == "stop"
+        async with session.get(url + "/metrics") as response:
+            metrics = await response.text()
+        # spf predicted it (nothing learnt yet: the prior, 128) and it generated 3
+        assert 'aioserve:request_output_length_tokens_sum{source="actual"} 3.0' in metrics
+        assert 'aioserve:request_output_length_tokens_sum{source="predicted"} 128.0' in metrics
+        assert "aioserve:output_length_prediction_error_tokens_sum 125.0" in metrics
         for bad in ("0", "three", "-2"):
             async with session.post(url + "/v1/completions", json=body,
                                     headers={"X-Stop-After": bad}) as response:
