@@ -205,3 +205,20 @@ async def test_the_hidden_stop_over_http_and_the_websocket(tokenizer):
             while (message := await ws.receive_json())["type"] != "done":
                 pass
             assert message["usage"]["completion_tokens"] == 2
+
+
+async def test_real_replay_stops_each_request_by_stop_after_and_keeps_each_policy(model_dir):
+    from aioserve.sim.real import replay
+
+    workload = [WorkloadRequest(f"w{i}", 0.01 * i, 8 + i, 3 + i) for i in range(6)]
+    async with AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=4)) as engine:
+        fcfs = await replay(engine, workload, "fcfs")
+        spf = await replay(engine, workload, "spf")
+    for result in (fcfs, spf):
+        assert {k: r.num_output_tokens for k, r in result.finished.items()} == {
+            w.id: w.output_len for w in workload}
+        assert {r.finish_reason.value for r in result.finished.values()
+                if r.finish_reason is not None} == {"stop"}
+    # each run's figures are its own policy's, though the engine now runs spf
+    assert policy_figures(fcfs)["prediction_mae"] is None
+    assert policy_figures(spf)["prediction_mae"] is not None

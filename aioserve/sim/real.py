@@ -123,7 +123,7 @@ async def replay(
         engine.remove_listener(recorder)
         core.step_observers.remove(recorder.on_feedback)
     result = SimResult(name, sim_config_of(engine), list(workload), core,
-                       engine.runner)  # type: ignore[arg-type]
+                       engine.runner, policy=policy)  # type: ignore[arg-type]
     zero = at  # the workload's zero on the engine's clock (both are time.monotonic)
     result.finished = {k: _shifted(r, zero) for k, r in recorder.finished.items()
                        if k not in rejected}

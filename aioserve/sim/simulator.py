@@ -86,6 +86,7 @@ class SimResult:
         rejected: id -> why, for requests that can never fit.
         feedback: what every step did (the engine's StepFeedback).
         num_preemptions, num_preempted_tokens: overrides of the core's counts (None: its).
+        policy: the policy of this run (the core's may have been replaced since).
         core, runner: the engine core and simulated runner at the end."""
 
     scheduler: str
@@ -99,6 +100,7 @@ class SimResult:
     feedback: list[StepFeedback] = field(default_factory=list)
     num_preemptions: int | None = None
     num_preempted_tokens: int | None = None
+    policy: Scheduler | None = None  # None: the core's
 
     @property
     def preemptions(self) -> int:
@@ -273,7 +275,7 @@ async def simulate(
         workload = oracle_hints(workload)
         name += " (oracle: upper bound)"
     core, runner = _make_core(workload, policy, config)
-    result = SimResult(name, config, list(workload), core, runner)
+    result = SimResult(name, config, list(workload), core, runner, policy=policy)
     listeners = ListenerHub()
     snapshots = SnapshotBuilder(core) if listener is not None else None
     if listener is not None:

@@ -29,9 +29,14 @@ def jain(values: list[float], weights: list[float] | None = None) -> float | Non
     return total * total / (len(values) * squares) if squares > 0 else None
 
 
+def run_policy(result: SimResult) -> object:
+    """The policy that ran (the engine's may have changed since, in ``--real``)."""
+    return result.policy if result.policy is not None else result.core.guard.policy
+
+
 def tenant_weights(result: SimResult, tenants: list[str | None]) -> list[float] | None:
     """The policy's per-tenant ``weights`` (missing tenants weigh 1), or None without any."""
-    weights = getattr(result.core.guard.policy, "weights", None)
+    weights = getattr(run_policy(result), "weights", None)
     if not isinstance(weights, dict) or not weights:
         return None
     return [float(weights.get(t, 1.0)) if t is not None else 1.0 for t in tenants]
@@ -49,7 +54,7 @@ def prediction_figures(result: SimResult, skip_first: int = 100) -> dict[str, An
     """Kendall's tau and MAE of the policy's length predictions at arrival (its
     ``outcomes``: (id, predicted, true)), over all requests and over those after the first
     ``skip_first`` arrivals (a learner's warm-up); None where the policy predicts none."""
-    outcomes = getattr(result.core.guard.policy, "outcomes", None)
+    outcomes = getattr(run_policy(result), "outcomes", None)
     ids = {w.id for w in result.workload}
     pairs = {i: (p, t) for i, p, t in outcomes or () if i in ids}
     if not pairs:
