@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from aioserve.scheduling import RequestView, Scheduler, SchedulerOutput, SchedulerState
-from schedulers.length_predictor import LengthPredictor, make_predictor
+from schedulers.length_predictor import (
+    LengthPredictor,
+    make_predictor,
+    tell_arrival,
+    tell_finish,
+)
 
 
 class MemoryAwareScheduler(Scheduler):
@@ -25,8 +30,10 @@ class MemoryAwareScheduler(Scheduler):
     also counts its own choices in ``preemptions``.
 
     Args:
-        predictor: output-length predictor, or a ``"package.module:Class"`` (default:
-            ``length_hint``, else ``max_tokens``).
+        predictor: output-length predictor, by name (``hint``, the default:
+            ``length_hint``, else the cap ``max_tokens``, as a server reserves; ``cap``,
+            ``learned``, ``oracle``), ``"package.module:Class"`` or object.
+        predictor_config: the named predictor's parameters.
         watermark: fraction of all KV blocks projected use may reach (0–1]. With the
             default 1.0 and exact predictions no request is ever preempted (every
             admitted request fits at its peak); lower it to keep headroom for requests
@@ -39,12 +46,19 @@ class MemoryAwareScheduler(Scheduler):
     name: ClassVar[str] = "memory_aware"
 
     def __init__(self, predictor: LengthPredictor | str | None = None,
-                 watermark: float = 1.0) -> None:
+                 watermark: float = 1.0, predictor_config: dict[str, Any] | None = None,
+                 ) -> None:
         if not 0 < watermark <= 1:
             raise ValueError(f"watermark must be in (0, 1], got {watermark!r}")
-        self.predictor = make_predictor(predictor)
+        self.predictor = make_predictor(predictor, predictor_config)
         self.watermark = watermark
         self.preemptions = 0
+
+    def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
+        tell_arrival(self.predictor, request)
+
+    def on_finish(self, request: RequestView, state: SchedulerState) -> None:
+        tell_finish(self.predictor, request)
 
     def projected_blocks(self, state: SchedulerState, request: RequestView) -> int:
         """KV blocks the request is projected to hold when it finishes."""

@@ -1,17 +1,28 @@
-"""Shortest-predicted-first with aging."""
+"""Shortest-predicted-remaining-first with aging."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections import deque
+from typing import Any, ClassVar
 
 from aioserve.scheduling import OrderedScheduler, RequestView, SchedulerState
-from schedulers.length_predictor import LengthPredictor, make_predictor, predicted_remaining
+from schedulers.length_predictor import (
+    LengthPredictor,
+    make_predictor,
+    predicted_remaining,
+    tell_arrival,
+    tell_finish,
+)
+
+#: Finished requests whose (predicted, true) lengths a policy keeps for reports.
+OUTCOMES_KEPT = 65536
 
 
 class SPFScheduler(OrderedScheduler):
-    """Admit the waiting requests with the fewest predicted output tokens left first;
-    otherwise (slots, KV blocks, the watermark, preemption of the newest under memory
-    pressure) exactly like ``fcfs``.
+    """Admit the waiting requests with the fewest predicted output tokens left first
+    (SRPT on the predicted *remaining* length, as TRAIL; a preempted request is ranked by
+    what it has left); otherwise (slots, KV blocks, the watermark, preemption of the
+    newest under memory pressure) exactly like ``fcfs``.
 
     Aging bounds starvation (CASES.md BUG-11): a request that has waited
     ``max_wait_s`` since it arrived goes ahead of every request that has waited less,
@@ -22,15 +33,19 @@ class SPFScheduler(OrderedScheduler):
     forever. Requests with equal predictions keep queue order (FCFS).
 
     Args:
-        predictor: the output-length predictor: an object with ``predict(request)``,
-            or a ``"package.module:Class"`` to make one (default ``HintPredictor``: the
-            request's ``length_hint``, else ``max_tokens``).
+        predictor: the output-length predictor: ``learned`` (default: learns lengths
+            online per class, the ``length_hint`` when a client gives one), ``hint``,
+            ``cap``, ``oracle`` (true lengths in the simulator: an upper bound), a
+            ``"package.module:Class"`` or an object with ``predict(request)``
+            (``schedulers/length_predictor.py``).
+        predictor_config: the named predictor's parameters, e.g. ``{"state_path":
+            "lengths.json"}`` for ``learned``.
         max_wait_s: waiting time in seconds after which a request is served in arrival
             order, ahead of shorter ones (default 30).
         watermark: as ``fcfs``.
 
     Raises:
-        ValueError: max_wait_s negative, a bad predictor or watermark.
+        ValueError: max_wait_s negative, a bad predictor, predictor_config or watermark.
     """
 
     name: ClassVar[str] = "spf"
@@ -40,12 +55,28 @@ class SPFScheduler(OrderedScheduler):
         predictor: LengthPredictor | str | None = None,
         max_wait_s: float = 30.0,
         watermark: float = 0.01,
+        predictor_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(watermark)
         if not max_wait_s >= 0:
             raise ValueError(f"max_wait_s must be >= 0 seconds, got {max_wait_s!r}")
-        self.predictor = make_predictor(predictor)
+        self.predictor = make_predictor(predictor if predictor is not None else "learned",
+                                        predictor_config)
         self.max_wait_s = max_wait_s
+        self.predicted: dict[str, int] = {}  # at arrival, until it finishes
+        self.outcomes: deque[tuple[str, int, int]] = deque(maxlen=OUTCOMES_KEPT)
+
+    def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
+        """Tell the predictor; keep its prediction at arrival for the report."""
+        tell_arrival(self.predictor, request)
+        self.predicted[request.request_id] = self.predictor.predict(request)
+
+    def on_finish(self, request: RequestView, state: SchedulerState) -> None:
+        """Tell the predictor the true length; keep (id, predicted, true)."""
+        predicted = self.predicted.pop(request.request_id, None)
+        if predicted is not None and request.finish_reason in ("stop", "length"):
+            self.outcomes.append((request.request_id, predicted, request.num_output_tokens))
+        tell_finish(self.predictor, request)
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[int, float]:
         """Aged requests first, by arrival; then by predicted remaining output."""

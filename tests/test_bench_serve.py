@@ -110,6 +110,8 @@ async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint)
         url = str(server.make_url("")).rstrip("/")
         requests = workload_requests(str(path), 512)
         records, _, _ = await run_serving(url, requests, endpoint=endpoint)
+        assert engine.core is not None
+        context = engine.core.max_model_len
     finally:
         await server.close()
     assert [r.output_tokens for r in records] == [4, 3]
@@ -121,6 +123,9 @@ async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint)
     assert first.deadline is not None and 25 < first.deadline - first.arrival_time <= 30
     other = next(v for v in policy.views if v.num_prompt_tokens == 8)
     assert (other.tenant, other.priority, other.deadline) == (None, 0, None)
+    # no oracle: max_tokens is the context left, the stop at 4 and 3 tokens hidden
+    assert [(v.params.max_tokens, v.params.length_hint) for v in (first, other)] == [
+        (context - 6, None), (context - 8, None)]
 
 
 async def bench_cli(url: str, **env: str) -> tuple[int, str]:

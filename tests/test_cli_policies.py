@@ -77,4 +77,4 @@ def test_the_configuration_fills_in_defaults_and_keeps_what_a_policy_was_made_wi
         "watermark": 0.01}
     # the predictor object it made from None is not a value to print: the default stands
     assert policy_configuration(MemoryAwareScheduler(watermark=0.9), None) == {
-        "predictor": None, "watermark": 0.9}
+        "predictor": None, "watermark": 0.9, "predictor_config": None}

@@ -29,7 +29,7 @@ from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 
 #: Headers without a unit: names, a percentage, an index (0-1) and counts.
-UNITLESS = {"policy", "SLO %", "Jain", "preemptions", "recomputed tok"}
+UNITLESS = {"policy", "SLO %", "Jain", "preemptions", "recomputed tok", "length tau"}
 
 
 async def _runs(workload: str, names: tuple[str, ...]) -> list:
@@ -49,7 +49,8 @@ def test_every_table_header_carries_its_unit(tenant_runs):
     assert head.split() == ["id", "status", "arrival", "(s)", "TTFT", "(s)", "finish", "(s)",
                             "latency", "(s)", "tokens", "preempt", "article", "(s)"]
     for _, header, _, _ in COLUMNS:
-        assert header in UNITLESS or header.endswith(("(s)", "(ms)", "/s")), header
+        units = ("(s)", "(ms)", "/s", "(steps)", "(tokens)")
+        assert header in UNITLESS or header.endswith(units), header
     text = format_comparison(tenant_runs)
     for header in ("TTFT p50 (s)", "TPOT mean (ms)", "E2E p99 (s)", "max wait (s)",
                    "output tok/s", "goodput req/s", "mean TTFT (s) / p99 TTFT (s)"):

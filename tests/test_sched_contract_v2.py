@@ -258,9 +258,11 @@ async def test_the_simulator_schedules_as_the_engine_does():
     engine_config = EngineConfig(model="<sim>", max_num_seqs=3, enable_prefix_caching=False)
     times = {}
     async with AsyncEngine(engine_config, runner=runner) as engine:
+        # the simulator's hidden stop (max_tokens a cap), as the engine's stop_after
         streams = [engine.add_request(
             w.prompt_token_ids(512, 3),
-            SamplingParams(max_tokens=w.output_len, temperature=0, ignore_eos=True), w.id)
+            SamplingParams(max_tokens=w.cap(sim.core.max_model_len), temperature=0,
+                           ignore_eos=True), w.id, stop_after=w.output_len)
             for w in workload]
         for stream in streams:
             while not (await stream.queue.get()).finished:

@@ -16,9 +16,11 @@ SHORT_RUN_S = 4 * STEP_S
 
 def starvation_workload(shorts: int = 1000) -> list[WorkloadRequest]:
     """BUG-11: one slot; a 400-token job and a 4-token job at t=0, then a 4-token job
-    every engine step."""
-    items = [WorkloadRequest("long", 0.0, 8, 400)]
-    items += [WorkloadRequest(f"s{i:04d}", round(i * STEP_S, 6), 8, 4) for i in range(shorts)]
+    every engine step. Each client tells its length (``length_hint``): starvation needs a
+    policy that knows the long job is long, and max_tokens no longer tells it (a cap)."""
+    items = [WorkloadRequest("long", 0.0, 8, 400, length_hint=400)]
+    items += [WorkloadRequest(f"s{i:04d}", round(i * STEP_S, 6), 8, 4, length_hint=4)
+              for i in range(shorts)]
     return items
 
 
@@ -47,11 +49,12 @@ class ReversePredictor:
     """Predicts long jobs short and short jobs long (a pluggable, deliberately bad one)."""
 
     def predict(self, request: RequestView) -> int:
-        return 1000 - request.params.max_tokens
+        return 1000 - (request.params.length_hint or 0)
 
 
 async def test_order_follows_the_predictor():
-    workload = [WorkloadRequest(k, 0.0, 4, n) for k, n in [("a", 30), ("b", 10), ("c", 20)]]
+    workload = [WorkloadRequest(k, 0.0, 4, n, length_hint=n)
+                for k, n in [("a", 30), ("b", 10), ("c", 20)]]
     by_hint = await simulate(workload, SPFScheduler(), SimConfig(slots=1))
     assert [r for r in by_hint.finished] == ["b", "c", "a"]
     reverse = await simulate(workload, SPFScheduler(ReversePredictor()), SimConfig(slots=1))

@@ -10,17 +10,25 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class BenchRequest:
-    """One benchmark request (EOS ignored; times in seconds after the run starts)."""
+    """One benchmark request (EOS ignored; times in seconds after the run starts). With
+    ``stop_after`` it sends ``max_tokens`` as a cap and stops by ``X-Stop-After`` (the
+    websocket's ``stop_after``), which no scheduling policy sees."""
 
     prompt_token_ids: list[int]
     output_len: int
     arrival_s: float | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)
     deadline_s: float | None = None
+    stop_after: int | None = None  # hidden stop (X-Stop-After): then max_tokens is a cap
+    max_tokens: int | None = None  # None: output_len, or with stop_after the context left
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def sent_max_tokens(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else self.output_len
 
 
 def parse_range(text: str) -> tuple[int, int]:

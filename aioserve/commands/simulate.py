@@ -18,7 +18,7 @@ from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.reports.replay import FrameRecorder, write_html
 from aioserve.sim.reports.report import format_report, summarize
 from aioserve.sim.scenarios import load_workload
-from aioserve.sim.simulator import SimResult, simulate
+from aioserve.sim.simulator import SimResult, simulate, timing_line
 from aioserve.sim.trace_options import describe, split_spec
 from aioserve.sim.workloads import WorkloadRequest
 
@@ -149,12 +149,13 @@ def run(args: argparse.Namespace) -> int:
             check_scheduler(name, params[name])
     results, recorders = asyncio.run(_run_all(args, workload, names, real))
     kind = "real engine" if args.real else "simulated"
+    timing = "timing: the real engine" if args.real else timing_line(results[0])
     if args.html and recorders:
         title = f"aioserve simulate: {args.workload}"
         print(f"html: {write_html(recorders, args.html, title)}", file=sys.stderr)
     if args.compare:
         runs = [policy_figures(r, args.slo_ttft_ms, args.slo_tpot_ms) for r in results]
-        print(format_comparison(runs, f"{kind}: {args.workload}"))
+        print(format_comparison(runs, f"{kind}: {args.workload}\n{timing}"))
         if args.report:
             path = write_comparison_html(runs, args.report, f"aioserve: {args.workload}", kind)
             print(f"report: {path}", file=sys.stderr)
@@ -165,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
             for run_figures in runs:
                 print(json.dumps(run_figures))
         return 0
+    print(timing, file=sys.stderr if args.json else sys.stdout)
     summaries = [summarize(result, args.workload) for result in results]
     if args.plot:
         from aioserve.sim.reports.plots import plot

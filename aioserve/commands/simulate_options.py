@@ -23,7 +23,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--workload", default="article-example",
         help="article-example, article-mix, poisson[:n=,rate=,burst=,seed=], two-tenants, "
-        "priority-mix, slo-mix, heavy-tail (each with :key=value options), or a trace or "
+        "priority-mix, slo-mix, heavy-tail, routes (each with :key=value options), or a trace or "
         "workload file: FILE[:start=,duration=,n=,window=,rate=|speed=,burstiness=,seed=,"
         "len_scale=,max_len=] (Azure CSV, Mooncake JSONL or aioserve JSONL; README: Real "
         "traces)")
@@ -34,7 +34,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add("--prefill-ms-per-token", type=non_negative_float, default=0.0,
         help="extra cost per prompt or recomputed token in ms (default 0)")
     add("--kv-blocks", type=positive_int, default=None,
-        help="KV cache size in blocks (default: unlimited, or the profile's)")
+        help="KV cache size in blocks (default: a full context per slot, or the profile's)")
+    add("--max-model-len", type=positive_int, default=None,
+        help="context length in tokens (default 2048, or the profile's): a request's "
+        "max_tokens defaults to what is left of it, never to its true length")
     add("--block-size", type=positive_int, default=None,
         help="tokens per KV block (default 16, or the profile's)")
     add("--max-num-batched-tokens", type=positive_int, default=None,
@@ -122,7 +125,8 @@ def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> Sim
                                     4096) or 4096,
         enable_prefix_caching=args.enable_prefix_caching or bool(
             source.get("enable_prefix_caching", False)),
-        cost_model=model, overlap=overlap, max_model_len=source.get("max_model_len"),
+        cost_model=model, overlap=overlap,
+        max_model_len=pick(args.max_model_len, "max_model_len", None),
         max_concurrency=args.max_concurrency,
     )
 
@@ -134,6 +138,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     check_model(args.model)
     return EngineConfig(
         model=args.model, scheduler="fcfs", max_num_seqs=args.slots or 4,
+        max_model_len=args.max_model_len,
         num_kv_blocks=args.kv_blocks,
         block_size=args.block_size or 16,
         max_num_batched_tokens=args.max_num_batched_tokens or 4096,

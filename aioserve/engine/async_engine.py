@@ -196,14 +196,18 @@ class AsyncEngine:
         request_id: str | None = None,
         *,
         meta: RequestMeta | None = None,
+        stop_after: int | None = None,
     ) -> RequestStream:
         """Validate and queue a request; returns its stream (see :meth:`generate`).
 
         ``meta`` (priority, tenant, service-level objectives, free metadata) is what a
-        scheduling policy may read of the request besides its tokens.
+        scheduling policy may read of the request besides its tokens. ``stop_after``
+        (benchmarks only) ends it with ``stop`` after that many output tokens, as if the
+        model had emitted EOS there; no policy sees it (its ``max_tokens`` stays a cap).
 
         Raises:
-            ValueError: bad prompt, prompt + max_tokens beyond the context length, a
+            ValueError: bad prompt, ``stop_after`` not an integer >= 1, prompt +
+                max_tokens beyond the context length, a
                 prompt bigger than the KV cache, or a request_id in use (a request
                 that has not ended; an ended one's id may be reused).
             EngineNotRunningError: the engine is not running, or is draining.
@@ -212,6 +216,9 @@ class AsyncEngine:
         if self._draining:
             raise EngineNotRunningError("the server is shutting down")
         params = params if params is not None else SamplingParams()
+        if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(
+                stop_after, int) or stop_after < 1):
+            raise ValueError(f"stop_after must be an integer >= 1, got {stop_after!r}")
         ids = self.encode(prompt)
         if len(ids) + params.max_tokens > core.max_model_len:
             raise ValueError(
@@ -224,6 +231,7 @@ class AsyncEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = core.clock()
         request = Request(request_id, ids, params, now)
+        request.stop_after = stop_after
         if meta is not None:
             request.meta = meta
             if meta.deadline is not None:  # Unix time -> the engine's clock

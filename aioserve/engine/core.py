@@ -334,6 +334,8 @@ class EngineCore:
             params = request.params
             if token in params.stop_token_ids or (token in eos and not params.ignore_eos):
                 self.finish(request, FinishReason.STOP)
+            elif request.stop_after is not None and len(out) >= request.stop_after:
+                self.finish(request, FinishReason.STOP)  # the hidden stop (benchmarks)
             elif len(out) >= params.max_tokens or (
                 len(request.prompt_token_ids) + len(out) >= max_model_len
             ):

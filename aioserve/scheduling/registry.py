@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import typing
@@ -78,9 +79,11 @@ def params_by_policy(specs: list[str], params: Mapping[str, Any] | None
         if len(specs) < 2 or set(params) <= taken:
             return dict.fromkeys(specs, dict(params))
         unknown = sorted(set(params) - set(aliases))
+        close = difflib.get_close_matches(unknown[0], list(aliases), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"--scheduler-config: {unknown[0]!r} names none of the policies "
-                         f"of this run ({', '.join(specs)}); key it by a policy's spec or "
-                         "name, or give one object of parameters for every policy")
+                         f"of this run ({', '.join(specs)}){hint} Key it by a policy's spec "
+                         "or name, or give one object of parameters for every policy")
     keyed: dict[str, dict[str, Any] | None] = dict.fromkeys(specs)
     for key, value in params.items():
         keyed[aliases[key]] = value

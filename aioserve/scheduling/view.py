@@ -50,6 +50,12 @@ class RequestView:
         """``"waiting"``, ``"running"`` or ``"finished"``."""
         return self._request.status.value
 
+    @property
+    def finish_reason(self) -> str | None:
+        """Once finished: ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` (shed)."""
+        reason = self._request.finish_reason
+        return reason.value if reason is not None else None
+
     # -- who asks, how urgent (RequestMeta) -------------------------------------------
     @property
     def meta(self) -> RequestMeta:

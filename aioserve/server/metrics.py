@@ -4,6 +4,7 @@ generated token counted once."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2
                     0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
                 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+_LENGTH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 class BoundedLabels:
@@ -180,6 +182,14 @@ class ServerMetrics:
             PREFIX + "request_queue_time_seconds", "Arrival to first scheduled (seconds).",
             buckets=_E2E_BUCKETS, registry=r)
         self.tenants = TenantMetrics(PREFIX, r, _LATENCY_BUCKETS)
+        self.output_length = Histogram(
+            PREFIX + "request_output_length_tokens", "Output tokens of requests the policy "
+            "predicted, as predicted at arrival and as generated.", ["source"],
+            buckets=_LENGTH_BUCKETS, registry=r)
+        self.length_error = Histogram(
+            PREFIX + "output_length_prediction_error_tokens",
+            "|predicted - generated| output tokens per request the policy predicted.",
+            buckets=_LENGTH_BUCKETS, registry=r)
         r.register(_EngineCollector(self))
 
     def attach(self) -> None:
@@ -205,10 +215,25 @@ class ServerMetrics:
             if value is not None:
                 histogram.observe(value)
         self.tenants.record(request, lat.time_to_first_token)
+        self.record_prediction(request)
         if lat.time_per_output_token is not None:
             self.tpot.observe(lat.time_per_output_token)
             for _ in range(request.num_output_tokens - 1):
                 self.itl.observe(lat.time_per_output_token)
+
+    def record_prediction(self, request: Request) -> None:
+        """Observe the policy's predicted and the true length, where it predicted one (a
+        policy's ``outcomes``: (id, predicted, true), the newest last, as ``spf``'s)."""
+        core = self.engine.core
+        outcomes = getattr(core.guard.policy, "outcomes", None) if core is not None else None
+        if not outcomes:
+            return
+        for request_id, predicted, true in itertools.islice(reversed(outcomes), 8):
+            if request_id == request.request_id:
+                self.output_length.labels(source="predicted").observe(predicted)
+                self.output_length.labels(source="actual").observe(true)
+                self.length_error.observe(abs(predicted - true))
+                return
 
     def detach(self) -> None:
         """Stop listening."""

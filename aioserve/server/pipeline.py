@@ -16,7 +16,7 @@ from aioserve.errors import EngineError
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.server.errors import ApiError, api_error, bad_request
-from aioserve.server.schema.requests import Body, Served, parse
+from aioserve.server.schema.requests import Body, RequestFieldError, Served, parse
 from aioserve.server.state import ENGINE_KEY, MODEL_NAMES_KEY
 
 
@@ -79,9 +79,21 @@ def served(app: web.Application) -> Served:
     return Served(names[0], core.max_model_len if core is not None else None, names[1:])
 
 
+def stop_after_header(value: str | None) -> int | None:
+    """An ``X-Stop-After`` header (benchmarks' hidden stop, see ``AsyncEngine.add_request``)
+    as an int; RequestFieldError (400) naming it when it is not an integer >= 1."""
+    if value is None:
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise RequestFieldError("X-Stop-After", f"X-Stop-After must be an integer >= 1 (output "
+                                f"tokens after which the request stops), got {value!r}")
+    return int(value)
+
+
 def start(
     engine: AsyncEngine, prompts: Sequence[str | list[int]], params: SamplingParams, n: int,
     call_id: str, meta: RequestMeta, request_id: str | None = None,
+    stop_after: int | None = None,
 ) -> list[RequestStream]:
     """Queue one engine request per (prompt, sample), all or none: stream ``i`` is prompt
     ``i // n``, sample ``i % n`` (engine id ``{call_id}-{i}``, seed ``+ i % n``). ApiError
@@ -95,7 +107,8 @@ def start(
             else:
                 sample_params = params
             streams.append(engine.add_request(prompts[index // n], sample_params,
-                                              f"{call_id}-{index}", meta=meta))
+                                              f"{call_id}-{index}", meta=meta,
+                                              stop_after=stop_after))
     except BaseException as exc:
         for stream in streams:
             engine.release(stream)

@@ -1,5 +1,6 @@
 """Replay a simulator workload on a real, in-process engine (``simulate --real``): the same
-JSONL, prompts and figures, on the engine's clock; ``ignore_eos`` ends each at its length."""
+JSONL, prompts and figures, on the engine's clock; each request sends its cap as
+``max_tokens`` and ends at its length by ``stop_after`` (EOS ignored), which no policy sees."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
 from aioserve.scheduling.registry import load_scheduler
 from aioserve.sim.runner import FIRST_WORD_ID
-from aioserve.sim.simulator import SimConfig, SimResult, StepRecord
+from aioserve.sim.simulator import (
+    SimConfig,
+    SimResult,
+    StepRecord,
+    oracle_hints,
+    reads_true_lengths,
+)
 from aioserve.sim.workloads import WorkloadRequest
 
 
@@ -56,26 +63,23 @@ async def _one(engine: AsyncEngine, item: WorkloadRequest, at: float, vocab_size
     delay = at + item.arrival_s - loop.time()
     if delay > 0:
         await asyncio.sleep(delay)
-    params = SamplingParams(max_tokens=item.limit, temperature=0.0, ignore_eos=True,
-                            length_hint=item.length_hint)
+    params = SamplingParams(max_tokens=item.cap(engine._require_core().max_model_len),
+                            temperature=0.0, ignore_eos=True, length_hint=item.length_hint)
     prompt = item.prompt_token_ids(vocab_size, FIRST_WORD_ID)
     try:
-        stream = engine.add_request(prompt, params, item.id, meta=item.meta_from(unix_zero))
+        stream = engine.add_request(prompt, params, item.id, meta=item.meta_from(unix_zero),
+                                    stop_after=item.output_len)
     except ValueError as exc:
         rejected[item.id] = str(exc)
         return
-    received = 0
     try:
         while True:
             out = await stream.queue.get()
             if isinstance(out, BaseException):
                 rejected[item.id] = str(out)
                 return
-            received += len(out.token_ids)
             if out.finished:
                 return
-            if received >= item.output_len:  # the model "stops" here (limit > output_len)
-                engine.abort(item.id)
     finally:
         engine.release(stream)
 
@@ -98,13 +102,16 @@ async def replay(
         raise RuntimeError("replay needs an idle engine")
     policy = load_scheduler(scheduler, scheduler_params)
     core.set_policy(policy)
+    name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
+    if reads_true_lengths(policy):
+        workload = oracle_hints(workload)
+        name += " (oracle: upper bound)"
     engine.reset_prefix_cache()
     recorder = _Recorder()
     engine.add_listener(recorder, step_interval=None)
     core.step_observers.append(recorder.on_feedback)
     preemptions_before = core.num_preemptions
     preempted_tokens_before = core.num_preempted_tokens
-    name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
     rejected: dict[str, str] = {}
     vocab = getattr(engine.runner, "vocab_size", 512)
     try:
@@ -116,7 +123,7 @@ async def replay(
         engine.remove_listener(recorder)
         core.step_observers.remove(recorder.on_feedback)
     result = SimResult(name, sim_config_of(engine), list(workload), core,
-                       engine.runner)  # type: ignore[arg-type]
+                       engine.runner, policy=policy)  # type: ignore[arg-type]
     zero = at  # the workload's zero on the engine's clock (both are time.monotonic)
     result.finished = {k: _shifted(r, zero) for k, r in recorder.finished.items()
                        if k not in rejected}

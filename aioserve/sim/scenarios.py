@@ -72,9 +72,34 @@ def heavy_tail(n: int = 200, rate: float = 20.0, alpha: float = 1.3, burst: floa
             for i, t in enumerate(_arrivals(n, rate, burst, rng))]
 
 
+#: ``routes``: name -> (share of requests, median output tokens, prompt tokens range).
+ROUTES = {"classify": (0.4, 12, (64, 256)), "chat": (0.4, 96, (16, 128)),
+          "summarize": (0.2, 320, (256, 768))}
+
+
+def routes(n: int = 600, rate: float = 10.0, spread: float = 0.35, burst: float = 2.0,
+           seed: int = 0) -> list[WorkloadRequest]:
+    """Three routes named in ``metadata["route"]``, with output lengths lognormal around
+    their medians (``classify`` 12, ``chat`` 96, ``summarize`` 320 tokens; ``spread`` is
+    the log standard deviation) and prompts of their own ranges: lengths depend on what a
+    server can observe, so a learned predictor can pay."""
+    rng = random.Random(seed)
+    names = list(ROUTES)
+    shares = [ROUTES[name][0] for name in names]
+    items = []
+    for i, t in enumerate(_arrivals(n, rate, burst, rng)):
+        route = rng.choices(names, shares)[0]
+        _, median, (low, high) = ROUTES[route]
+        items.append(WorkloadRequest(
+            f"r{i:04d}", t, rng.randint(low, high),
+            max(1, min(round(median * rng.lognormvariate(0.0, spread)), 3 * median)),
+            meta=RequestMeta(metadata={"route": route})))
+    return items
+
+
 SCENARIOS: dict[str, Callable[..., list[WorkloadRequest]]] = {
     "two-tenants": two_tenants, "priority-mix": priority_mix, "slo-mix": slo_mix,
-    "heavy-tail": heavy_tail,
+    "heavy-tail": heavy_tail, "routes": routes,
 }
 
 

@@ -27,7 +27,11 @@ from aioserve.sim.runner import FIRST_WORD_ID, NS_PER_S, OverlappedRunner, Simul
 from aioserve.sim.step_cost import StepCostModel
 from aioserve.sim.workloads import WorkloadRequest
 
-__all__ = ["SimConfig", "SimResult", "SimulationStalled", "StepHook", "StepRecord", "simulate"]
+#: The simulated context length when neither the flags nor a profile give one.
+DEFAULT_MAX_MODEL_LEN = 2048
+
+__all__ = ["DEFAULT_MAX_MODEL_LEN", "SimConfig", "SimResult", "SimulationStalled", "StepHook",
+           "StepRecord", "simulate", "timing_line"]
 
 #: Called after every step with the engine core and what the step did.
 StepHook = Callable[[EngineCore, StepFeedback], None]
@@ -44,11 +48,12 @@ class SimConfig:
     Attributes:
         slots: ``max_num_seqs``.
         step_ms, prefill_ms_per_token: the article's step cost (50, 0).
-        kv_blocks: None: twice what every slot needs for the longest request.
+        kv_blocks: None: what every slot needs for a full context (no memory pressure).
         enable_prefix_caching: off by default, so the article's figures stay its model's.
         cost_model: a calibrated step cost; replaces ``step_ms`` and the prefill cost.
         overlap: schedule one step ahead as the engine does (see the module).
-        max_model_len: None: the workload's longest request.
+        max_model_len: the context length (None: ``DEFAULT_MAX_MODEL_LEN``); a request's
+            ``max_tokens`` defaults to what is left of it, never to its true length.
         max_concurrency: most requests in the engine at once (a client's limit, as vLLM
             bench's ``--max-concurrency``): a request arriving at the limit is sent when
             one finishes, and its TTFT counts from then; None: no limit."""
@@ -85,6 +90,7 @@ class SimResult:
         rejected: id -> why, for requests that can never fit.
         feedback: what every step did (the engine's StepFeedback).
         num_preemptions, num_preempted_tokens: overrides of the core's counts (None: its).
+        policy: the policy of this run (the core's may have been replaced since).
         core, runner: the engine core and simulated runner at the end."""
 
     scheduler: str
@@ -98,6 +104,7 @@ class SimResult:
     feedback: list[StepFeedback] = field(default_factory=list)
     num_preemptions: int | None = None
     num_preempted_tokens: int | None = None
+    policy: Scheduler | None = None  # None: the core's
 
     @property
     def preemptions(self) -> int:
@@ -110,19 +117,38 @@ class SimResult:
         return self.num_preempted_tokens
 
 
+def timing_line(result: SimResult) -> str:
+    """What the run's clock charges: flat article timing or a calibrated profile, whether
+    prefill and recomputation cost anything, the KV cache and the context length."""
+    config, core = result.config, result.core
+    blocks = core.blocks.num_blocks
+    cache = f"KV cache {blocks} blocks of {core.blocks.block_size} tokens"
+    if config.kv_blocks is None and config.cost_model is None:
+        cache += " (a full context per slot: no memory pressure)"
+    tail = f"{cache}, context {core.max_model_len} tokens, {config.slots} slots"
+    if config.cost_model is not None:
+        forward = config.cost_model.source.get("forward")
+        return (f"timing: calibrated profile (forward {forward}), one step ahead: prefill and "
+                f"recomputation cost what they cost where it was calibrated; {tail}")
+    prefill = ("free (--prefill-ms-per-token 0)" if config.prefill_ms_per_token == 0
+               else f"{config.prefill_ms_per_token:g} ms per token")
+    return (f"timing: flat, {config.step_ms:g} ms a step (the article's model, not this "
+            f"engine's; --profile for a calibrated one): prefill and recomputation {prefill}; "
+            f"{tail}")
+
+
 def _make_core(
     workload: list[WorkloadRequest], scheduler: Scheduler, config: SimConfig
 ) -> tuple[EngineCore, SimulatedRunner]:
-    longest = max((r.prompt_len + r.limit for r in workload), default=1)
-    max_model_len = config.max_model_len or longest
+    max_model_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
     kv_blocks = config.kv_blocks
     if kv_blocks is None:
-        kv_blocks = 2 * config.slots * blocks_for_tokens(longest, config.block_size)
-    # A request ends by a scripted EOS after its output_len tokens; in the engine's
-    # timing, one that asks for exactly that many ends by length instead, as it does on
-    # the real engine (where it is replayed with ignore_eos).
+        kv_blocks = config.slots * blocks_for_tokens(max_model_len, config.block_size)
+    # The hidden stop: a request ends by a scripted EOS after its output_len tokens, which
+    # neither its max_tokens (a cap) nor its view tells the policy. In the engine's timing
+    # one whose cap is exactly that many ends by length instead, as on the real engine.
     scripted = {r.id: r.output_len for r in workload
-                if not config.overlap or r.output_len < r.limit}
+                if not config.overlap or r.output_len < r.cap(max_model_len)}
     kind = OverlappedRunner if config.overlap else SimulatedRunner
     runner = kind(
         scripted,
@@ -156,14 +182,15 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
             f"({kv.num_blocks * kv.block_size} tokens)"
         )
         return
-    if item.prompt_len + item.limit > core.max_model_len:  # as AsyncEngine.add_request
+    cap = item.cap(core.max_model_len)
+    if item.prompt_len + max(cap, item.output_len) > core.max_model_len:  # as add_request
         result.rejected[item.id] = (
-            f"max_tokens: prompt ({item.prompt_len} tokens) + max_tokens ({item.limit}) "
-            f"exceeds the context length of {core.max_model_len} tokens")
+            f"max_tokens: prompt ({item.prompt_len} tokens) + max_tokens ({cap}, output_len "
+            f"{item.output_len}) exceeds the context length of {core.max_model_len} tokens")
         return
     # No oracle: the policy is told a length only when the workload tells one.
-    params = SamplingParams(max_tokens=item.limit, temperature=0.0, length_hint=item.length_hint,
-                            ignore_eos=result.config.overlap and item.output_len >= item.limit)
+    params = SamplingParams(max_tokens=cap, temperature=0.0, length_hint=item.length_hint,
+                            ignore_eos=result.config.overlap and item.output_len >= cap)
     prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
     request = Request(item.id, prompt, params, item.arrival_s)
     request.meta = item.meta
@@ -172,6 +199,17 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
         core.add(request)
     except ValueError as exc:
         result.rejected[item.id] = str(exc)
+
+
+def reads_true_lengths(policy: object) -> bool:
+    """Whether the policy's length predictor is an oracle (``upper_bound``)."""
+    return bool(getattr(getattr(policy, "predictor", None), "upper_bound", False))
+
+
+def oracle_hints(workload: list[WorkloadRequest]) -> list[WorkloadRequest]:
+    """The workload with each request's true length as its ``length_hint`` (unless set)."""
+    return [r if r.length_hint is not None else replace(r, length_hint=r.output_len)
+            for r in workload]
 
 
 class _SimStepLoop(StepLoop):
@@ -256,8 +294,11 @@ async def simulate(
     config = config or SimConfig()
     policy = load_scheduler(scheduler, scheduler_params)
     name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
+    if reads_true_lengths(policy):
+        workload = oracle_hints(workload)
+        name += " (oracle: upper bound)"
     core, runner = _make_core(workload, policy, config)
-    result = SimResult(name, config, list(workload), core, runner)
+    result = SimResult(name, config, list(workload), core, runner, policy=policy)
     listeners = ListenerHub()
     snapshots = SnapshotBuilder(core) if listener is not None else None
     if listener is not None:

@@ -30,8 +30,10 @@ class WorkloadRequest:
             scheduled (the article's request E, "just after the batch starts").
         prefix_group, prefix_len: requests of one group share their first ``prefix_len``
             prompt tokens.
-        max_tokens: the client's output limit (None: ``output_len``); larger, the request
-            ends by EOS after ``output_len`` tokens, unknown to the engine beforehand.
+        max_tokens: the client's output cap (None: the context left, ``max_model_len -
+            prompt_len``, as a client that sets none); the request still stops after
+            ``output_len`` tokens by a hidden stop the policy cannot see (a scripted EOS in
+            the simulator, ``stop_after`` on the engine, ``X-Stop-After`` over HTTP).
         meta: priority, tenant, objectives and metadata (its ``deadline`` unset: see
             ``deadline_s``); a workload file's keys of the same names build it.
         deadline_s: when it should be done, or None.
@@ -68,10 +70,10 @@ class WorkloadRequest:
         if self.prefix_blocks and self.block_tokens < 1:
             raise ValueError(f"workload request {self.id!r}: block_tokens must be >= 1")
 
-    @property
-    def limit(self) -> int:
-        """The request's ``max_tokens``: the workload's, else ``output_len``."""
-        return self.max_tokens if self.max_tokens is not None else self.output_len
+    def cap(self, max_model_len: int) -> int:
+        """The ``max_tokens`` it sends: the workload's, else the context left (>= 1)."""
+        return self.max_tokens if self.max_tokens is not None else max(
+            max_model_len - self.prompt_len, 1)
 
     def meta_from(self, unix_epoch: float) -> RequestMeta:
         """Its meta with the deadline in Unix seconds, for a run whose zero is ``unix_epoch``."""

@@ -6,9 +6,10 @@ import asyncio
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -97,7 +98,7 @@ async def send_completion(
 ) -> None:
     """Stream one completion into ``record`` (errors are recorded, not raised)."""
     body: dict[str, Any] = {
-        "prompt": request.prompt_token_ids, "max_tokens": request.output_len,
+        "prompt": request.prompt_token_ids, "max_tokens": request.sent_max_tokens,
         "temperature": 0.0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True}, **extra_fields(request, unix_start),
     }
@@ -105,7 +106,10 @@ async def send_completion(
         body["model"] = model
     record.start = time.perf_counter()
     try:
-        async with session.post(f"{base_url}/v1/completions", json=body) as response:
+        stop = ({"X-Stop-After": str(request.stop_after)} if request.stop_after is not None
+                else None)
+        async with session.post(f"{base_url}/v1/completions", json=body,
+                                headers=stop) as response:
             if response.status != 200:
                 record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                 return
@@ -160,7 +164,8 @@ class WebsocketClient:
         record.start = time.perf_counter()
         await self.ws.send_json({
             "type": "generate", "id": request_id, "prompt": request.prompt_token_ids,
-            "max_tokens": request.output_len, "temperature": 0.0, "ignore_eos": True,
+            "max_tokens": request.sent_max_tokens, "temperature": 0.0, "ignore_eos": True,
+            **({"stop_after": request.stop_after} if request.stop_after is not None else {}),
             **extra_fields(request, unix_start),
         })
         while True:
@@ -180,6 +185,27 @@ class WebsocketClient:
     async def close(self) -> None:
         await self.ws.close()
         await asyncio.gather(self._reader, return_exceptions=True)
+
+
+async def with_caps(session: aiohttp.ClientSession, base_url: str,
+                    requests: list[BenchRequest]) -> list[BenchRequest]:
+    """Requests with a hidden stop and no cap get the context left as ``max_tokens`` (the
+    server's ``max_model_len`` from ``/v1/models``; unknown: ``output_len``, said on stderr)."""
+    if not any(r.stop_after is not None and r.max_tokens is None for r in requests):
+        return requests
+    context = None
+    try:
+        async with session.get(f"{base_url}/v1/models") as response:
+            if response.status == 200:
+                context = ((await response.json()).get("data") or [{}])[0].get("max_model_len")
+    except aiohttp.ClientError:
+        pass
+    if not isinstance(context, int):
+        print("bench serve: the server's context length is unknown; max_tokens = output_len "
+              "(length-aware policies then see the true length)", file=sys.stderr)
+        return requests
+    return [replace(r, max_tokens=max(context - r.prompt_len, r.output_len))
+            if r.stop_after is not None and r.max_tokens is None else r for r in requests]
 
 
 async def detect_endpoint(
@@ -273,6 +299,7 @@ async def run_serving(
             found_endpoint, found = await detect_endpoint(session, base_url, api_key)
             endpoint = found_endpoint if endpoint == "auto" else endpoint
             model = model or found
+        requests = await with_caps(session, base_url, requests)
         ws = None
         if endpoint == "ws":
             ws = await connect_ws(session, base_url, api_key)

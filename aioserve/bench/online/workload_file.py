@@ -29,14 +29,10 @@ def body_fields(item: WorkloadRequest) -> dict[str, Any]:
 
 
 def workload_requests(spec: str, vocab_size: int) -> list[BenchRequest]:
-    """The requests of a workload (file or name), sent at ``arrival_s``; ValueError if
-    unreadable."""
-    requests = []
-    for item in load_workload(spec):
-        if item.limit != item.output_len:
-            raise ValueError(f"workload request {item.id!r}: bench serve sends max_tokens = "
-                             "output_len (EOS ignored); max_tokens must be unset")
-        requests.append(BenchRequest(item.prompt_token_ids(vocab_size, FIRST_WORD_ID),
-                                     item.output_len, item.arrival_s, body_fields(item),
-                                     item.deadline_s))
-    return requests
+    """The requests of a workload (file or name), sent at ``arrival_s``: each stops at its
+    ``output_len`` by ``X-Stop-After`` and sends its ``max_tokens`` as a cap (unset: the
+    context left, read from the server); ValueError if unreadable."""
+    return [BenchRequest(item.prompt_token_ids(vocab_size, FIRST_WORD_ID), item.output_len,
+                         item.arrival_s, body_fields(item), item.deadline_s,
+                         stop_after=item.output_len, max_tokens=item.max_tokens)
+            for item in load_workload(spec)]

@@ -10,7 +10,7 @@ from aioserve.outputs import RequestOutput
 from aioserve.server.errors import ApiError
 from aioserve.server.logprobs import TokenText, chat_logprobs
 from aioserve.server.openai.call import ResponseFormat, answer
-from aioserve.server.pipeline import read_body, start, validate
+from aioserve.server.pipeline import read_body, start, stop_after_header, validate
 from aioserve.server.schema import responses
 from aioserve.server.schema.requests import ChatCompletionRequest, RequestFieldError
 from aioserve.server.state import CONFIG_KEY, ENGINE_KEY
@@ -119,7 +119,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     params = call.sampling_params(max_tokens=max_tokens, logprobs=call.logprobs_option)
     try:
         streams = start(engine, [prompt], params, call.n or 1, f"chatcmpl-{request_id}",
-                        meta, request_id)
+                        meta, request_id, stop_after_header(request.headers.get("X-Stop-After")))
     except ApiError as exc:  # the engine's context check names max_tokens
         if exc.param == "max_tokens" and call.limit_field != "max_tokens":
             exc.param, exc.message = call.limit_field, exc.message.replace(

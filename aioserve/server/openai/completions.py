@@ -12,7 +12,7 @@ from aioserve.server.openai.call import (
     ResponseFormat,
     answer,
 )
-from aioserve.server.pipeline import read_body, start, validate
+from aioserve.server.pipeline import read_body, start, stop_after_header, validate
 from aioserve.server.schema import CompletionRequest
 from aioserve.server.state import ENGINE_KEY
 
@@ -63,7 +63,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     meta = call.request_meta(request.headers.get("X-Tenant"))
     params = call.sampling_params(logprobs=call.logprobs)
     engine = request.app[ENGINE_KEY]
+    stop_after = stop_after_header(request.headers.get("X-Stop-After"))
     streams = start(engine, call.prompt, params, call.n or 1, f"cmpl-{request_id}", meta,
-                    request_id)
+                    request_id, stop_after)
     fmt = CompletionFormat(TokenText(engine.tokenizer))
     return await answer(request, streams, call, request_id, fmt)

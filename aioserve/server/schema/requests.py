@@ -483,6 +483,8 @@ class WsGenerate(Unsupported, MetaFields, SamplingFields):
     prompt: Annotated[Any, PlainValidator(check_one_prompt, json_schema_input_type=Annotated[
         String, Field(min_length=1)] | TokenIds)]
     logprobs: Integer | None = Field(None, ge=0, le=20)
+    stop_after: Integer | None = Field(None, ge=1, description="benchmarks only: stop after "
+                                       "this many output tokens, unseen by the scheduler")
 
     @field_validator("n")
     @classmethod

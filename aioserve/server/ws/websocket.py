@@ -130,7 +130,7 @@ class Connection:
             params = generate.sampling_params(logprobs=generate.logprobs)
             meta = generate.request_meta(self.tenant)
             [stream] = start(self.engine, [generate.prompt], params, 1,
-                             self.engine_id(client_id), meta)
+                             self.engine_id(client_id), meta, stop_after=generate.stop_after)
         except (ApiError, RequestFieldError) as exc:
             error = api_error(exc)
             await self.error(client_id, error.message, error.param, error.code or "")

@@ -16,8 +16,10 @@ COLUMNS = (
     ("slo_attainment", "SLO %", 100.0, 1), ("p50_ttft_s", "TTFT p50 (s)", 1.0, 3),
     ("p99_ttft_s", "TTFT p99 (s)", 1.0, 3), ("mean_tpot_s", "TPOT mean (ms)", 1e3, 1),
     ("p50_e2e_s", "E2E p50 (s)", 1.0, 3), ("p99_e2e_s", "E2E p99 (s)", 1.0, 3),
-    ("jain_index", "Jain", 1.0, 3), ("max_wait_s", "max wait (s)", 1.0, 2),
+    ("jain_index", "Jain", 1.0, 3), ("jain_window", "Jain window (steps)", 1.0, 0),
+    ("max_wait_s", "max wait (s)", 1.0, 2),
     ("preemptions", "preemptions", 1.0, 0), ("recomputed_tokens", "recomputed tok", 1.0, 0),
+    ("prediction_tau", "length tau", 1.0, 2), ("prediction_mae", "length MAE (tokens)", 1.0, 1),
 )
 
 #: The header of a per-tenant or per-priority cell.
@@ -34,6 +36,8 @@ class Table:
 
 
 def _cell(value: Any, scale: float, digits: int) -> str:
+    if isinstance(value, str):
+        return value
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
@@ -70,11 +74,30 @@ def format_table(table: Table) -> str:
     return "\n".join(lines)
 
 
+def table_notes(runs: list[dict[str, Any]]) -> list[str]:
+    """What the main table's cells mean where a run needs it said."""
+    notes = []
+    for run in runs:
+        if run.get("jain_weights"):
+            weights = ", ".join(f"{t}={w:g}" for t, w in run["jain_weights"].items())
+            notes.append(f"{run['scheduler']}: Jain's index of service / weight ({weights})")
+    if any(run.get("jain_window") for run in runs):
+        notes.append("Jain window: the steps where every tenant had a request waiting / all")
+    if any(run.get("prediction_tau") is not None for run in runs):
+        notes.append("length tau, MAE: the policy's predicted output lengths at arrival "
+                     "against the true ones (Kendall's tau-b of the orders)")
+    if any(run.get("slo_attainment") is None for run in runs):
+        notes.append("SLO %: - where no request carries an objective (--slo-ttft-ms sets one)")
+    return notes
+
+
 def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
     blocks = [title] if title else []
     for index, table in enumerate(comparison_tables(runs)):
         blocks.append(format_table(table) if index == 0
                       else f"\n{table.title}\n{format_table(table)}")
+        if index == 0:
+            blocks.extend(table_notes(runs))
     return "\n".join(blocks)
 
 
