@@ -53,7 +53,7 @@ class MLFQScheduler(OrderedScheduler):
 
     Raises:
         ValueError: levels, quantum, prefill_tokens_per_iteration or batch_size below 1,
-            a negative promotion time.
+            a negative promotion time (each named).
     """
 
     name: ClassVar[str] = "mlfq"
@@ -63,9 +63,11 @@ class MLFQScheduler(OrderedScheduler):
                  evict: bool = True, promote_after_s: float = 5.0,
                  watermark: float = 0.01) -> None:
         super().__init__(watermark)
-        if min(levels, quantum, prefill_tokens_per_iteration, batch_size or 1) < 1:
-            raise ValueError(
-                "levels, quantum, prefill_tokens_per_iteration and batch_size must be >= 1")
+        for name, value in (("levels", levels), ("quantum", quantum),
+                            ("prefill_tokens_per_iteration", prefill_tokens_per_iteration),
+                            ("batch_size", 1 if batch_size is None else batch_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
         if not promote_after_s >= 0:
             raise ValueError(f"promote_after_s must be >= 0, got {promote_after_s!r}")
         self.levels, self.quantum, self.batch_size = levels, quantum, batch_size
