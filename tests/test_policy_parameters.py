@@ -25,6 +25,7 @@ BAD = [
     ("mlfq", {"prefill_tokens_per_iteration": 0}, "prefill_tokens_per_iteration"),
     ("mlfq", {"batch_size": 0}, "batch_size"),
     ("mlfq", {"promote_after_s": -2}, "promote_after_s"),
+    ("mlfq", {"max_evictions": -1}, "max_evictions"),
 ]
 
 

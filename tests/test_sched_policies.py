@@ -199,6 +199,18 @@ async def test_mlfq_evicts_for_a_short_job_behind_long_ones():
     assert all(mlfq.finished[w.id].num_output_tokens == w.output_len for w in workload)
 
 
+async def test_mlfq_evicts_a_request_at_most_max_evictions_times():
+    # two long jobs on two slots, a short one arriving every 0.5 s: each short one would
+    # evict a long one again; after its one eviction a long job keeps its slot
+    workload = [WorkloadRequest(f"long{i}", 0.0, 4, 200) for i in range(2)]
+    workload += [WorkloadRequest(f"s{i}", 1.0 + 0.5 * i, 4, 4) for i in range(12)]
+    for limit, most in ((1, 1), (3, 3)):
+        result = await simulate(workload, MLFQScheduler(quantum=8, max_evictions=limit),
+                                SimConfig(slots=2))
+        counts = [result.finished[f"long{i}"].metrics.num_preemptions for i in range(2)]
+        assert max(counts) == most, (limit, counts)
+
+
 async def test_mlfq_pauses_all_but_its_batch_admissions_included():
     rows: list[int] = []
     workload = [WorkloadRequest(f"r{i}", 0.1 * i, 4, 30) for i in range(6)]
