@@ -26,6 +26,7 @@ BAD = [
     ("mlfq", {"batch_size": 0}, "batch_size"),
     ("mlfq", {"promote_after_s": -2}, "promote_after_s"),
     ("mlfq", {"max_evictions": -1}, "max_evictions"),
+    ("mlfq", {"evict_gap": 0}, "evict_gap"),
 ]
 
 
