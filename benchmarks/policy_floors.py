@@ -128,12 +128,19 @@ async def priority_floors(config: SimConfig, cap: float, seed: int) -> dict[str,
             "preemptions": loaded.preemptions}
 
 
+def sustained(rate: float, window_s: float) -> int:
+    """Requests that arrive over 10x a policy's aging window at ``rate``."""
+    return int(10 * window_s * rate) + 1
+
+
 async def half_attainment_rate(config: SimConfig, cap: float, tight_ms: float) -> float:
-    """The arrival rate at which fcfs attains about 50% on slo-mix (bisection, seed 0)."""
-    low, high = 0.3 * cap, 3.0 * cap
-    for _ in range(10):
+    """The arrival rate at which fcfs attains about 50% on slo-mix over 10x edf's aging
+    window (bisection, seed 0)."""
+    low, high = 0.7 * cap, 1.6 * cap
+    for _ in range(6):
         rate = (low + high) / 2
-        workload = slo_mix(n=400, rate=rate, tight_ms=tight_ms, loose_ms=10 * tight_ms)
+        workload = slo_mix(n=sustained(rate, EDFScheduler().late_delay_s), rate=rate,
+                           tight_ms=tight_ms, loose_ms=10 * tight_ms)
         attained = policy_figures(await simulate(workload, "fcfs", config))["slo_attainment"]
         low, high = (rate, high) if attained > 0.5 else (low, rate)
     return (low + high) / 2
@@ -141,7 +148,8 @@ async def half_attainment_rate(config: SimConfig, cap: float, tight_ms: float) -
 
 async def edf_floors(config: SimConfig, rate: float, tight_ms: float,
                      seed: int) -> dict[str, float]:
-    workload = slo_mix(n=600, rate=rate, tight_ms=tight_ms, loose_ms=10 * tight_ms, seed=seed)
+    workload = slo_mix(n=sustained(rate, EDFScheduler().late_delay_s), rate=rate,
+                       tight_ms=tight_ms, loose_ms=10 * tight_ms, seed=seed)
     fcfs = policy_figures(await simulate(workload, "fcfs", config))
     edf = policy_figures(await simulate(workload, EDFScheduler(), config))
     shed = await simulate(workload, EDFScheduler(shed_late=True), config)
@@ -155,11 +163,14 @@ async def edf_floors(config: SimConfig, rate: float, tight_ms: float,
 
 
 async def mlfq_floors(config: SimConfig, cap: float, seed: int) -> dict[str, float]:
-    workload = heavy_tail(n=650, rate=1.2 * cap, seed=seed)
+    policy = MLFQScheduler()
+    workload = heavy_tail(n=sustained(1.2 * cap, policy.promote_after_s), rate=1.2 * cap,
+                          seed=seed)
     fcfs = policy_figures(await simulate(workload, "fcfs", config))
-    mlfq = policy_figures(await simulate(workload, MLFQScheduler(), config))
+    mlfq = policy_figures(await simulate(workload, policy, config))
     return {"e2e_x_fcfs": mlfq["mean_e2e_s"] / fcfs["mean_e2e_s"],
-            "preemptions": mlfq["preemptions"]}
+            "preemptions": mlfq["preemptions"], "n": len(workload),
+            "share": policy.shared / max(policy.contested, 1)}
 
 
 def median(rows: list[dict[str, float]], key: str) -> float:
@@ -187,7 +198,8 @@ async def simulated(config: SimConfig, seeds: list[int], tight_ms: float) -> Non
           f"{median(p, 'low_ttft_s'):.2f} s; {median(p, 'preemptions'):.0f} preemptions")
     rate = await half_attainment_rate(config, caps["slo-mix"], tight_ms)
     e = [await edf_floors(config, rate, tight_ms, s) for s in seeds]
-    print(f"edf      | slo-mix at {rate:.1f} req/s ({rate / caps['slo-mix']:.2f}x capacity): "
+    print(f"edf      | slo-mix at {rate:.1f} req/s ({rate / caps['slo-mix']:.2f}x capacity, "
+          f"{sustained(rate, EDFScheduler().late_delay_s)} requests): "
           f"attainment {100 * median(e, 'edf_slo'):.1f}% vs fcfs "
           f"{100 * median(e, 'fcfs_slo'):.1f}% [+20 points]; mean TPOT "
           f"{median(e, 'tpot_x_fcfs'):.2f}x fcfs [<= 1.5x]; longest wait "
@@ -195,9 +207,10 @@ async def simulated(config: SimConfig, seeds: list[int], tight_ms: float) -> Non
           f"{100 * median(e, 'shed_slo'):.1f}%, {max(r['streamed_shed'] for r in e):.0f} "
           "streamed requests shed [0]")
     m = [await mlfq_floors(config, caps["heavy-tail"], s) for s in seeds]
-    print(f"mlfq     | heavy-tail at 1.2x capacity, no length known: mean E2E "
-          f"{median(m, 'e2e_x_fcfs'):.2f}x fcfs [<= 0.7x]; {median(m, 'preemptions'):.0f} "
-          "preemptions")
+    print(f"mlfq     | heavy-tail at 1.2x capacity, {m[0]['n']} requests, no length known: "
+          f"mean E2E {median(m, 'e2e_x_fcfs'):.2f}x fcfs [<= 0.7x]; "
+          f"{median(m, 'preemptions'):.0f} preemptions; starving requests' share of "
+          f"contested admissions {median(m, 'share'):.3f}")
 
 
 async def real(engine: AsyncEngine, config: SimConfig, n: int) -> None:
