@@ -15,7 +15,9 @@ from aioserve.scheduling import (
 
 
 class MLFQScheduler(OrderedScheduler):
-    """Levels 0 .. ``levels - 1``; level i's quantum is ``quantum * 2**i`` iterations (one
+    """Skip-join multi-level feedback queue: short requests finish at the top, long ones sink.
+
+    Levels 0 to ``levels - 1``; level i's quantum is ``quantum * 2**i`` iterations (one
     iteration: one decode step, one output token). Skip-join: a request joins the first
     level whose quantum covers the cost of its first iteration, its prefill, counted in
     the same unit: ``num_prompt_tokens / prefill_tokens_per_iteration`` iterations (at
