@@ -51,8 +51,7 @@ class EDFScheduler(OrderedScheduler):
             (default 5 s).
 
     Raises:
-        ValueError: a default or the delay not > 0 (>= 0 for the delay), or a bad
-            watermark.
+        ValueError: a default not > 0, the delay < 0 (each named), or a bad watermark.
     """
 
     name: ClassVar[str] = "edf"
@@ -61,8 +60,10 @@ class EDFScheduler(OrderedScheduler):
                  default_tpot_ms: float = 200.0, late_delay_s: float = 5.0,
                  watermark: float = 0.01) -> None:
         super().__init__(watermark)
-        if not (default_ttft_ms > 0 and default_tpot_ms > 0):
-            raise ValueError("default_ttft_ms and default_tpot_ms must be > 0")
+        for name, value in (("default_ttft_ms", default_ttft_ms),
+                            ("default_tpot_ms", default_tpot_ms)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
         if not late_delay_s >= 0:
             raise ValueError(f"late_delay_s must be >= 0, got {late_delay_s!r}")
         self.shed_late = shed_late

@@ -60,7 +60,7 @@ class VTCScheduler(OrderedScheduler):
         preempt: preempt for the least-served waiting tenant (default True).
 
     Raises:
-        ValueError: a negative service weight, a tenant weight <= 0, or a bad watermark.
+        ValueError: a service weight < 0, a tenant weight <= 0 (named), or a bad watermark.
     """
 
     name: ClassVar[str] = "vtc"
@@ -69,11 +69,12 @@ class VTCScheduler(OrderedScheduler):
                  weights: Mapping[str, float] | None = None, preempt: bool = True,
                  watermark: float = 0.01) -> None:
         super().__init__(watermark)
-        if not (prompt_weight >= 0 and output_weight >= 0):
-            raise ValueError("prompt_weight and output_weight must be >= 0")
-        bad = [t for t, w in (weights or {}).items() if not w > 0]
-        if bad:
-            raise ValueError(f"weights must be > 0 (tenant {bad[0]!r})")
+        for name, value in (("prompt_weight", prompt_weight), ("output_weight", output_weight)):
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be >= 0 and finite, got {value!r}")
+        for tenant, weight in (weights or {}).items():
+            if not 0 < weight < float("inf"):
+                raise ValueError(f"weights[{tenant!r}] must be > 0 and finite, got {weight!r}")
         self.prompt_weight = prompt_weight
         self.output_weight = output_weight
         self.weights: dict[str | None, float] = {t: w for t, w in (weights or {}).items()}

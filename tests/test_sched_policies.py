@@ -189,14 +189,39 @@ def test_mlfq_skip_join_in_iterations_and_demotion():
 
 
 async def test_mlfq_evicts_for_a_short_job_behind_long_ones():
-    workload = [WorkloadRequest(f"long{i}", 0.0, 4, 100) for i in range(2)]
-    workload.append(WorkloadRequest("short", 1.0, 4, 4))
+    # at 2 s the long jobs have 40 tokens: level 2, evict_gap (2) levels below the short one
+    workload = [WorkloadRequest(f"long{i}", 0.0, 4, 140) for i in range(2)]
+    workload.append(WorkloadRequest("short", 2.0, 4, 4))
     fcfs = await simulate(workload, "fcfs", SimConfig(slots=2))
     mlfq = await simulate(workload, MLFQScheduler(quantum=8), SimConfig(slots=2))
-    wait = {name: r.finished["short"].metrics.first_scheduled_time - 1.0
+    wait = {name: r.finished["short"].metrics.first_scheduled_time - 2.0
             for name, r in (("fcfs", fcfs), ("mlfq", mlfq))}
     assert wait["mlfq"] <= 2 * STEP and wait["fcfs"] >= 3.0
     assert all(mlfq.finished[w.id].num_output_tokens == w.output_len for w in workload)
+
+
+async def test_mlfq_evicts_only_a_request_evict_gap_levels_worse():
+    # at 1 s the long jobs are at level 1 (8 of quantum 8, 16 more to level 2 at 1.2 s)
+    workload = [WorkloadRequest(f"long{i}", 0.0, 4, 140) for i in range(2)]
+    workload.append(WorkloadRequest("short", 1.0, 4, 4))
+    start = {}
+    for gap in (1, 2):
+        result = await simulate(workload, MLFQScheduler(quantum=8, evict_gap=gap),
+                                SimConfig(slots=2))
+        start[gap] = result.finished["short"].metrics.first_scheduled_time
+    assert start[1] <= 1.0 + 2 * STEP < 1.2 <= start[2] <= 1.2 + 2 * STEP
+
+
+async def test_mlfq_evicts_a_request_at_most_max_evictions_times():
+    # two long jobs on two slots, a short one arriving every 0.5 s: each short one would
+    # evict a long one again; after its one eviction a long job keeps its slot
+    workload = [WorkloadRequest(f"long{i}", 0.0, 4, 200) for i in range(2)]
+    workload += [WorkloadRequest(f"s{i}", 1.0 + 0.5 * i, 4, 4) for i in range(12)]
+    for limit, most in ((1, 1), (3, 3)):
+        result = await simulate(workload, MLFQScheduler(quantum=8, max_evictions=limit),
+                                SimConfig(slots=2))
+        counts = [result.finished[f"long{i}"].metrics.num_preemptions for i in range(2)]
+        assert max(counts) == most, (limit, counts)
 
 
 async def test_mlfq_pauses_all_but_its_batch_admissions_included():
