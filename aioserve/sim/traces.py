@@ -7,14 +7,13 @@ read as 1 (a request has at least one prompt and one output token). Mooncake's
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from aioserve.sim.trace_formats import TraceFormat, first_line_format
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.sim.workloads import WorkloadRequest, json_lines
 
 #: Tokens per prefix block in Mooncake's release.
 MOONCAKE_BLOCK_TOKENS = 512
@@ -67,13 +66,7 @@ def _rows(path: Path, found: TraceFormat) -> list[tuple[int, dict[str, Any]]]:
     with open(path, encoding="utf-8", newline="") as file:
         if found.key == "mooncake":
             rows = []
-            for number, line in enumerate(file, 1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+            for number, item in json_lines(path, file):
                 if not isinstance(item, dict):
                     raise ValueError(f"{path}:{number}: not a JSON object")
                 rows.append((number, item))

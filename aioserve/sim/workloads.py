@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -197,6 +197,16 @@ def unknown_key(name: str) -> str:
     return f"unknown key {name!r}{hint} (known: {', '.join(known)})"
 
 
+def json_lines(path: str | Path, lines: Iterable[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line; ValueError ``FILE:LINE: not JSON``."""
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+
+
 def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
     """Read a workload file, one JSON object per line (keys: docs/schedulers.md).
 
@@ -210,13 +220,7 @@ def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
     if found is not None:
         raise ValueError(f"{path}: {found.refusal}")
     requests: list[WorkloadRequest] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+    for number, item in json_lines(path, lines):
         try:
             requests.append(parse_request(item))
         except ValueError as exc:

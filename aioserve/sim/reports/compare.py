@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,9 +164,15 @@ def comparison_figure(runs: list[dict[str, Any]], title: str = "") -> Any:
 def plot_comparison(runs: list[dict[str, Any]], path: str | Path | None = None,
                     title: str = "") -> bytes:
     """A PNG of :func:`comparison_figure`, written to ``path`` if given."""
-    import matplotlib.pyplot as plt
 
     fig = comparison_figure(runs, title)
+    return png_of(fig, path)
+
+
+def png_of(fig: Any, path: str | Path | None = None) -> bytes:
+    """A matplotlib figure as PNG bytes (closed after), written to ``path`` if given."""
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
     plt.close(fig)
@@ -188,18 +195,25 @@ img{max-width:100%;background:#fff;border-radius:6px}h1{font-size:20px}h2{font-s
 {% endfor %}</table></section>
 {% endfor %}
 {% if png %}<section><h2>plots</h2>
-<img alt="comparison plots" src="data:image/png;base64,{{ png }}"></section>{% endif %}
+<img alt="plots" src="data:image/png;base64,{{ png }}"></section>{% endif %}
 </body></html>""", autoescape=True)
 
 
 def write_comparison_html(runs: list[dict[str, Any]], path: str | Path, title: str,
                           note: str = "") -> Path:
     """A self-contained HTML report: each table once in its own section, then the plots."""
+    return write_page(path, title, note, comparison_tables(runs), lambda: plot_comparison(runs))
+
+
+def write_page(path: str | Path, title: str, note: str, tables: list[Table],
+               plot: Callable[[], bytes]) -> Path:
+    """The report page: ``tables`` each in a section, then ``plot()``'s PNG (left out
+    when matplotlib is missing: ``plot`` raises ValueError)."""
     try:
-        png = base64.b64encode(plot_comparison(runs)).decode("ascii")
-    except ValueError:  # no matplotlib: the page without its plots
+        png = base64.b64encode(plot()).decode("ascii")
+    except ValueError:
         png = ""
-    page = _PAGE.render(title=title, note=note, tables=comparison_tables(runs), png=png)
     path = Path(path)
-    path.write_text(page, encoding="utf-8")
+    path.write_text(_PAGE.render(title=title, note=note, tables=tables, png=png),
+                    encoding="utf-8")
     return path

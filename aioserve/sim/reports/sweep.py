@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from aioserve.sim.capacity import Curve, run_point, sweep_spec
+from aioserve.sim.reports.compare import Table, png_of, write_page
 from aioserve.sim.reports.figures import meets
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
@@ -120,37 +117,12 @@ def plot_sweep(curves: list[Curve], target: float, path: str | Path | None = Non
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    if path is not None:
-        Path(path).write_bytes(buffer.getvalue())
-    return buffer.getvalue()
-
-
-_PAGE = jinja2.Template("""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
-<style>body{font:14px system-ui,sans-serif;background:#0f1419;color:#d8dee4;margin:24px}
-table{border-collapse:collapse;margin:12px 0}td,th{padding:4px 10px;border-bottom:1px solid #2a323c;
-text-align:right}th:first-child,td:first-child{text-align:left}th{color:#8b98a5}
-img{max-width:100%;background:#fff;border-radius:6px}h1{font-size:20px}</style></head>
-<body><h1>{{ title }}</h1><p>{{ note }}</p>
-<p>cells: SLO attainment % / goodput req/s, mean ± 95% CI over repeats</p>
-<table><tr>{% for h in headers %}<th>{{ h }}</th>{% endfor %}</tr>
-{% for row in rows %}<tr>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}
-</table>{% if png %}<img alt="attainment and goodput against rate"
-src="data:image/png;base64,{{ png }}">{% endif %}</body></html>""", autoescape=True)
+    return png_of(fig, path)
 
 
 def write_sweep_html(curves: list[Curve], target: float, path: str | Path, title: str,
                      note: str = "") -> Path:
     """A self-contained page: the table, then the plot (left out without matplotlib)."""
-    try:
-        png = base64.b64encode(plot_sweep(curves, target)).decode("ascii")
-    except ValueError:
-        png = ""
     headers, rows = sweep_rows(curves, target)
-    path = Path(path)
-    path.write_text(_PAGE.render(title=title, note=note, headers=headers, rows=rows, png=png),
-                    encoding="utf-8")
-    return path
+    table = Table("SLO attainment % / goodput req/s, mean ± 95% CI over repeats", headers, rows)
+    return write_page(path, title, note, [table], lambda: plot_sweep(curves, target))
