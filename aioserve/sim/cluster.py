@@ -1,0 +1,219 @@
+"""N simulated replicas behind a router, advanced in time order on one virtual clock.
+
+Each replica is the single-replica simulator's engine (its own core, policy, KV cache and
+runner); events run in time order: a step end on one replica, or an arrival, routed by the
+router from every replica's load at that instant (the step ends before it done) and queued
+at the chosen replica's next step boundary, as ``simulate`` queues it. Arrivals of one
+instant are all routed before an idle replica starts, so one replica reproduces
+``simulate`` exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aioserve.engine.observation import ListenerHub
+from aioserve.engine.output import Delivery
+from aioserve.routing.registry import load_router
+from aioserve.routing.router import ReplicaLoad, Router, RouteRequest, prompt_block_hashes
+from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.sim.runner import FIRST_WORD_ID, OverlappedRunner, SimulatedRunner
+from aioserve.sim.simulator import (
+    SimConfig,
+    SimResult,
+    _Arrivals,
+    _replica,
+    _SimStepLoop,
+    precedes,
+)
+from aioserve.sim.workloads import WorkloadRequest
+
+__all__ = ["ClusterResult", "simulate_cluster"]
+
+
+@dataclass
+class ClusterResult:
+    """A cluster run: each replica's ``SimResult`` (its ``workload``: the requests routed
+    to it, in arrival order) and where each request went."""
+
+    router: str
+    scheduler: str
+    config: SimConfig
+    workload: list[WorkloadRequest]
+    replicas: list[SimResult]
+    placement: dict[str, int] = field(default_factory=dict)
+
+
+class _Gate:
+    """Lets the earliest step end run, once every replica waits on one or is idle."""
+
+    def __init__(self, count: int) -> None:
+        self.ends: list[tuple[int, int, asyncio.Future[None]]] = []
+        self.running = count
+        self.idle: set[int] = set()
+        self.changed = asyncio.Event()
+
+    def _stopped(self) -> None:
+        self.running -= 1
+        if self.running == 0:
+            self.changed.set()
+
+    def turn(self, index: int, end_ns: int) -> asyncio.Future[None]:
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.ends, (end_ns, index, future))
+        self._stopped()
+        return future
+
+    def went_idle(self, index: int) -> None:
+        self.idle.add(index)
+        self._stopped()
+
+    def resume(self, index: int | None = None) -> None:
+        """Let the earliest step end (or the idle replica ``index``) go on."""
+        self.running += 1
+        self.changed.clear()
+        if index is None:
+            heapq.heappop(self.ends)[2].set_result(None)
+        else:
+            self.idle.discard(index)
+
+
+class _GatedRunner(SimulatedRunner):
+    gate: _Gate
+    index: int
+
+    async def step(self, batch: ScheduledBatch) -> RunnerOutput:
+        end = self.now_ns + self.step_cost_ns(batch)
+        await self.gate.turn(self.index, end)
+        self._end_step(end)
+        await asyncio.sleep(0)
+        return self.outputs(batch)
+
+
+class _GatedOverlappedRunner(OverlappedRunner):
+    gate: _Gate
+    index: int
+
+    async def _finish(self, batch: ScheduledBatch, end_ns: int) -> RunnerOutput:
+        await self.gate.turn(self.index, end_ns)
+        return await super()._finish(batch, end_ns)
+
+
+class _ReplicaLoop(_SimStepLoop):
+    gate: _Gate
+    index: int
+
+    async def wait_for_work(self) -> None:
+        self.gate.went_idle(self.index)
+        await super().wait_for_work()
+
+
+def replica_load(result: SimResult, queued: deque[WorkloadRequest]) -> ReplicaLoad:
+    """A replica's load: its engine's requests and those routed to it not yet queued."""
+    core = result.core
+    tokens = sum(r.num_tokens - r.num_computed_tokens + r.params.max_tokens
+                 - r.num_output_tokens for r in core.requests.values())
+    tokens += sum(item.prompt_len + item.limit for item in queued)
+    return ReplicaLoad(len(core.requests) + len(queued), tokens,
+                       core.blocks.num_free_blocks, core.blocks.num_blocks)
+
+
+async def simulate_cluster(
+    workload: list[WorkloadRequest],
+    replicas: int = 2,
+    router: str | Router = "round_robin",
+    scheduler: str = "fcfs",
+    config: SimConfig | None = None,
+    router_params: Mapping[str, Any] | None = None,
+    scheduler_params: Mapping[str, Any] | None = None,
+) -> ClusterResult:
+    """Run ``workload`` on ``replicas`` simulated engines behind ``router``.
+
+    Args:
+        workload: the requests (ids unique).
+        replicas: how many engines (>= 1), each with ``config`` and its own ``scheduler``.
+        router: a router name, ``"package.module:Class"`` or an instance (fresh per run).
+        scheduler: the policy of every replica (a name or ``"package.module:Class"``).
+        router_params, scheduler_params: constructor parameters.
+
+    Raises:
+        ValueError: ``replicas`` < 1, an unknown router or scheduler, bad parameters, or a
+            router choosing no replica.
+        SimulationStalled: a replica stopped making progress."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    config = config or SimConfig()
+    chooser = load_router(router, router_params)
+    kind = _GatedOverlappedRunner if config.overlap else _GatedRunner
+    gate = _Gate(replicas)
+    results, arrivals, loops = [], [], []
+    for index in range(replicas):
+        result = _replica(workload, scheduler, config, None, None, scheduler_params, kind)
+        result.workload = []
+        queue = _Arrivals(result)
+        runner = result.runner
+        assert isinstance(runner, (_GatedRunner, _GatedOverlappedRunner))
+        runner.gate, runner.index = gate, index
+        runner.on_clock = queue.at_boundary
+        loop = _ReplicaLoop(result.core, runner, Delivery(), ListenerHub())
+        loop.gate, loop.index = gate, index
+        results.append(result)
+        arrivals.append(queue)
+        loops.append(loop)
+    name = router if isinstance(router, str) else getattr(chooser, "name", type(chooser).__name__)
+    cluster = ClusterResult(name, results[0].scheduler, config, list(workload), results)
+    pending = deque(sorted(workload, key=lambda r: (r.arrival_ns, r.after_start)))
+    vocab = results[0].runner.vocab_size
+
+    def route(item: WorkloadRequest) -> int:
+        prompt = item.prompt_token_ids(vocab, FIRST_WORD_ID)
+        request = RouteRequest(item.id, item.prompt_len, item.limit,
+                               prompt_block_hashes(prompt, config.block_size),
+                               config.block_size, item.meta)
+        loads = [replica_load(r, a.pending) for r, a in zip(results, arrivals)]
+        index = chooser.choose(request, loads)
+        if not isinstance(index, int) or not 0 <= index < replicas:
+            raise ValueError(f"router {name!r} chose {index!r}, not a replica 0..{replicas - 1}")
+        cluster.placement[item.id] = index
+        results[index].workload.append(item)
+        arrivals[index].pending.append(item)
+        arrivals[index].prompts[item.id] = prompt
+        return index
+
+    tasks = [asyncio.create_task(loop.run(), name=f"aioserve-sim-replica-{i}")
+             for i, loop in enumerate(loops)]
+    for task in tasks:
+        task.add_done_callback(lambda _task: gate.changed.set())
+    try:
+        while True:
+            while gate.running:
+                await gate.changed.wait()
+                for task in tasks:
+                    if task.done():
+                        task.result()  # raises what stopped the loop
+                        raise RuntimeError("a replica's step loop ended")
+            end = gate.ends[0][0] if gate.ends else None
+            if pending and (end is None or precedes(pending[0], end)):
+                instant, woken = pending[0].arrival_ns, []
+                while (pending and pending[0].arrival_ns == instant
+                       and (end is None or precedes(pending[0], end))):
+                    index = route(pending.popleft())
+                    if index in gate.idle and index not in woken:
+                        woken.append(index)
+                for index in woken:
+                    gate.resume(index)
+                    arrivals[index].when_idle(results[index].runner)
+                    loops[index].wakeup.set()
+            elif end is not None:
+                gate.resume()
+            else:
+                break
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return cluster
