@@ -8,12 +8,13 @@ import math
 import pytest
 
 from aioserve.cli import main
+from aioserve.routing.balance import LeastOutstanding
 from aioserve.routing.prefix import PrefixAffinity
 from aioserve.sim.cluster import simulate_cluster
 from aioserve.sim.reports.cluster import cluster_figures
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
-from aioserve.sim.workloads import article_example
+from aioserve.sim.workloads import WorkloadRequest, article_example
 
 
 def trace(result: SimResult):
@@ -132,3 +133,19 @@ def test_cli_refuses_before_running(argv, message, capsys):
     assert main(["simulate", "--workload", "poisson:n=5", *argv]) == 2
     captured = capsys.readouterr()
     assert message in captured.err and captured.out == ""
+
+
+async def test_loads_count_what_was_sent_and_has_not_ended():
+    seen = []
+
+    class Recording(LeastOutstanding):
+        def choose(self, request, loads):
+            seen.append([(load.outstanding_requests, load.outstanding_tokens) for load in loads])
+            return super().choose(request, loads)
+
+    workload = [WorkloadRequest("a", 0.0, 16, 4), WorkloadRequest("b", 1.0, 16, 4),
+                WorkloadRequest("c", 1.0, 10, 2, max_tokens=6)]
+    result = await simulate_cluster(workload, 2, Recording(), "fcfs")
+    # a ended at 0.2 s; b, sent at 1.0 s, counts on replica 0 before it is queued there
+    assert seen == [[(0, 0), (0, 0)], [(0, 0), (0, 0)], [(1, 20), (0, 0)]]
+    assert result.placement == {"a": 0, "b": 0, "c": 1}

@@ -17,9 +17,9 @@ class ReplicaLoad:
     """One replica as the router sees it when a request arrives.
 
     Attributes:
-        outstanding_requests: requests sent to it and not finished (queued, waiting, running).
-        outstanding_tokens: their prompt tokens not yet prefilled plus the output tokens
-            their ``max_tokens`` still allows.
+        outstanding_requests: requests sent to it and not ended (queued, waiting, running).
+        outstanding_tokens: their prompt tokens plus their ``max_tokens``: the work they
+            were sent with, which a front end counts without asking the replica.
         free_kv_blocks, kv_blocks: free and total KV blocks (free counts cached, unused blocks).
     """
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from aioserve.engine.observation import ListenerHub
 from aioserve.engine.output import Delivery
+from aioserve.request import Request
 from aioserve.routing.registry import load_router
 from aioserve.routing.router import ReplicaLoad, Router, RouteRequest, prompt_block_hashes
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
@@ -112,14 +113,41 @@ class _ReplicaLoop(_SimStepLoop):
         await super().wait_for_work()
 
 
-def replica_load(result: SimResult, queued: deque[WorkloadRequest]) -> ReplicaLoad:
-    """A replica's load: its engine's requests and those routed to it not yet queued."""
-    core = result.core
-    tokens = sum(r.num_tokens - r.num_computed_tokens + r.params.max_tokens
-                 - r.num_output_tokens for r in core.requests.values())
-    tokens += sum(item.prompt_len + item.limit for item in queued)
-    return ReplicaLoad(len(core.requests) + len(queued), tokens,
-                       core.blocks.num_free_blocks, core.blocks.num_blocks)
+class _Queue(_Arrivals):
+    """A replica's arrivals, counting what was sent to it and has not ended."""
+
+    def __init__(self, result: SimResult) -> None:
+        super().__init__(result)
+        self.weights: dict[str, int] = {}
+        self.tokens = 0
+        chained = result.core.on_finish
+
+        def finished(request: Request) -> None:
+            if chained is not None:
+                chained(request)
+            self.ended(request.request_id)
+
+        result.core.on_finish = finished
+
+    def send(self, item: WorkloadRequest, prompt: list[int]) -> None:
+        self.result.workload.append(item)
+        self.pending.append(item)
+        self.prompts[item.id] = prompt
+        self.weights[item.id] = weight = item.prompt_len + item.limit
+        self.tokens += weight
+
+    def ended(self, request_id: str) -> None:
+        self.tokens -= self.weights.pop(request_id, 0)
+
+    def submit(self, item: WorkloadRequest) -> None:
+        super().submit(item)
+        if item.id in self.result.rejected:
+            self.ended(item.id)
+
+    def load(self) -> ReplicaLoad:
+        blocks = self.result.core.blocks
+        return ReplicaLoad(len(self.weights), self.tokens, blocks.num_free_blocks,
+                           blocks.num_blocks)
 
 
 async def simulate_cluster(
@@ -154,7 +182,7 @@ async def simulate_cluster(
     for index in range(replicas):
         result = _replica(workload, scheduler, config, None, None, scheduler_params, kind)
         result.workload = []
-        queue = _Arrivals(result)
+        queue = _Queue(result)
         runner = result.runner
         assert isinstance(runner, (_GatedRunner, _GatedOverlappedRunner))
         runner.gate, runner.index = gate, index
@@ -174,14 +202,11 @@ async def simulate_cluster(
         request = RouteRequest(item.id, item.prompt_len, item.limit,
                                prompt_block_hashes(prompt, config.block_size),
                                config.block_size, item.meta)
-        loads = [replica_load(r, a.pending) for r, a in zip(results, arrivals)]
-        index = chooser.choose(request, loads)
+        index = chooser.choose(request, [queue.load() for queue in arrivals])
         if not isinstance(index, int) or not 0 <= index < replicas:
             raise ValueError(f"router {name!r} chose {index!r}, not a replica 0..{replicas - 1}")
         cluster.placement[item.id] = index
-        results[index].workload.append(item)
-        arrivals[index].pending.append(item)
-        arrivals[index].prompts[item.id] = prompt
+        arrivals[index].send(item, prompt)
         return index
 
     tasks = [asyncio.create_task(loop.run(), name=f"aioserve-sim-replica-{i}")
