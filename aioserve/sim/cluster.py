@@ -52,7 +52,8 @@ class ClusterResult:
 class _Gate:
     """Lets the earliest step end run, once every replica waits on one or is idle."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, arrivals: deque[WorkloadRequest]) -> None:
+        self.arrivals = arrivals  # not yet routed
         self.ends: list[tuple[int, int, asyncio.Future[None]]] = []
         self.running = count
         self.idle: set[int] = set()
@@ -62,6 +63,17 @@ class _Gate:
         self.running -= 1
         if self.running == 0:
             self.changed.set()
+
+    def is_next(self, index: int, end_ns: int) -> bool:
+        """Whether this step end is the next event: every other replica waits on a later
+        one or is idle, and no arrival comes first (then it runs without waiting)."""
+        if self.running != 1 or (self.ends and self.ends[0][:2] < (end_ns, index)):
+            return False
+        return not (self.arrivals and precedes(self.arrivals[0], end_ns))
+
+    async def wait(self, index: int, end_ns: int) -> None:
+        if not self.is_next(index, end_ns):
+            await self.turn(index, end_ns)
 
     def turn(self, index: int, end_ns: int) -> asyncio.Future[None]:
         future = asyncio.get_running_loop().create_future()
@@ -89,7 +101,7 @@ class _GatedRunner(SimulatedRunner):
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
         end = self.now_ns + self.step_cost_ns(batch)
-        await self.gate.turn(self.index, end)
+        await self.gate.wait(self.index, end)
         self._end_step(end)
         await asyncio.sleep(0)
         return self.outputs(batch)
@@ -100,7 +112,7 @@ class _GatedOverlappedRunner(OverlappedRunner):
     index: int
 
     async def _finish(self, batch: ScheduledBatch, end_ns: int) -> RunnerOutput:
-        await self.gate.turn(self.index, end_ns)
+        await self.gate.wait(self.index, end_ns)
         return await super()._finish(batch, end_ns)
 
 
@@ -177,7 +189,8 @@ async def simulate_cluster(
     config = config or SimConfig()
     chooser = load_router(router, router_params)
     kind = _GatedOverlappedRunner if config.overlap else _GatedRunner
-    gate = _Gate(replicas)
+    pending = deque(sorted(workload, key=lambda r: (r.arrival_ns, r.after_start)))
+    gate = _Gate(replicas, pending)
     results, arrivals, loops = [], [], []
     for index in range(replicas):
         result = _replica(workload, scheduler, config, None, None, scheduler_params, kind)
@@ -194,7 +207,6 @@ async def simulate_cluster(
         loops.append(loop)
     name = router if isinstance(router, str) else getattr(chooser, "name", type(chooser).__name__)
     cluster = ClusterResult(name, results[0].scheduler, config, list(workload), results)
-    pending = deque(sorted(workload, key=lambda r: (r.arrival_ns, r.after_start)))
     vocab = results[0].runner.vocab_size
 
     def route(item: WorkloadRequest) -> int:
