@@ -171,7 +171,7 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                             "aioserve.server.schema"), _NO_HEAVY),
     "aioserve.server.openai": (("aioserve", "aioserve.engine", "aioserve.server",
                                 "aioserve.server.schema"), _NO_HEAVY),
-    "aioserve.deploy": (("aioserve", "aioserve.server"), ()),
+    "aioserve.deploy": (("aioserve", "aioserve.server", "aioserve.routing"), ()),
     "aioserve.sim": (("aioserve", "aioserve.engine", "aioserve.dashboard", "aioserve.runners",
                       "aioserve.scheduling", "aioserve.routing"), ("torch", "transformers")),
     "aioserve.routing": (("aioserve", "aioserve.scheduling"), _NO_HEAVY),
