@@ -38,6 +38,19 @@ async def test_one_replica_is_simulate_exactly(spec, overlap):
     assert len(alone.steps) > 20 and alone.preemptions + len(alone.rejected) >= 0
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+async def test_each_replica_runs_as_simulate_would_on_what_it_was_sent(overlap):
+    # the router reads loads, but a replica's run depends only on its own requests
+    workload = load_workload("shared-prefix:n=120,rate=60,prompts=6,prefix=64")
+    config = SimConfig(slots=4, kv_blocks=48, prefill_ms_per_token=0.05, overlap=overlap,
+                       enable_prefix_caching=True, max_model_len=512)
+    cluster = await simulate_cluster(workload, 3, "prefix", "fcfs", config)
+    assert sorted(len(r.workload) for r in cluster.replicas)[0] > 10
+    for replica in cluster.replicas:
+        alone = await simulate(replica.workload, "fcfs", config)
+        assert trace(replica) == trace(alone)
+
+
 async def test_report_of_the_article_example_on_two_replicas():
     # round robin: A, C, E on replica 0; B, D on 1. Replica 1 runs D's 200 steps (10 s);
     # replica 0 is busy until A's 100th step (5 s).

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from aioserve.commands.common import positive_int, scheduler_params
-from aioserve.routing.registry import available_routers, load_router
+from aioserve.routing.registry import BUILTIN_ROUTERS, available_routers, load_router
 from aioserve.scheduling.registry import load_scheduler, params_by_policy
 from aioserve.sim.cluster import simulate_cluster
 from aioserve.sim.reports.cluster import cluster_figures, format_cluster
@@ -25,8 +25,8 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
         help="simulate N replicas behind a router (each the engine with --scheduler and "
         "the engine options); prints a table per router")
     add("--router", default=None,
-        help=f"with --replicas: comma-separated routers ({', '.join(available_routers())} "
-        "or package.module:Class; default round_robin)")
+        help=f"with --replicas: comma-separated routers ({', '.join(BUILTIN_ROUTERS)}, an "
+        "aioserve.routers entry point or package.module:Class; default round_robin)")
     add("--router-config", default=None, metavar="JSON",
         help="with --replicas: router parameters, one object for all or keyed by router, "
         "e.g. '{\"prefix\": {\"load_bound\": 0.5}}'")
