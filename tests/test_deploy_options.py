@@ -54,6 +54,17 @@ def test_bad_options_are_value_errors(argv):
         ray_options(parse(*argv))
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--router", "nope"], "--router: unknown router 'nope'; registered: least_outstanding"),
+    (["--router", "pow2", "--router-config", '{"seed": "x"}'],
+     "--router-config: router 'pow2': parameter 'seed'"),
+])
+def test_router_refusals_name_the_flag(argv, message):
+    with pytest.raises(ValueError) as exc:
+        ray_options(parse(*argv))
+    assert message in str(exc.value)
+
+
 def test_unknown_router_is_refused():
     with pytest.raises(ValueError, match="unknown router 'random'; registered: least_outstanding"):
         RayServeOptions(router="random")

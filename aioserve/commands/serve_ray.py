@@ -65,6 +65,13 @@ def ray_options(args: argparse.Namespace) -> Any:
     actor = {"num_cpus": args.replica_num_cpus}
     if args.replica_num_gpus:
         actor["num_gpus"] = args.replica_num_gpus
+    from aioserve.routing.registry import load_router
+
+    try:
+        load_router(args.router, router_params)
+    except ValueError as exc:
+        flag = "--router-config" if "unknown router" not in str(exc) else "--router"
+        raise ValueError(f"{flag}: {exc}") from None
     return RayServeOptions(num_replicas=args.num_replicas, autoscaling_config=autoscaling,
                            ingress_replicas=args.ingress_replicas,
                            ray_actor_options=actor, router=args.router,
