@@ -2,7 +2,7 @@
 
 Each replica is the single-replica simulator's engine (its own core, policy, KV cache and
 runner); events run in time order: a step end on one replica, or an arrival, routed by the
-router from every replica's load at that instant (the step ends before it done) and queued
+router from every replica's load at that instant (after the step ends before it) and queued
 at the chosen replica's next step boundary, as ``simulate`` queues it. Arrivals of one
 instant are all routed before an idle replica starts, so one replica reproduces
 ``simulate`` exactly."""
