@@ -44,7 +44,7 @@ async def one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens:
     return tokens, replica
 
 
-#: A shared prefix longer than the prefix router's key (256 characters).
+#: A shared prefix of several token blocks.
 STORY = "Once upon a time there was a little girl who loved to play in the park. " * 4
 
 
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--replica-num-cpus", type=float, default=0.5)
     parser.add_argument("--ray-num-cpus", type=int, default=2)
-    parser.add_argument("--router", choices=("pow2", "prefix"), default="pow2")
+    parser.add_argument("--router", default="pow2",
+                        help="an aioserve router: round_robin, least_outstanding, pow2, prefix")
     parser.add_argument("--stream-interval", type=float, default=0.02)
     parser.add_argument("--prefix-groups", type=int, default=0,
                         help="prompts in this many groups sharing a 300-character prefix "

@@ -1,5 +1,5 @@
 """Helpers for the Ray Serve tests: the app on a local Ray instance (2 replicas, the
-prefix-affinity router), replica ids, aiming a call at one replica, SSE over aiohttp."""
+prefix router), replica ids, SSE over aiohttp."""
 
 from __future__ import annotations
 
@@ -42,24 +42,6 @@ def kill_replica(replica_id: str) -> None:
     import ray
 
     ray.kill(ray.get_actor(REPLICA_PREFIX + replica_id, namespace="serve"), no_restart=False)
-
-
-def key_for(target: str, ids: list[str]) -> str:
-    """A prefix key that the prefix-affinity router maps to replica ``target``."""
-    from aioserve.deploy.affinity import affinity_order
-
-    return next(f"k{i}" for i in range(10_000) if affinity_order(f"k{i}", ids)[0] == target)
-
-
-def prompt_for(target: str, ids: list[str], start: int = 0) -> str:
-    """A prompt (``Once upon a time <n>``) the router maps to replica ``target``."""
-    from aioserve.deploy.affinity import affinity_order
-
-    for i in range(start, start + 10_000):
-        prompt = f"Once upon a time {i}"
-        if affinity_order(prompt, ids)[0] == target:
-            return prompt
-    raise AssertionError("no prompt maps to the replica")
 
 
 @dataclass

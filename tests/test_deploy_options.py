@@ -9,6 +9,7 @@ pytest.importorskip("ray.serve", reason="needs aioserve[ray]")
 
 from aioserve.cli import build_parser  # noqa: E402
 from aioserve.commands.serve_ray import ray_options  # noqa: E402
+from aioserve.deploy.contract_router import ContractRouter  # noqa: E402
 from aioserve.deploy.ray_serve import RayServeOptions  # noqa: E402
 
 
@@ -18,29 +19,84 @@ def parse(*extra: str):
 
 def test_cli_options_become_deployment_settings():
     options = ray_options(parse("--num-replicas", "4", "--replica-num-gpus", "1",
-                                "--router", "prefix", "--prefix-chars", "64"))
-    settings = options.replica_settings()
+                                "--router", "prefix", "--router-config", '{"load_bound": 0.5}'))
+    settings = options.replica_settings(kv_blocks=96)
     assert settings["num_replicas"] == 4
-    assert options.prefix_chars == 64
     assert settings["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1.0}
     router = settings["request_router_config"]
-    assert router.request_router_kwargs == {"imbalanced_threshold": 8}
+    assert router.request_router_kwargs == {"router": "prefix", "kv_blocks": 96,
+                                            "router_params": {"load_bound": 0.5}}
+    assert router.request_router_class.endswith("ContractRouter")
+    default = RayServeOptions().replica_settings()["request_router_config"]
+    assert default.request_router_kwargs["router"] == "pow2"
+
+
+@pytest.mark.parametrize("name", ["round_robin", "least_outstanding", "pow2", "prefix"])
+def test_every_router_of_the_simulator_serves(name):
+    kwargs = RayServeOptions(router=name).replica_settings()["request_router_config"]
+    router = ContractRouter.__new__(ContractRouter)
+    router.initialize_state(**kwargs.request_router_kwargs)
+    assert router.router.name == name
 
 
 def test_autoscaling_replaces_the_replica_count():
     options = ray_options(parse("--autoscaling", '{"min_replicas": 1, "max_replicas": 3}'))
     settings = options.replica_settings()
     assert settings["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3}
-    assert "num_replicas" not in settings and "request_router_config" not in settings
+    assert "num_replicas" not in settings
 
 
 @pytest.mark.parametrize("argv", [["--autoscaling", "[1]"], ["--autoscaling", "{"],
-                                  ["--num-replicas", "0"]])
+                                  ["--num-replicas", "0"], ["--router-config", "[1]"],
+                                  ["--router", "prefix", "--router-config", '{"eps": 1}']])
 def test_bad_options_are_value_errors(argv):
     with pytest.raises(ValueError):
         ray_options(parse(*argv))
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--router", "nope"], "--router: unknown router 'nope'; registered: least_outstanding"),
+    (["--router", "pow2", "--router-config", '{"seed": "x"}'],
+     "--router-config: router 'pow2': parameter 'seed'"),
+])
+def test_router_refusals_name_the_flag(argv, message):
+    with pytest.raises(ValueError) as exc:
+        ray_options(parse(*argv))
+    assert message in str(exc.value)
+
+
 def test_unknown_router_is_refused():
-    with pytest.raises(ValueError, match="router"):
+    with pytest.raises(ValueError, match="unknown router 'random'; registered: least_outstanding"):
         RayServeOptions(router="random")
+
+
+class Replica:
+    def __init__(self, unique_id: str) -> None:
+        self.replica_id = type("Id", (), {"unique_id": unique_id})()
+
+
+def pending(key: str, **kwargs):
+    return type("Pending", (), {"kwargs": kwargs,
+                                "metadata": type("Meta", (), {"internal_request_id": key})()})()
+
+
+async def test_contract_router_counts_what_it_sent_until_serve_says_it_ended():
+    from aioserve.routing.router import RouteRequest
+
+    router = ContractRouter.__new__(ContractRouter)
+    router.initialize_state("least_outstanding", {"by": "tokens"})
+    replicas = [Replica("b"), Replica("a")]  # indices by id: a is 0, b is 1
+    big = RouteRequest("x", 100, 50)
+    ranks = await router.choose_replicas(replicas, pending("r1", route=big))
+    assert [r[0].replica_id.unique_id for r in ranks] == ["a", "b"]
+    assert (router.requests, router.tokens) == ({"a": 1}, {"a": 150})
+    again = await router.choose_replicas(replicas, pending("r1", route=big))  # a backoff
+    assert again[0][0].replica_id.unique_id == "a" and router.requests == {"a": 1}
+    small = await router.choose_replicas(replicas, pending("r2", route=RouteRequest("y", 5, 5)))
+    assert small[0][0].replica_id.unique_id == "b"
+    pinned = await router.choose_replicas(replicas, pending("s", replica="a"))
+    assert pinned[0][0].replica_id.unique_id == "a"
+    assert router.requests == {"a": 2, "b": 1} and router.tokens == {"a": 150, "b": 10}
+    for key in ("r1", "s", "unknown"):
+        router.on_request_completed(replicas[0].replica_id, key)
+    assert router.requests == {"a": 0, "b": 1} and router.tokens == {"a": 0, "b": 10}

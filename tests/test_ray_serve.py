@@ -1,6 +1,6 @@
 """aioserve on Ray Serve: 2 engine replicas on a local Ray instance behind one OpenAI
-endpoint (the prefix-affinity router). Started once for the module; every wait is a
-bounded poll of a condition."""
+endpoint (the simulator's prefix router: prompt token blocks, a load bound). Started once
+for the module; every wait is a bounded poll of a condition."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from conftest import REPO
 from ray_support import (
     Stream,
     free_port,
-    key_for,
     kill_replica,
-    prompt_for,
     read_events,
     replica_ids,
     stream_call,
@@ -75,12 +73,11 @@ def endpoint(model_dir):
 
 
 async def stats_of(target: str) -> dict | None:
-    """One replica's stats: the call is aimed at it through the prefix router, which
-    sends it elsewhere (None) while that replica is much busier than the other."""
+    """One replica's stats: the call names it to the router, which sends it there while
+    it takes calls (None otherwise)."""
     from aioserve.deploy.ray_serve import replica_handle
 
-    ids = replica_ids()
-    stats = await replica_handle().stats.remote(prefix_key=key_for(target, ids))
+    stats = await replica_handle().stats.remote(replica=target)
     return stats if stats["replica"] == target else None
 
 
@@ -177,42 +174,47 @@ async def test_errors_models_and_chat_match_aioserve_serve(endpoint):
             assert resp.status == 200 and resp.headers["X-Request-Id"] == "ray-1"
 
 
-async def test_prefix_router_sends_a_prompt_to_its_replica(endpoint):
-    ids = replica_ids()
+#: Long enough for several 16-token blocks of the tiny model's tokenizer.
+SHARED = ("Once upon a time there was a little girl named Lily. She loved to play in the "
+          "park with her big red ball and her dog, who was called Max. ")
+
+
+async def test_prefix_router_keeps_a_prompt_on_its_replica(endpoint):
     async with aiohttp.ClientSession() as session:
-        for target in ids:
-            prompt = prompt_for(target, ids)
-            for _ in range(3):
-                stream = await stream_call(session, endpoint, body(prompt, 4))
-                assert (stream.replica, stream.done) == (target, True)
+        for topic in ("the sun", "the sea"):
+            served = [(await stream_call(session, endpoint, body(SHARED + topic, 4)))
+                      for _ in range(3)]  # one after the other: no load
+            assert all(s.done for s in served) and len({s.replica for s in served}) == 1
 
 
-async def test_prefix_router_falls_back_to_load_when_its_replica_is_busy(endpoint):
-    ids = replica_ids()
-    busy, other = ids
-    long = {"max_tokens": 480, "ignore_eos": True, "stream": True}
+async def test_prefix_router_spills_past_its_load_bound(endpoint):
+    long = {"max_tokens": 400, "ignore_eos": True, "stream": True}  # 512-token context
     responses = []
     async with aiohttp.ClientSession() as session:
-        for n in range(12):  # one at a time: each sees the ongoing count of the last
-            responses += await started(session, endpoint,
-                                       [body(prompt_for(busy, ids, 700 + 10 * n), **long)])
+        for n in range(8):  # one at a time: each sees the ones before it ongoing
+            responses += await started(session, endpoint, [body(SHARED + f"{n}", **long)])
         served = [resp.headers["x-aioserve-replica"] for resp in responses]
         for resp in responses:
             resp.close()
-    # threshold 8: 9 ongoing on the preferred replica, then power of two choices
-    assert served[:9] == [busy] * 9 and other in served[9:], served
+    # 2 replicas, bound max(1.25 x mean, mean + 2) with this request: 5 ongoing at home,
+    # then the 6th goes to the other replica
+    home = served[0]
+    assert served[:5] == [home] * 5 and served[5] != home, served
     await poll(all_idle, 120, "replicas idle after disconnects")
 
 
 async def test_disconnect_aborts_on_the_replica_and_frees_its_blocks(endpoint):
     ids = replica_ids()
     aborted_before = {r: (await stats_of(r))["num_aborted"] for r in ids}
-    prompts = [prompt_for(r, ids, start=100 * n) for r in ids for n in range(2)]
     long = {"max_tokens": 480, "ignore_eos": True, "stream": True}
     async with aiohttp.ClientSession() as session:
-        responses = await started(session, endpoint, [body(p, **long) for p in prompts])
+        # short prompts (no full block): by load, two on each replica
+        responses = await started(session, endpoint,
+                                  [body(f"Once upon a time {n}", **long) for n in range(4)])
+        served = [resp.headers["x-aioserve-replica"] for resp in responses]
         for resp in responses:
             resp.close()
+    assert sorted(served) == sorted(ids * 2), served
     await poll(all_idle, 120, "replicas idle after disconnects")
     for replica in ids:
         stats = await stats_of(replica)
@@ -236,25 +238,25 @@ async def test_replicas_export_engine_stats_as_ray_metrics(endpoint):
 
 
 async def test_killed_replica_fails_its_streams_others_serve_and_serve_restarts_it(endpoint):
-    ids = replica_ids()
-    victim, survivor = ids
     long = {"max_tokens": 480, "ignore_eos": True, "stream": True}
     async with aiohttp.ClientSession() as session:
-        prompts = (prompt_for(victim, ids, 300), prompt_for(victim, ids, 400),
-                   prompt_for(survivor, ids, 300))
-        responses = await started(session, endpoint, [body(p, **long) for p in prompts])
-        assert [r.headers["x-aioserve-replica"] for r in responses] == [victim, victim,
-                                                                        survivor]
+        responses = []
+        for n in range(3):  # by load: one replica, the other, the first again
+            responses += await started(session, endpoint, [body(f"Once upon a time {n}",
+                                                                **long)])
+        served = [r.headers["x-aioserve-replica"] for r in responses]
+        victim, survivor = served[0], served[1]
+        assert served == [victim, survivor, victim] and victim != survivor
         kill_replica(victim)
         streams = await asyncio.wait_for(asyncio.gather(*(
             read_events(r, Stream(r.headers["x-aioserve-replica"], r.status))
             for r in responses)), 300)
         ends = [(s.replica, s.status, s.events[-1:]) for s in streams]
-        for stream in streams[:2]:
+        for stream in (streams[0], streams[2]):
             assert stream.error is not None, ends
             assert stream.error["code"] == "replica_failed", ends
-        assert streams[2].done and streams[2].error is None, ends
-        after = [await stream_call(session, endpoint, body(prompt_for(victim, ids, 500 + n), 4))
+        assert streams[1].done and streams[1].error is None, ends
+        after = [await stream_call(session, endpoint, body(f"Once upon a time {500 + n}", 4))
                  for n in range(4)]
     assert all(s.done and s.replica != victim for s in after), [
         (s.replica, s.status, s.events[-1:]) for s in after]

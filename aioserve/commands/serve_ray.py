@@ -31,12 +31,12 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
                        help="CPUs reserved per engine replica")
     group.add_argument("--replica-num-gpus", type=float, default=0.0,
                        help="GPUs reserved per engine replica (1 for one engine per GPU)")
-    group.add_argument("--router", choices=("pow2", "prefix"), default="pow2",
-                       help="replica choice: Serve's power of two choices, or prefix "
-                            "affinity with a load fallback")
-    group.add_argument("--prefix-chars", type=int, default=256,
-                       help="prompt characters the prefix router hashes (shorter: more "
-                            "prompts share a replica)")
+    group.add_argument("--router", default="pow2",
+                       help="replica choice: an aioserve router, as `simulate --router` "
+                            "runs it (round_robin, least_outstanding, pow2, prefix, an "
+                            "aioserve.routers entry point or package.module:Class)")
+    group.add_argument("--router-config", default=None, metavar="JSON",
+                       help="the router's parameters, e.g. '{\"load_bound\": 0.5}'")
     group.add_argument("--stream-interval", type=float, default=0.02,
                        help="seconds over which a stream's chunks are merged into one Ray "
                             "Serve item (0: each chunk at once)")
@@ -54,13 +54,28 @@ def ray_options(args: argparse.Namespace) -> Any:
             raise ValueError(f"--autoscaling: not valid JSON: {exc}") from None
         if not isinstance(autoscaling, dict):
             raise ValueError("--autoscaling must be a JSON object")
+    router_params = None
+    if args.router_config is not None:
+        try:
+            router_params = json.loads(args.router_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--router-config: not valid JSON: {exc}") from None
+        if not isinstance(router_params, dict):
+            raise ValueError("--router-config must be a JSON object")
     actor = {"num_cpus": args.replica_num_cpus}
     if args.replica_num_gpus:
         actor["num_gpus"] = args.replica_num_gpus
+    from aioserve.routing.registry import load_router
+
+    try:
+        load_router(args.router, router_params)
+    except ValueError as exc:
+        flag = "--router-config" if "unknown router" not in str(exc) else "--router"
+        raise ValueError(f"{flag}: {exc}") from None
     return RayServeOptions(num_replicas=args.num_replicas, autoscaling_config=autoscaling,
                            ingress_replicas=args.ingress_replicas,
                            ray_actor_options=actor, router=args.router,
-                           prefix_chars=args.prefix_chars,
+                           router_params=router_params,
                            stream_interval=args.stream_interval)
 
 

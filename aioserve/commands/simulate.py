@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.common import check_scheduler, scheduler_params
+from aioserve.commands.simulate_cluster import (
+    add_cluster_options,
+    check_cluster,
+    run_cluster,
+    wants_cluster,
+)
 from aioserve.commands.simulate_options import add_options, engine_config, sim_config
 from aioserve.config import EngineConfig
 from aioserve.scheduling.registry import params_by_policy
@@ -35,6 +41,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "the real engine (--real).",
     )
     add_options(parser)
+    add_cluster_options(parser)
     return parser
 
 
@@ -128,6 +135,7 @@ def _sweep(args: argparse.Namespace, names: list[str]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``simulate``; ValueError for an unknown scheduler, workload or option."""
+    routers = check_cluster(args) if wants_cluster(args) else None
     if args.sweep_rate is not None:
         names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
         if not names:
@@ -143,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
     if not names:
         raise ValueError("--scheduler: give at least one policy")
+    if routers is not None:
+        return run_cluster(args, workload, names, sim_config(args, workload), *routers)
     if real is not None:  # every refusal before torch loads
         params = policy_params(args.scheduler_config, names)
         for name in names:

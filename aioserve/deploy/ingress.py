@@ -12,13 +12,13 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from aioserve.deploy.affinity import prefix_key
 from aioserve.deploy.forwarded import (
     FORWARDED_HEADERS,
     REPLICA_HEADER,
     ForwardedRequest,
     ResponseHead,
 )
+from aioserve.deploy.route_request import Encode, route_request
 from aioserve.server.errors import error_body
 
 logger = logging.getLogger("aioserve.deploy")
@@ -37,11 +37,21 @@ class OpenAIIngress:
     """Forwards every HTTP request to a replica, retrying one that fails before answering."""
 
     def __init__(
-        self, replica: DeploymentHandle[Any], prefix_chars: int = 256, retries: int = 4
+        self, replica: DeploymentHandle[Any], tokenizer: str | None = None,
+        block_size: int = 16, retries: int = 4,
     ) -> None:
         self.replica = replica.options(stream=True)
-        self.prefix_chars = prefix_chars
+        self.block_size = block_size
         self.retries = retries
+        self.encode: Encode | None = None
+        if tokenizer is not None:  # the router hashes token blocks, as the engine caches them
+            try:
+                from transformers import AutoTokenizer
+
+                loaded = AutoTokenizer.from_pretrained(tokenizer)
+                self.encode = lambda text: loaded(text).input_ids
+            except (OSError, ValueError) as exc:
+                logger.warning("no tokenizer for routing (token-id prompts only): %r", exc)
 
     async def __call__(self, request: Request) -> Response:
         """The replica's answer plus the ``x-aioserve-replica`` header."""
@@ -54,12 +64,12 @@ class OpenAIIngress:
         headers = {name: request.headers[name] for name in FORWARDED_HEADERS
                    if name in request.headers}
         forwarded = ForwardedRequest(request.method, path, headers, raw)
-        key = prefix_key(raw, self.prefix_chars)
+        route = route_request(raw, self.encode, self.block_size)
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(RETRY_DELAY * 2 ** (attempt - 1))  # backoff, not sync
             stream = self.replica.forward.remote(
-                forwarded, prefix_key=key if attempt == 0 else ""  # retries: by load
+                forwarded, route=route if attempt == 0 else None  # retries: by load
             )
             assert isinstance(stream, DeploymentResponseGenerator)  # options(stream=True)
             try:

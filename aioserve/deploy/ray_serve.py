@@ -10,9 +10,10 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from aioserve.config import EngineConfig
+from aioserve.deploy.contract_router import ContractRouter
 from aioserve.deploy.ingress import OpenAIIngress
-from aioserve.deploy.prefix_router import PrefixAffinityRouter
 from aioserve.deploy.replica import EngineReplica
+from aioserve.routing.registry import load_router
 from aioserve.server import ServerConfig
 
 #: Serve application name of the app, and the deployment names in it.
@@ -20,8 +21,8 @@ APP_NAME = "aioserve"
 REPLICA_DEPLOYMENT = "EngineReplica"
 INGRESS_DEPLOYMENT = "OpenAIIngress"
 
-#: Router names accepted by :class:`RayServeOptions`.
-ROUTERS = ("pow2", "prefix")
+#: Blocks the prefix router indexes per replica when the engine sizes its KV cache itself.
+INDEX_BLOCKS = 4096
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,14 @@ class RayServeOptions:
         ray_actor_options: resources of each engine replica, e.g. ``{"num_gpus": 1}``.
         ingress_replicas, ingress_actor_options: the ingress's count and resources.
         max_ongoing_requests: per engine replica; above ``max_num_seqs`` so the engine queues.
-        router: ``"pow2"`` or ``"prefix"`` (:class:`PrefixAffinityRouter`).
-        prefix_chars, imbalanced_threshold: the prefix router's settings.
+        router, router_params: an aioserve router (``aioserve.routing``: a built-in name,
+            an ``aioserve.routers`` entry point or ``"package.module:Class"``) and its
+            parameters, asked by :class:`ContractRouter`: the routers the cluster
+            simulator runs.
         stream_interval: seconds over which stream chunks merge into one Serve item.
 
     Raises:
-        ValueError: unknown router, or a count out of range."""
+        ValueError: unknown router or bad parameters, or a count out of range."""
 
     num_replicas: int = 1
     autoscaling_config: dict[str, Any] | None = None
@@ -48,21 +51,20 @@ class RayServeOptions:
     ingress_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0.1})
     max_ongoing_requests: int = 256
     router: str = "pow2"
-    prefix_chars: int = 256
-    imbalanced_threshold: int = 8
+    router_params: dict[str, Any] | None = None
     stream_interval: float = 0.02
 
     def __post_init__(self) -> None:
-        if self.router not in ROUTERS:
-            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
-        for name in ("num_replicas", "ingress_replicas", "max_ongoing_requests",
-                     "prefix_chars"):
+        load_router(self.router, self.router_params)  # a ValueError names the router
+        for name in ("num_replicas", "ingress_replicas", "max_ongoing_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.stream_interval < 0:
             raise ValueError(f"stream_interval must be >= 0, got {self.stream_interval}")
 
-    def replica_settings(self) -> dict[str, Any]:
+    def replica_settings(self, kv_blocks: int | None = None) -> dict[str, Any]:
+        """Serve's deployment options of the engine replicas (``kv_blocks``: each engine's,
+        None when it sizes its cache itself)."""
         settings: dict[str, Any] = {
             "name": REPLICA_DEPLOYMENT,
             "ray_actor_options": self.ray_actor_options,
@@ -72,12 +74,12 @@ class RayServeOptions:
             settings["autoscaling_config"] = self.autoscaling_config
         else:
             settings["num_replicas"] = self.num_replicas
-        if self.router == "prefix":
-            settings["request_router_config"] = RequestRouterConfig(
-                # Ray takes the class itself or its import path; its hint says dict
-                request_router_class=PrefixAffinityRouter,  # type: ignore[arg-type]
-                request_router_kwargs={"imbalanced_threshold": self.imbalanced_threshold},
-            )
+        settings["request_router_config"] = RequestRouterConfig(
+            # Ray takes the class itself or its import path; its hint says dict
+            request_router_class=ContractRouter,  # type: ignore[arg-type]
+            request_router_kwargs={"router": self.router, "router_params": self.router_params,
+                                   "kv_blocks": kv_blocks or INDEX_BLOCKS},
+        )
         return settings
 
 
@@ -87,14 +89,15 @@ def build_app(
     # serve.deployment(cls, **options) returns the Deployment; Ray's overloads type the
     # keyword-only form as a decorator
     replica: serve.Deployment = serve.deployment(  # type: ignore[assignment]
-        EngineReplica, **options.replica_settings())
+        EngineReplica, **options.replica_settings(engine_config.num_kv_blocks))
     ingress: serve.Deployment = serve.deployment(  # type: ignore[assignment]
         OpenAIIngress, name=INGRESS_DEPLOYMENT, num_replicas=options.ingress_replicas,
         ray_actor_options=options.ingress_actor_options,
         max_ongoing_requests=options.max_ongoing_requests * options.num_replicas,
     )
     engines = replica.bind(engine_config, server_config, options.stream_interval)
-    return ingress.bind(engines, options.prefix_chars)
+    return ingress.bind(engines, engine_config.tokenizer or engine_config.model,
+                        engine_config.block_size)
 
 
 def start(

@@ -74,9 +74,10 @@ class EngineReplica:
             raise RuntimeError("the engine is not running")
 
     async def forward(
-        self, request: ForwardedRequest, prefix_key: str = ""
+        self, request: ForwardedRequest, route: Any = None, replica: str = ""
     ) -> AsyncIterator[ResponseHead | bytes]:
-        """A :class:`ResponseHead`, then body chunks (``prefix_key`` is for the router only)."""
+        """A :class:`ResponseHead`, then body chunks (``route`` and ``replica`` are for the
+        router only: :class:`aioserve.deploy.contract_router.ContractRouter`)."""
         async with self._session.request(
             request.method, self._url + request.path, data=request.body,
             headers=request.headers, allow_redirects=False,
@@ -89,8 +90,9 @@ class EngineReplica:
             async for chunk in coalesced(response.content, self._stream_interval):
                 yield chunk
 
-    async def stats(self, prefix_key: str = "") -> dict[str, Any]:
-        """:meth:`AsyncEngine.stats` plus ``replica`` and ``num_aborted``."""
+    async def stats(self, replica: str = "") -> dict[str, Any]:
+        """:meth:`AsyncEngine.stats` plus ``replica`` and ``num_aborted`` (``replica``: the
+        id to route the call to, for the router)."""
         registry = self.app[METRICS_KEY].registry
         aborted = registry.get_sample_value(
             f"{PREFIX}request_success_total", {"finished_reason": "abort"}

@@ -37,16 +37,27 @@ def load_object(spec: str) -> Any:
         raise ValueError(f"{spec!r}: {module_name!r} has no {attr!r}") from None
 
 
-def _load_class(spec: str) -> Any:
+def load_class(spec: str, group: str, kind: str,
+               builtins: Mapping[str, str] | None = None) -> Any:
+    """The class a plugin spec names: ``"package.module:Class"``, a built-in name (mapped to
+    such a spec) or an entry point of ``group``; a ValueError names the ``kind`` and lists
+    the registered names."""
     if ":" in spec:
         return load_object(spec)
-    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
+    if builtins and spec in builtins:
+        return load_object(builtins[spec])
+    matches = [ep for ep in entry_points(group=group) if ep.name == spec]
     if not matches:
-        known = ", ".join(available_schedulers()) or "none (is aioserve installed?)"
+        names = sorted({*(builtins or {}), *(ep.name for ep in entry_points(group=group))})
+        known = ", ".join(names) or "none (is aioserve installed?)"
         raise ValueError(
-            f"unknown scheduler {spec!r}; registered: {known}; or use 'package.module:Class'"
+            f"unknown {kind} {spec!r}; registered: {known}; or use 'package.module:Class'"
         )
     return matches[0].load()
+
+
+def _load_class(spec: str) -> Any:
+    return load_class(spec, ENTRY_POINT_GROUP, "scheduler")
 
 
 def scheduler_name(spec: str) -> str:
@@ -90,8 +101,10 @@ def params_by_policy(specs: list[str], params: Mapping[str, Any] | None
     return keyed
 
 
-def _check_parameters(spec: str, cls: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` checked against ``cls``'s constructor: its names and annotated types."""
+def check_parameters(spec: str, cls: Any, params: Mapping[str, Any],
+                     kind: str = "scheduler") -> dict[str, Any]:
+    """``params`` checked against ``cls``'s constructor: its names and annotated types (a
+    ValueError names the ``kind``, the spec and the parameter)."""
     names = [p.name for p in keyword_parameters(cls)]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values())
     try:
@@ -102,7 +115,7 @@ def _check_parameters(spec: str, cls: Any, params: Mapping[str, Any]) -> dict[st
     for name, value in params.items():
         if name not in names and not takes_any:
             takes = ", ".join(names) or "no parameters"
-            raise ValueError(f"scheduler {spec!r} has no parameter {name!r} (it takes: {takes})")
+            raise ValueError(f"{kind} {spec!r} has no parameter {name!r} (it takes: {takes})")
         hint = hints.get(name)
         if hint is None:
             checked[name] = value
@@ -116,7 +129,7 @@ def _check_parameters(spec: str, cls: Any, params: Mapping[str, Any]) -> dict[st
             checked[name] = adapter.validate_python(value)
         except pydantic.ValidationError as exc:
             reason = exc.errors()[0]["msg"]
-            raise ValueError(f"scheduler {spec!r}: parameter {name!r}: {reason}, "
+            raise ValueError(f"{kind} {spec!r}: parameter {name!r}: {reason}, "
                              f"got {value!r}") from None
     return checked
 
@@ -138,7 +151,7 @@ def load_scheduler(spec: str | Scheduler, params: Mapping[str, Any] | None = Non
     cls = _load_class(spec)
     if not callable(cls):
         raise ValueError(f"scheduler {spec!r} is not a class")
-    kwargs = _check_parameters(spec, cls, params or {})
+    kwargs = check_parameters(spec, cls, params or {})
     try:
         scheduler = cls(**kwargs)
     except (TypeError, ValueError) as exc:

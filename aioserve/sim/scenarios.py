@@ -97,9 +97,26 @@ def routes(n: int = 600, rate: float = 10.0, spread: float = 0.35, burst: float 
     return items
 
 
+def shared_prefix(n: int = 200, rate: float = 20.0, prompts: int = 4, prefix: int = 384,
+                  hot: float = 0.5, burst: float = 2.0, seed: int = 0) -> list[WorkloadRequest]:
+    """Each request starts with one of ``prompts`` shared prompts of ``prefix`` tokens (a
+    system prompt, a document), then 16-64 tokens of its own; outputs 16-128. Prompt 0 is
+    hot: ``hot`` of the requests take it, the rest spread evenly over the others."""
+    if prompts < 1 or not 0 <= hot <= 1 or prefix < 0:
+        raise ValueError("shared-prefix workload needs prompts >= 1, 0 <= hot <= 1, prefix >= 0")
+    rng = random.Random(seed)
+    items = []
+    for i, t in enumerate(_arrivals(n, rate, burst, rng)):
+        group = 0 if prompts == 1 or rng.random() < hot else rng.randrange(1, prompts)
+        items.append(WorkloadRequest(f"x{i:04d}", t, prefix + rng.randint(16, 64),
+                                     rng.randint(16, 128), prefix_group=f"prompt{group}",
+                                     prefix_len=prefix))
+    return items
+
+
 SCENARIOS: dict[str, Callable[..., list[WorkloadRequest]]] = {
     "two-tenants": two_tenants, "priority-mix": priority_mix, "slo-mix": slo_mix,
-    "heavy-tail": heavy_tail, "routes": routes,
+    "heavy-tail": heavy_tail, "routes": routes, "shared-prefix": shared_prefix,
 }
 
 
@@ -114,7 +131,7 @@ def parse_options(name: str, text: str, allowed: tuple[str, ...]) -> dict[str, A
             number = float(value)
         except ValueError:
             raise ValueError(f"{name} workload: {key} must be a number, got {value!r}") from None
-        options[key] = int(number) if key in ("n", "seed") else number
+        options[key] = int(number) if key in ("n", "seed", "prompts", "prefix") else number
     return options
 
 

@@ -138,7 +138,8 @@ def timing_line(result: SimResult) -> str:
 
 
 def _make_core(
-    workload: list[WorkloadRequest], scheduler: Scheduler, config: SimConfig
+    workload: list[WorkloadRequest], scheduler: Scheduler, config: SimConfig,
+    runner_kind: type[SimulatedRunner] | None = None,
 ) -> tuple[EngineCore, SimulatedRunner]:
     max_model_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
     kv_blocks = config.kv_blocks
@@ -149,7 +150,7 @@ def _make_core(
     # one whose cap is exactly that many ends by length instead, as on the real engine.
     scripted = {r.id: r.output_len for r in workload
                 if not config.overlap or r.output_len < r.cap(max_model_len)}
-    kind = OverlappedRunner if config.overlap else SimulatedRunner
+    kind = runner_kind or (OverlappedRunner if config.overlap else SimulatedRunner)
     runner = kind(
         scripted,
         step_ms=config.step_ms,
@@ -171,7 +172,7 @@ def _make_core(
     return core, runner
 
 
-def _submit(result: SimResult, item: WorkloadRequest) -> None:
+def _submit(result: SimResult, item: WorkloadRequest, prompt: list[int] | None = None) -> None:
     core = result.core
     kv = core.blocks
     needed = blocks_for_tokens(item.prompt_len + item.output_len - 1, kv.block_size)
@@ -191,7 +192,8 @@ def _submit(result: SimResult, item: WorkloadRequest) -> None:
     # No oracle: the policy is told a length only when the workload tells one.
     params = SamplingParams(max_tokens=cap, temperature=0.0, length_hint=item.length_hint,
                             ignore_eos=result.config.overlap and item.output_len >= cap)
-    prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
+    if prompt is None:
+        prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
     request = Request(item.id, prompt, params, item.arrival_s)
     request.meta = item.meta
     request.deadline = item.deadline_s
@@ -229,7 +231,8 @@ class _SimStepLoop(StepLoop):
 
 
 class _Arrivals:
-    """The workload's requests not yet queued, queued as the virtual clock passes them."""
+    """The workload's requests not yet queued, queued as the virtual clock passes them
+    (``prompts``: token ids already made, by request id)."""
 
     def __init__(self, result: SimResult) -> None:
         self.result = result
@@ -238,6 +241,11 @@ class _Arrivals:
         self.position = {r.id: i for i, r in enumerate(result.workload)}
         self.sent = 0
         self.held = False  # a request waited for the concurrency limit at the last boundary
+        self.prompts: dict[str, list[int]] = {}
+
+    def submit(self, item: WorkloadRequest) -> None:
+        self.sent += 1
+        _submit(self.result, item, self.prompts.pop(item.id, None))
 
     def _room(self) -> bool:
         result = self.result
@@ -246,8 +254,7 @@ class _Arrivals:
 
     def at_boundary(self, now_ns: int) -> None:
         pending = self.pending
-        while pending and (pending[0].arrival_ns < now_ns
-                           or (pending[0].arrival_ns == now_ns and not pending[0].after_start)):
+        while pending and precedes(pending[0], now_ns):
             if not self._room():
                 self.held = True
                 return
@@ -255,8 +262,7 @@ class _Arrivals:
             if self.held and item.arrival_ns < now_ns:  # sent when a request finished, now
                 item = replace(item, arrival_s=now_ns / NS_PER_S)
                 self.result.workload[self.position[item.id]] = item
-            self.sent += 1
-            _submit(self.result, item)
+            self.submit(item)
         self.held = False
 
     def when_idle(self, runner: SimulatedRunner) -> None:
@@ -266,8 +272,13 @@ class _Arrivals:
         self.at_boundary(now)
         core = self.result.core
         while not core.has_work and self.pending and self.pending[0].arrival_ns <= now:
-            self.sent += 1
-            _submit(self.result, self.pending.popleft())
+            self.submit(self.pending.popleft())
+
+
+def precedes(item: WorkloadRequest, boundary_ns: int) -> bool:
+    """Whether a request arriving joins at a step boundary at ``boundary_ns`` (or earlier)."""
+    return item.arrival_ns < boundary_ns or (item.arrival_ns == boundary_ns
+                                             and not item.after_start)
 
 
 async def simulate(
@@ -291,13 +302,47 @@ async def simulate(
     Raises:
         ValueError: unknown scheduler or bad parameters.
         SimulationStalled: the engine stopped making progress."""
-    config = config or SimConfig()
+    result = _replica(workload, scheduler, config or SimConfig(), on_step, listener,
+                      scheduler_params)
+    core, runner = result.core, result.runner
+    arrivals = _Arrivals(result)
+    runner.on_clock = arrivals.at_boundary
+    loop = _SimStepLoop(core, runner, Delivery(), ListenerHub())
+    task = asyncio.create_task(loop.run(), name="aioserve-sim-step-loop")
+    try:
+        while True:
+            idle = asyncio.ensure_future(loop.idle.wait())
+            await asyncio.wait({idle, task}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                idle.cancel()
+                task.result()  # raises what stopped the loop
+            if not arrivals.pending:
+                break
+            loop.idle.clear()
+            arrivals.when_idle(runner)
+            loop.wakeup.set()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return result
+
+
+def _replica(
+    workload: list[WorkloadRequest],
+    scheduler: str | Scheduler,
+    config: SimConfig,
+    on_step: StepHook | None,
+    listener: EngineListener | None,
+    scheduler_params: Mapping[str, Any] | None,
+    runner_kind: type[SimulatedRunner] | None = None,
+) -> SimResult:
+    """One simulated engine sized for ``workload``, its result filled as it runs."""
     policy = load_scheduler(scheduler, scheduler_params)
     name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
     if reads_true_lengths(policy):
         workload = oracle_hints(workload)
         name += " (oracle: upper bound)"
-    core, runner = _make_core(workload, policy, config)
+    core, runner = _make_core(workload, policy, config, runner_kind)
     result = SimResult(name, config, list(workload), core, runner, policy=policy)
     listeners = ListenerHub()
     snapshots = SnapshotBuilder(core) if listener is not None else None
@@ -320,23 +365,4 @@ async def simulate(
 
     core.on_finish = finished
     core.step_observers.append(stepped)
-    arrivals = _Arrivals(result)
-    runner.on_clock = arrivals.at_boundary
-    loop = _SimStepLoop(core, runner, Delivery(), ListenerHub())
-    task = asyncio.create_task(loop.run(), name="aioserve-sim-step-loop")
-    try:
-        while True:
-            idle = asyncio.ensure_future(loop.idle.wait())
-            await asyncio.wait({idle, task}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                idle.cancel()
-                task.result()  # raises what stopped the loop
-            if not arrivals.pending:
-                break
-            loop.idle.clear()
-            arrivals.when_idle(runner)
-            loop.wakeup.set()
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
     return result
