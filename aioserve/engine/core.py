@@ -52,6 +52,7 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.views: dict[str, RequestView] = {}  # what the policy reads of each request
         self.running_views: tuple[RequestView, ...] | None = None  # None: to be made again
+        self.waiting_views: tuple[RequestView, ...] | None = None  # the same for waiting
         self.step_count = 0
         self.num_preemptions = 0
         self.num_preempted_tokens = 0  # computed tokens whose KV preemptions dropped
@@ -91,6 +92,7 @@ class EngineCore:
         self.requests[request.request_id] = request
         view = self.views[request.request_id] = RequestView(request)
         self.waiting.append(request)
+        self.waiting_views = None
         self.guard.on_arrival(view)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
@@ -102,6 +104,7 @@ class EngineCore:
             self.running_views = None
         else:
             self.waiting.remove(request)
+            self.waiting_views = None
         self._free_blocks(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
@@ -149,6 +152,7 @@ class EngineCore:
         request.status = RequestStatus.WAITING
         request.metrics.num_preemptions += 1
         self.waiting.appendleft(request)
+        self.waiting_views = None
         self.num_preemptions += 1
         self.guard.on_preempt(self.views[request.request_id])
         self._release(request)
@@ -182,8 +186,11 @@ class EngineCore:
             views = tuple([view_of[r.request_id] for r in running])
         elif views is None:
             views = self.running_views = tuple([view_of[r.request_id] for r in running])
+        waiting = self.waiting_views
+        if waiting is None:
+            waiting = self.waiting_views = tuple([view_of[r.request_id] for r in self.waiting])
         return SchedulerState(
-            waiting=tuple([view_of[r.request_id] for r in self.waiting]),
+            waiting=waiting,
             running=views,
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
@@ -286,6 +293,7 @@ class EngineCore:
                 self.prefix_cache_hits += cached
             count = min(request.num_tokens - request.num_computed_tokens, limit)
             self.waiting.remove(request)
+            self.waiting_views = None
             self.running.append(request)
             self.running_views = None
             request.status = RequestStatus.RUNNING

@@ -48,6 +48,9 @@ class ClusterResult:
     replicas: list[SimResult]
     placement: dict[str, int] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        return f"ClusterResult({self.router!r}, {self.replicas!r})"
+
 
 class _Gate:
     """Lets the earliest step end run, once every replica waits on one or is idle."""

@@ -106,6 +106,12 @@ class SimResult:
     num_preempted_tokens: int | None = None
     policy: Scheduler | None = None  # None: the core's
 
+    def __repr__(self) -> str:
+        # Short: asyncio.run formats its main task's result (Python 3.11's signal check),
+        # and the dataclass repr of every step and request took seconds on a long run.
+        return (f"SimResult({self.scheduler!r}, {len(self.finished)} finished, "
+                f"{len(self.steps)} steps)")
+
     @property
     def preemptions(self) -> int:
         return self.core.num_preemptions if self.num_preemptions is None else self.num_preemptions

@@ -87,21 +87,20 @@ class WorkloadRequest:
         if self.prefix_blocks:
             return self._block_token_ids(vocab_size, low_id)
         shared = self.prefix_len if self.prefix_group is not None else 0
-        head = random.Random(f"prefix:{self.prefix_group}")
-        own = random.Random(f"request:{self.id}")
-        return [head.randrange(low_id, vocab_size) for _ in range(shared)] + [
-            own.randrange(low_id, vocab_size) for _ in range(self.prompt_len - shared)
-        ]
+        ids = range(low_id, vocab_size)
+        return (random.Random(f"prefix:{self.prefix_group}").choices(ids, k=shared)
+                + random.Random(f"request:{self.id}").choices(ids, k=self.prompt_len - shared))
 
     def _block_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
+        vocab = range(low_id, vocab_size)
         ids: list[int] = []
         for block in self.prefix_blocks:
             if len(ids) >= self.prompt_len:
                 break
-            head = random.Random(f"block:{block}:{self.block_tokens}")
-            ids += [head.randrange(low_id, vocab_size) for _ in range(self.block_tokens)]
-        own = random.Random(f"request:{self.id}")
-        ids += [own.randrange(low_id, vocab_size) for _ in range(self.prompt_len - len(ids))]
+            ids += random.Random(f"block:{block}:{self.block_tokens}").choices(
+                vocab, k=self.block_tokens)
+        ids += random.Random(f"request:{self.id}").choices(
+            vocab, k=max(self.prompt_len - len(ids), 0))
         return ids[: self.prompt_len]
 
     @property
