@@ -55,11 +55,14 @@ class Closing(FCFSScheduler):
 
 
 async def test_close_is_called_once_and_contained():
-    policy = Closing()
+    policy, successor = Closing(), Closing()
     engine = AsyncEngine(EngineConfig(model="scripted"), runner=ScriptedRunner([2]),
                          scheduler=policy)
     await engine.start()
-    await engine.shutdown()
-    await engine.shutdown()
     assert engine.core is not None
-    assert policy.closed == 1 and engine.core.guard.failures == 1
+    engine.core.set_policy(successor)                   # the replaced policy is closed
+    assert (policy.closed, successor.closed) == (1, 0)
+    await engine.shutdown()
+    await engine.shutdown()
+    assert (policy.closed, successor.closed) == (1, 1)
+    assert engine.core.guard.failures == 1              # the successor's raise, contained
