@@ -71,7 +71,8 @@ class LearnedLengthPredictor:
         prior_length: the output length assumed before anything finished (default 128).
         use_hints: a request's ``length_hint``, when given, is its length (default true).
         state_path: a JSON file: loaded when it exists, written every ``save_every``
-            finished requests and by :meth:`save` (a restart need not relearn).
+            finished requests, by :meth:`save` and by :meth:`close` (the policy's close:
+            engine shutdown, the end of a simulator run), so a restart need not relearn.
         save_every: finished requests between writes (default 64, >= 1).
 
     Raises:
@@ -161,6 +162,11 @@ class LearnedLengthPredictor:
         self._keys.pop(request.request_id, None)
         self.finished += 1
         if self.state_path is not None and self.finished % self.save_every == 0:
+            self.save(self.state_path)
+
+    def close(self) -> None:
+        """Save the state at ``state_path`` (if set) with every length learnt so far."""
+        if self.state_path is not None:
             self.save(self.state_path)
 
     def forget(self, request: RequestView) -> None:

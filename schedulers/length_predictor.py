@@ -17,9 +17,10 @@ class LengthPredictor(Protocol):
     Optional, called when defined: ``remaining(request) -> int`` (tokens still to come;
     else ``predict - num_output_tokens``), ``observe(request)`` when it arrives,
     ``on_finish(request, output_len)`` with its true length when it ends by a stop or its
-    cap (not when aborted or shed). A policy calls them from its own hooks, so a predictor
-    that raises is contained as the policy is (``PolicyGuard``: the request is served, the
-    failure counted and logged)."""
+    cap (not when aborted or shed), ``close()`` when the policy is closed (engine shutdown,
+    the simulator's run ended: save what it learnt). A policy calls them from its own hooks,
+    so a predictor that raises is contained as the policy is (``PolicyGuard``: the request
+    is served, the failure counted and logged)."""
 
     def predict(self, request: RequestView) -> int:
         """Predicted total output tokens of ``request`` (not just the ones left)."""
@@ -121,3 +122,10 @@ def tell_finish(predictor: LengthPredictor, request: RequestView) -> None:
     hook = getattr(predictor, "on_finish" if learnt else "forget", None)
     if hook is not None:
         hook(request, request.num_output_tokens) if learnt else hook(request)
+
+
+def tell_close(predictor: LengthPredictor) -> None:
+    """Its ``close()``, if it has one (the policy's :meth:`~Scheduler.close` calls this)."""
+    close = getattr(predictor, "close", None)
+    if close is not None:
+        close()

@@ -9,6 +9,7 @@ from schedulers.length_predictor import (
     LengthPredictor,
     make_predictor,
     tell_arrival,
+    tell_close,
     tell_finish,
 )
 
@@ -59,6 +60,10 @@ class MemoryAwareScheduler(Scheduler):
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
         tell_finish(self.predictor, request)
+
+    def close(self) -> None:
+        """Close the predictor (``learned`` saves its state at ``state_path``)."""
+        tell_close(self.predictor)
 
     def projected_blocks(self, state: SchedulerState, request: RequestView) -> int:
         """KV blocks the request is projected to hold when it finishes."""

@@ -11,6 +11,7 @@ from schedulers.length_predictor import (
     make_predictor,
     predicted_remaining,
     tell_arrival,
+    tell_close,
     tell_finish,
 )
 
@@ -77,6 +78,10 @@ class SPFScheduler(OrderedScheduler):
         if predicted is not None and request.finish_reason in ("stop", "length"):
             self.outcomes.append((request.request_id, predicted, request.num_output_tokens))
         tell_finish(self.predictor, request)
+
+    def close(self) -> None:
+        """Close the predictor (``learned`` saves its state at ``state_path``)."""
+        tell_close(self.predictor)
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[int, float]:
         """Aged requests first, by arrival; then by predicted remaining output."""

@@ -51,6 +51,12 @@ class VTCScheduler(OrderedScheduler):
     for the next slot a heavy one frees, with it the next step (its cost in preemptions
     and recomputed tokens: docs/schedulers.md).
 
+    Latency is not what VTC bounds: with a heavy tenant at 2x capacity, the light one's
+    mean TTFT is about 3x its TTFT alone (2x is the issue's floor; without preemption,
+    the paper's rule, about 6.5x; light first, which is not VTC, about 1.5x), because a
+    light request arriving while its counter is above the heavy one's waits until that
+    counter catches up (README, "Floors"; ``benchmarks/vtc_light_ttft.py``).
+
     Args:
         prompt_weight: service per prompt token (the paper's w_p, default 1).
         output_weight: service per output token (the paper's w_q, default 2).

@@ -194,7 +194,7 @@ async def test_the_hidden_stop_over_http_and_the_websocket(tokenizer):
         assert 'aioserve:request_output_length_tokens_sum{source="actual"} 3.0' in metrics
         assert 'aioserve:request_output_length_tokens_sum{source="predicted"} 128.0' in metrics
         assert "aioserve:output_length_prediction_error_tokens_sum 125.0" in metrics
-        for bad in ("0", "three", "-2"):
+        for bad in ("0", "three", "-2", "\u0663", "\u00b2"):  # non-ASCII digits: "3", "2"
             async with session.post(url + "/v1/completions", json=body,
                                     headers={"X-Stop-After": bad}) as response:
                 assert response.status == 400

@@ -41,7 +41,10 @@ def test_every_request_field_is_in_the_document():
         assert documented == set(model.model_fields) - {"best_of"}  # best_of: 1 or n only
     for path in ("/v1/completions", "/v1/chat/completions"):
         params = spec["paths"][path]["post"]["parameters"]
-        assert [p["name"] for p in params] == ["X-Tenant"]
+        assert [p["name"] for p in params] == ["X-Tenant", "X-Stop-After"]
+        stop = params[1]
+        assert stop["schema"] == {"type": "integer", "minimum": 1}
+        assert stop["description"].startswith("Benchmarking aid")
     text = json.dumps(spec)
     assert not re.search(r'"(ge|gt|le|lt|x-token-id)":', text)  # JSON Schema's words only
     assert {r.rsplit("/", 1)[1] for r in refs(spec)} <= set(schemas)

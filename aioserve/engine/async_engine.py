@@ -111,12 +111,14 @@ class AsyncEngine:
         self._loop_task.add_done_callback(self._on_loop_done)
 
     async def shutdown(self) -> None:
-        """Stop the step loop, end every open stream with EngineNotRunningError and
-        release the runner (idempotent)."""
+        """Stop the step loop, end every open stream with EngineNotRunningError, close the
+        policy (it saves what it learnt) and release the runner (idempotent)."""
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
+        if self.core is not None:
+            self.core.close()
         self._delivery.end_all(EngineNotRunningError("the engine was shut down"))
         if self.runner is not None and not self._closed:
             self._closed = True

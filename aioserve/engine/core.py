@@ -166,11 +166,17 @@ class EngineCore:
         self._new_blocks.pop(request.request_id, None)
 
     def set_policy(self, scheduler: Scheduler) -> None:
-        """Use another policy from the next step on; RuntimeError unless idle."""
+        """Use another policy from the next step on (the old one is closed); RuntimeError
+        unless idle."""
         if self.has_work:
             raise RuntimeError("the policy can only change while the engine is idle")
+        self.guard.close()
         self.scheduler = scheduler
         self.guard = PolicyGuard(scheduler, self.snapshot)
+
+    def close(self) -> None:
+        """Done with the policy: its ``close()`` (once; it saves what it learnt)."""
+        self.guard.close()
 
     def fail(self, requests: list[Request]) -> None:
         """End these requests (not their ids, which may be reused) with ``error``."""

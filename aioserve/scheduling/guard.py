@@ -79,6 +79,7 @@ class PolicyGuard:
         self.fallback = OrderedScheduler()
         self.failures = 0
         self._logged: set[str] = set()
+        self._closed = False
         self._overrides = {name: _overrides(policy, name) for name in HOOKS}
         self._takes_state = {name: _takes_state(policy, name) for name in HOOKS}
         self.wants_steps = self._overrides["on_step"]
@@ -132,6 +133,19 @@ class PolicyGuard:
 
     def on_step(self, feedback: StepFeedback) -> None:
         self._call("on_step", feedback)
+
+    def close(self) -> None:
+        """The policy's ``close()``, once (a policy without one is left alone)."""
+        if self._closed:
+            return
+        self._closed = True
+        close = getattr(self.policy, "close", None)
+        if close is None:
+            return
+        try:
+            close()
+        except Exception as exc:
+            self._failed("close", f"{type(exc).__name__}: {exc}", exc)
 
     def choose_victim(self, requester: RequestView, candidates: Sequence[RequestView]) -> int:
         """Index into ``candidates`` (newest first) of the request the engine evicts: the

@@ -40,7 +40,8 @@ class Scheduler:
     Timing: the engine schedules one step ahead, so :meth:`schedule` for step N+1 runs
     before step N's :meth:`on_step`. Charge what an admission costs when you admit it
     (in :meth:`schedule`); use :meth:`on_step` for what only the step tells (tokens
-    emitted, time taken).
+    emitted, time taken). :meth:`close` comes last, once, when the engine is done with
+    the policy.
     """
 
     name: ClassVar[str] = ""
@@ -63,6 +64,11 @@ class Scheduler:
 
     def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
         """A step finished (after the next one was scheduled); called only when overridden."""
+
+    def close(self) -> None:
+        """The engine shut down, the simulator's run ended or the policy was replaced:
+        save or release what the policy holds (a learned predictor's state). Called once,
+        with no ``state``, after the last hook; contained like a hook."""
 
 
 class OrderedScheduler(Scheduler):

@@ -89,6 +89,11 @@ _HEADERS = [
      "description": "the tenant scheduling policies see; wins over the body's user; "
      "empty: none",
      "schema": {"type": "string", "pattern": f"^{TENANT_HEADER.pattern}$|^$"}},
+    {"name": "X-Stop-After", "in": "header", "required": False,
+     "description": "Benchmarking aid, not an API for clients: the request stops after this "
+     "many output tokens (finish_reason stop) by a stop no scheduling policy sees, as "
+     "`aioserve bench serve --workload` replays recorded lengths; max_tokens stays the cap",
+     "schema": {"type": "integer", "minimum": 1}},
 ]
 
 

@@ -84,7 +84,7 @@ def stop_after_header(value: str | None) -> int | None:
     as an int; RequestFieldError (400) naming it when it is not an integer >= 1."""
     if value is None:
         return None
-    if not value.strip().isdigit() or int(value) < 1:
+    if not (value.strip().isascii() and value.strip().isdigit()) or int(value) < 1:
         raise RequestFieldError("X-Stop-After", f"X-Stop-After must be an integer >= 1 (output "
                                 f"tokens after which the request stops), got {value!r}")
     return int(value)

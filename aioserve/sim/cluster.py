@@ -261,4 +261,6 @@ async def simulate_cluster(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            result.core.close()
     return cluster

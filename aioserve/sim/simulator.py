@@ -330,6 +330,7 @@ async def simulate(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        core.close()  # the policy saves what it learnt (a predictor's state_path)
     return result
 
 
