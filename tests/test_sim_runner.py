@@ -83,3 +83,28 @@ def test_percentile_is_nearest_rank():
         100.0,
     )
     assert percentile([3.0], 99) == 3.0 and percentile([], 50) is None
+
+
+@pytest.mark.parametrize(("workload", "policy"), [
+    ("priority-mix:n=200,rate=9", "priority"),  # admits from behind the head
+    ("slo-mix:n=200,rate=6", "edf"),  # preempts: victims go back to the head
+])
+async def test_the_waiting_views_a_policy_reads_are_the_queue_in_order(workload, policy,
+                                                                       monkeypatch):
+    """The core keeps the waiting views between steps (remade only as the queue changes):
+    at every step they are the waiting queue's requests, in its order."""
+    from aioserve.engine.core import EngineCore
+
+    checked = []
+    original = EngineCore.snapshot
+
+    def snapshot(core: EngineCore):
+        state = original(core)
+        checked.append(state.waiting == tuple(core.views[r.request_id] for r in core.waiting))
+        return state
+
+    monkeypatch.setattr(EngineCore, "snapshot", snapshot)
+    result = await simulate(load_workload(workload), policy,
+                            SimConfig(slots=8, kv_blocks=64, step_ms=20))
+    assert all(checked) and len(checked) > 200
+    assert result.preemptions > 0

@@ -92,7 +92,8 @@ class EngineCore:
         self.requests[request.request_id] = request
         view = self.views[request.request_id] = RequestView(request)
         self.waiting.append(request)
-        self.waiting_views = None
+        if self.waiting_views is not None:
+            self.waiting_views += (view,)
         self.guard.on_arrival(view)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
@@ -152,7 +153,8 @@ class EngineCore:
         request.status = RequestStatus.WAITING
         request.metrics.num_preemptions += 1
         self.waiting.appendleft(request)
-        self.waiting_views = None
+        if self.waiting_views is not None:
+            self.waiting_views = (self.views[request.request_id], *self.waiting_views)
         self.num_preemptions += 1
         self.guard.on_preempt(self.views[request.request_id])
         self._release(request)
@@ -298,8 +300,13 @@ class EngineCore:
                 self.prefix_cache_queries += request.num_tokens
                 self.prefix_cache_hits += cached
             count = min(request.num_tokens - request.num_computed_tokens, limit)
-            self.waiting.remove(request)
-            self.waiting_views = None
+            views = self.waiting_views
+            if self.waiting[0] is request:  # the usual case: the head, views sliced in C
+                self.waiting.popleft()
+                self.waiting_views = None if views is None else views[1:]
+            else:
+                self.waiting.remove(request)
+                self.waiting_views = None
             self.running.append(request)
             self.running_views = None
             request.status = RequestStatus.RUNNING
