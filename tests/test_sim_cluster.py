@@ -163,3 +163,44 @@ async def test_loads_count_what_was_sent_and_has_not_ended():
     # as its prompt + its max_tokens: none given, so the context left (2048 - 16)
     assert seen == [[(0, 0), (0, 0)], [(0, 0), (0, 0)], [(1, 2048), (0, 0)]]
     assert result.placement == {"a": 0, "b": 0, "c": 1}
+
+
+async def test_fewest_replicas_meets_the_target_and_one_fewer_does_not():
+    from aioserve.sim.capacity import run_point
+    from aioserve.sim.reports.replica_search import fewest_replicas
+    from aioserve.sim.reports.sweep import outcomes
+
+    workload = load_workload("poisson:n=300,rate=10,seed=1")
+    config = SimConfig(slots=4, step_ms=20)
+    search = await fewest_replicas(workload, "fcfs", "least_outstanding", config, 0.9, 16,
+                                   500.0, None)
+    assert search.replicas is not None and 1 < search.replicas < 16
+
+    async def attainment(count: int) -> float:
+        result = await simulate_cluster(workload, count, "least_outstanding", "fcfs", config)
+        found = [o for rep in result.replicas for o in outcomes(rep, 500.0, None)]
+        return run_point(10.0, found).attainment
+
+    assert await attainment(search.replicas) >= 0.9 > await attainment(search.replicas - 1)
+    assert search.tried[search.replicas][0] == await attainment(search.replicas)
+
+
+async def test_fewest_replicas_says_when_none_within_the_bound():
+    from aioserve.sim.reports.replica_search import fewest_replicas, format_replica_search
+
+    workload = load_workload("poisson:n=200,rate=40,seed=1")
+    search = await fewest_replicas(workload, "fcfs", "round_robin",
+                                   SimConfig(slots=2, step_ms=20), 0.99, 2, 50.0, None)
+    assert search.replicas is None and list(search.tried) == [2]
+    assert "> 2" in format_replica_search([search])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--fewest-replicas", "4", "--replicas", "2"], "--fewest-replicas: searches the replica "
+                                                    "count; not with --replicas"),
+    (["--fewest-replicas", "4", "--target-attainment", "1.5"], "--target-attainment: must be"),
+])
+def test_cli_refuses_a_bad_replica_search(argv, message, capsys):
+    assert main(["simulate", "--workload", "poisson:n=5", *argv]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""

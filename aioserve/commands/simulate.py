@@ -16,7 +16,12 @@ from aioserve.commands.simulate_cluster import (
     run_cluster,
     wants_cluster,
 )
-from aioserve.commands.simulate_options import add_options, engine_config, sim_config
+from aioserve.commands.simulate_options import (
+    add_options,
+    engine_config,
+    sim_config,
+    slo_title,
+)
 from aioserve.config import EngineConfig
 from aioserve.scheduling.registry import params_by_policy
 from aioserve.sim.reports.compare import format_comparison, plot_comparison, write_comparison_html
@@ -116,9 +121,7 @@ def _sweep(args: argparse.Namespace, names: list[str]) -> int:
         args.workload, names, rates, args.sweep_repeats, lambda w: sim_config(args, w),
         args.slo_ttft_ms, args.slo_tpot_ms, params))
     target = args.target_attainment
-    title = (f"simulated: {args.workload}; SLO TTFT {args.slo_ttft_ms} ms, TPOT "
-             f"{args.slo_tpot_ms} ms (objectives the workload carries first); "
-             f"{args.sweep_repeats} repeats")
+    title = f"simulated: {args.workload}; {slo_title(args)}; {args.sweep_repeats} repeats"
     print(format_sweep(curves, target, title))
     if args.plot:
         plot_sweep(curves, target, args.plot, f"simulated: {args.workload}")

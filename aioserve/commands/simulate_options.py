@@ -145,3 +145,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching, forward=args.forward,
         device=args.device,
     )
+
+
+def slo_title(args: argparse.Namespace) -> str:
+    """The objectives of a run's title: the flags given, after the workload's own."""
+    given = [f"{name} {value:g} ms" for name, value in
+             (("TTFT", args.slo_ttft_ms), ("TPOT", args.slo_tpot_ms)) if value is not None]
+    return (f"SLO {', '.join(given)} where a request carries none" if given
+            else "the requests' own SLOs")

@@ -1,0 +1,86 @@
+"""The fewest replicas that meet a target SLO attainment at a workload's rate, per policy
+and router: the cluster simulator run at replica counts found by bisection.
+
+Attainment is counted as the rate sweep counts it (``aioserve.sim.capacity``: the middle
+80% of arrivals). The search assumes attainment does not fall as replicas are added (true
+of the built-in routers on one workload, not guaranteed for every router); it checks the
+count below the answer, so a reported count always has a failing neighbour below it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aioserve.sim.capacity import run_point
+from aioserve.sim.cluster import simulate_cluster
+from aioserve.sim.reports.compare import Table, format_table
+from aioserve.sim.reports.sweep import outcomes
+from aioserve.sim.simulator import SimConfig
+from aioserve.sim.workloads import WorkloadRequest
+
+
+@dataclass
+class ReplicaSearch:
+    """One policy x router: ``replicas`` the fewest meeting ``target`` (None: not within
+    ``max_replicas``); ``tried`` replica count -> (attainment 0-1, goodput req/s)."""
+
+    policy: str
+    router: str
+    target: float
+    max_replicas: int
+    replicas: int | None = None
+    tried: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+
+async def fewest_replicas(
+    workload: list[WorkloadRequest], policy: str, router: str, config: SimConfig,
+    target: float, max_replicas: int, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+    router_params: Mapping[str, Any] | None = None,
+    scheduler_params: Mapping[str, Any] | None = None,
+) -> ReplicaSearch:
+    """Bisect 1..``max_replicas`` for the fewest replicas whose attainment >= ``target``."""
+    search = ReplicaSearch(policy, router, target, max_replicas)
+    rate = len(workload) / max(max(w.arrival_s for w in workload), 1e-9) if workload else 0.0
+
+    async def meets(count: int) -> bool:
+        result = await simulate_cluster(workload, count, router, policy, config,
+                                        router_params, scheduler_params)
+        found = [o for rep in result.replicas for o in outcomes(rep, slo_ttft_ms, slo_tpot_ms)]
+        point = run_point(rate, found)
+        search.tried[count] = (point.attainment, point.goodput)
+        return point.attainment >= target
+
+    low, high = 0, max_replicas  # low fails (0 replicas serve nothing); high unknown
+    if not await meets(high):
+        return search
+    while high - low > 1:
+        middle = (low + high) // 2
+        if await meets(middle):
+            high = middle
+        else:
+            low = middle
+    search.replicas = high
+    return search
+
+
+def format_replica_search(searches: list[ReplicaSearch], title: str = "") -> str:
+    """One row per policy x router: the fewest replicas, its attainment and goodput per
+    replica, and the attainment one replica fewer."""
+    rows = []
+    for s in searches:
+        if s.replicas is None:
+            attained, goodput = s.tried[s.max_replicas]
+            rows.append([s.policy, s.router, f"> {s.max_replicas}", f"{attained * 100:.1f}",
+                         f"{goodput / s.max_replicas:.2f}", "-"])
+            continue
+        attained, goodput = s.tried[s.replicas]
+        below = s.tried.get(s.replicas - 1)
+        rows.append([s.policy, s.router, str(s.replicas), f"{attained * 100:.1f}",
+                     f"{goodput / s.replicas:.2f}",
+                     "-" if below is None else f"{below[0] * 100:.1f}"])
+    target = searches[0].target if searches else 0.0
+    table = Table("fewest replicas", [
+        "policy", "router", f"fewest replicas (SLO >= {target * 100:g}%)", "SLO %",
+        "goodput per replica (req/s)", "SLO % one fewer"], rows)
+    return (f"{title}\n" if title else "") + format_table(table)
