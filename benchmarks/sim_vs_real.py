@@ -2,7 +2,13 @@
 on the engine and in the simulator, and print TTFT, E2E and preemptions side by side with whether
 the policies rank the same.
 
-python3 benchmarks/sim_vs_real.py --model ../shared/models/stories260K-hf --repeats 5"""
+python3 benchmarks/sim_vs_real.py --model ../shared/models/stories260K-hf --repeats 5
+
+Trace windows at multiples of the real engine's capacity (issue 32's replay floor): each
+``--trace`` spec is first run on the engine with every request at t=0 under fcfs; capacity =
+requests / makespan; then replayed at ``--loads`` x that rate (the spec's ``rate=``):
+python3 benchmarks/sim_vs_real.py --policies fcfs,spf,vtc,priority --repeats 3 --loads 0.9,1.2 \
+    --trace ../shared/traces/azure-llm-2023-conv.csv:start=600,n=200,len_scale=auto,max_len=512"""
 
 from __future__ import annotations
 
@@ -55,7 +61,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                                               model.per_prefill_token_ms,
                                               model.per_context_token_ms], "fit": model.fit}
         sim_config = sim_config_of(engine, cost_model=model)
-        for label, spec in WORKLOADS.items():
+        workloads = WORKLOADS if not args.trace else {}
+        for spec in args.trace or []:
+            burst = load_workload(f"{spec},speed=1e9")
+            flat = await replay(engine, burst, "fcfs")
+            ends = [r.metrics.finished_time for r in flat.finished.values()
+                    if r.metrics.finished_time is not None]
+            capacity = len(flat.finished) / (max(ends) - min(w.arrival_s for w in burst))
+            print(f"{spec}: capacity {capacity:.2f} req/s (all at t=0, fcfs)")
+            for load in args.loads.split(","):
+                workloads[f"{spec.rsplit('/', 1)[-1]} at {load}x"] = (
+                    f"{spec},rate={float(load) * capacity:.3f}")
+        for label, spec in workloads.items():
             workload = load_workload(spec)
             real_runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
             for _ in range(args.repeats):  # policies interleaved: drift hits each alike
@@ -128,6 +145,11 @@ if __name__ == "__main__":
                         help="rounds of the calibration workload (more: a steadier fit)")
     parser.add_argument("--policies", default=None, help="comma list (default: all registered)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--trace", action="append", default=None, metavar="SPEC",
+                        help="a trace window (README: Real traces) instead of the built-in "
+                        "workloads; repeatable")
+    parser.add_argument("--loads", default="0.9,1.2",
+                        help="with --trace: multiples of the measured capacity")
     arguments = parser.parse_args()
     result = asyncio.run(main(arguments))
     if arguments.json:
