@@ -43,9 +43,11 @@ def describe(engine: AsyncEngine) -> dict[str, Any]:
     config = engine.config
     core = engine._require_core()
     return {
-        "model": config.model, "device": config.device,
+        "model": config.model,
+        "device": str(getattr(engine.runner, "device", None) or config.device),
         "forward": getattr(engine.runner, "forward_note", None) or config.forward,
-        "dtype": config.dtype, "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
+        "dtype": str(getattr(engine.runner, "dtype", None) or config.dtype),
+        "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
         "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
         "block_size": core.blocks.block_size,
         "max_num_batched_tokens": core.max_num_batched_tokens,
