@@ -94,12 +94,14 @@ def test_residuals_group_steps_by_shape_worst_first():
                                        "per_context_token"))
     rows = model.residuals
     assert [set(row) for row in rows] == [
-        {"shape", "steps", "measured_ms", "predicted_ms", "error_pct"}] * len(rows)
+        {"shape", "steps", "measured_ms", "predicted_ms", "error_pct",
+         "worst_step_error_pct"}] * len(rows)
     assert sum(row["steps"] for row in rows) == len(steps)
     assert len({row["shape"] for row in rows}) == len(rows)
     errors = [abs(row["error_pct"]) for row in rows]
     assert errors == sorted(errors, reverse=True) and errors[0] > 1.0
     for row in rows:
+        assert abs(row["worst_step_error_pct"]) >= abs(row["error_pct"]) - 1e-9
         assert row["error_pct"] == pytest.approx(
             100 * (row["predicted_ms"] - row["measured_ms"]) / row["measured_ms"])
     assert shape_of((8, 0, 900, 0)) == "decode, rows<=8"

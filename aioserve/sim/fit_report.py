@@ -49,18 +49,21 @@ def shape_of(features: Features) -> str:
 
 def residuals_by_shape(shapes: Sequence[Features], measured: np.ndarray,
                        predicted: np.ndarray) -> list[dict[str, Any]]:
-    """Per step shape: ``shape``, ``steps``, ``measured_ms`` and ``predicted_ms`` (means)
-    and ``error_pct`` (predicted mean against measured mean), the largest ``|error_pct|``
-    first."""
+    """Per step shape: ``shape``, ``steps``, ``measured_ms`` and ``predicted_ms`` (means),
+    ``error_pct`` (predicted mean against measured mean) and ``worst_step_error_pct`` (the
+    step's relative error of largest magnitude), the largest ``|error_pct|`` first."""
     groups: dict[str, list[int]] = {}
     for i, features in enumerate(shapes):
         groups.setdefault(shape_of(features), []).append(i)
     rows = []
     for shape, index in groups.items():
         real, fitted = float(measured[index].mean()), float(predicted[index].mean())
+        errors = [100.0 * (predicted[i] - measured[i]) / measured[i] for i in index
+                  if measured[i] > 0]
         rows.append({"shape": shape, "steps": len(index), "measured_ms": real,
                      "predicted_ms": fitted,
-                     "error_pct": 100.0 * (fitted - real) / real if real > 0 else 0.0})
+                     "error_pct": 100.0 * (fitted - real) / real if real > 0 else 0.0,
+                     "worst_step_error_pct": float(max(errors, key=abs, default=0.0))})
     return sorted(rows, key=lambda row: -abs(row["error_pct"]))
 
 
@@ -90,8 +93,10 @@ def format_fit(model: StepCostModel, worst: int = 6) -> str:
                      f"{fit['cv_rmse_ms_linear']:.3f} ms without")
     if model.residuals:
         lines.append(f"residuals by step shape (worst {min(worst, len(model.residuals))} of "
-                     f"{len(model.residuals)}): shape, steps, measured ms, predicted ms, error")
+                     f"{len(model.residuals)}): shape, steps, measured ms, predicted ms (means), "
+                     "error, worst step's error")
         for row in model.residuals[:worst]:
             lines.append(f"  {row['shape']:<28} {row['steps']:>5} {row['measured_ms']:>10.3f} "
-                         f"{row['predicted_ms']:>10.3f} {row['error_pct']:>+7.1f}%")
+                         f"{row['predicted_ms']:>10.3f} {row['error_pct']:>+7.1f}% "
+                         f"{row.get('worst_step_error_pct', 0.0):>+7.1f}%")
     return "\n".join(lines)
