@@ -31,28 +31,30 @@ FEATURES = ("intercept", "per_seq", "per_prefill_token", "per_context_token", "p
 Features = tuple[int, int, int, int]
 
 
-def _features(rows: Sequence[tuple[int, int, bool]]) -> Features:
-    """The features of ``(tokens fed, start position, is prefill)`` rows."""
-    prefill = context = pairs = 0
-    for count, start, is_prefill in rows:
-        if is_prefill:
-            prefill += count
-            pairs += count * start + count * (count + 1) // 2
-        context += start + count
-    return len(rows), prefill, context, pairs
+def prefill_pairs(count: int, start: int) -> int:
+    """(query, key) pairs the causal attention of ``count`` tokens from ``start`` computes."""
+    return count * start + count * (count + 1) // 2
 
 
 def batch_features(batch: ScheduledBatch) -> Features:
-    """(rows, prefill tokens, context tokens, prefill pairs) of a batch."""
-    return _features([(count, start, not (count == 1 and produced > 0)) for count, start, produced
-                      in zip(batch.num_scheduled_tokens, batch.start_positions,
-                             batch.num_output_tokens)])
+    """(rows, prefill tokens, context tokens, prefill pairs) of a batch (the simulator's hot
+    path: one loop)."""
+    prefill = context = pairs = 0
+    for count, start, produced in zip(batch.num_scheduled_tokens, batch.start_positions,
+                                      batch.num_output_tokens):
+        if not (count == 1 and produced > 0):
+            prefill += count
+            pairs += prefill_pairs(count, start)
+        context += start + count
+    return len(batch.request_ids), prefill, context, pairs
 
 
 def feedback_features(step: StepFeedback) -> Features:
     """(rows, prefill tokens, context tokens, prefill pairs) of a finished step."""
-    return _features([(count, start, not decode) for count, start, decode
-                      in zip(step.num_computed_tokens, step.start_positions, step.is_decode)])
+    pairs = sum(prefill_pairs(count, start) for count, start, decode
+                in zip(step.num_computed_tokens, step.start_positions, step.is_decode)
+                if not decode)
+    return step.num_seqs, step.num_prefill_tokens, step.num_context_tokens, pairs
 
 
 @dataclass(frozen=True)
