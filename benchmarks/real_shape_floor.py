@@ -25,6 +25,7 @@ from typing import Any
 from aioserve.bench.models.random_model import ensure_random_model
 from aioserve.commands.simulate import real_engine
 from aioserve.config import EngineConfig
+from aioserve.sim.fit_report import format_residuals, held_out_residuals
 from aioserve.sim.real import replay, sim_config_of
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import load_workload
@@ -70,9 +71,12 @@ async def main(args: argparse.Namespace) -> None:
         print(f"window {window}, rate {rate:.3f} req/s ({args.load} x {capacity:.3f}), "
               f"{source['slots']} slots, profile {args.profile}")
         real: dict[str, list[float]] = {f: [] for f in FIGURES}
+        steps = []
         for i in range(args.repeats):
             started = time.perf_counter()
-            figures = policy_figures(await replay(engine, workload, "fcfs"))
+            result = await replay(engine, workload, "fcfs")
+            steps += result.feedback
+            figures = policy_figures(result)
             for f in FIGURES:
                 real[f].append(figures[f])
             print(f"  real run {i + 1}: " + ", ".join(f"{f} {figures[f]:.3f}" for f in FIGURES)
@@ -83,6 +87,10 @@ async def main(args: argparse.Namespace) -> None:
         median = statistics.median(real[f])
         print(f"{f:<12} {median:>12.3f} {simulated[f]:>10.3f} "
               f"{100 * (simulated[f] - median) / median:>+7.1f}%")
+    rows = held_out_residuals(profile, steps)
+    print(f"the profile on the real runs' {len(steps)} steps, by shape (worst 8 of {len(rows)}): "
+          "steps, measured ms, predicted ms (means), error, worst step's error")
+    print("\n".join(format_residuals(rows, 8)))
     print(f"load average after: {load()}")
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from aioserve.runners.base import ScheduledBatch
 from aioserve.scheduling import StepFeedback
-from aioserve.sim.fit_report import format_fit, shape_of
+from aioserve.sim.fit_report import format_fit, held_out_residuals, shape_of
 from aioserve.sim.step_cost import (
     StepCostModel,
     batch_features,
@@ -108,6 +108,11 @@ def test_residuals_group_steps_by_shape_worst_first():
     assert shape_of((3, 600, 700, 1000)) == "prefill<=1024 tok, rows<=4"
     printed = format_fit(model)
     assert rows[0]["shape"] in printed and "R^2" in printed
+    assert [row["error_pct"] for row in held_out_residuals(TRUE, steps)] == pytest.approx(
+        [0.0] * len(rows), abs=1e-9)
+    held_out = held_out_residuals(model, steps)
+    assert [(r["shape"], r["error_pct"]) for r in held_out] == [
+        (r["shape"], pytest.approx(r["error_pct"])) for r in rows]
 
 
 def test_a_profile_without_the_new_fields_loads_with_the_pair_term_at_zero(tmp_path):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from aioserve.scheduling import StepFeedback
     from aioserve.sim.step_cost import Features, StepCostModel
 
 
@@ -67,6 +68,23 @@ def residuals_by_shape(shapes: Sequence[Features], measured: np.ndarray,
     return sorted(rows, key=lambda row: -abs(row["error_pct"]))
 
 
+def held_out_residuals(model: StepCostModel, steps: Sequence[StepFeedback]
+                       ) -> list[dict[str, Any]]:
+    """:func:`residuals_by_shape` of ``model`` on steps it was not fitted on (a real run)."""
+    from aioserve.sim.step_cost import feedback_features
+
+    shapes = [feedback_features(step) for step in steps]
+    return residuals_by_shape(shapes, np.array([s.duration_s * 1e3 for s in steps]),
+                              np.array([model.cost_ms(*shape) for shape in shapes]))
+
+
+def format_residuals(rows: Sequence[dict[str, Any]], worst: int) -> list[str]:
+    """The ``worst`` rows of a residual table, one line each."""
+    return [f"  {row['shape']:<28} {row['steps']:>5} {row['measured_ms']:>10.3f} "
+            f"{row['predicted_ms']:>10.3f} {row['error_pct']:>+7.1f}% "
+            f"{row.get('worst_step_error_pct', 0.0):>+7.1f}%" for row in rows[:worst]]
+
+
 def format_fit(model: StepCostModel, worst: int = 6) -> str:
     """The calibration's printout: the formula, each term with its share, the fit, and the
     ``worst`` step shapes by relative error."""
@@ -95,8 +113,5 @@ def format_fit(model: StepCostModel, worst: int = 6) -> str:
         lines.append(f"residuals by step shape (worst {min(worst, len(model.residuals))} of "
                      f"{len(model.residuals)}): shape, steps, measured ms, predicted ms (means), "
                      "error, worst step's error")
-        for row in model.residuals[:worst]:
-            lines.append(f"  {row['shape']:<28} {row['steps']:>5} {row['measured_ms']:>10.3f} "
-                         f"{row['predicted_ms']:>10.3f} {row['error_pct']:>+7.1f}% "
-                         f"{row.get('worst_step_error_pct', 0.0):>+7.1f}%")
+        lines += format_residuals(model.residuals, worst)
     return "\n".join(lines)
