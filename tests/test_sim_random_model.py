@@ -1,6 +1,6 @@
 """``aioserve simulate --calibrate --random-model`` (issue 32 item 4): a random-weight model of
 a shape is calibrated like a real one, the profile stores its fit and residuals, and a trace
-window replays with it."""
+window replays with it, simulated and (``--real``) on the random model itself."""
 
 from __future__ import annotations
 
@@ -38,3 +38,7 @@ def test_calibrate_a_random_model_then_replay_a_trace_window(tmp_path, monkeypat
                  "--workload", f"{AZURE}:n=8,max_len=256"]) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["finished"] == 8
+    assert main(["simulate", "--real", "--random-model", str(config), "--slots", "2",
+                 "--kv-blocks", "64", "--max-model-len", "256", "--json",
+                 "--workload", f"{AZURE}:n=4,max_len=256,rate=100"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["finished"] == 4

@@ -18,8 +18,8 @@ from aioserve.sim.workloads import WorkloadRequest
 def calibration_workload(max_num_seqs: int, seed: int = 0, max_model_len: int = 512
                          ) -> list[WorkloadRequest]:
     """Steps of every shape the engine meets: solo requests, a burst of twice
-    ``max_num_seqs`` and long prompts among short outputs (prompts 8 to ``max_model_len / 2``,
-    the long ones from a quarter of it; outputs 4-96)."""
+    ``max_num_seqs`` (prompts 8-128) and long prompts among short outputs (a quarter to half
+    of ``max_model_len``; outputs 4-96)."""
     rng = random.Random(seed)
     long = max(max_model_len // 2, 16)
     items: list[WorkloadRequest] = []
