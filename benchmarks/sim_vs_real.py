@@ -24,6 +24,7 @@ from aioserve import AsyncEngine, EngineConfig
 from aioserve.commands.common import add_forward_option
 from aioserve.scheduling.registry import available_schedulers
 from aioserve.sim.calibrate import calibrate
+from aioserve.sim.fit_report import format_fit
 from aioserve.sim.real import replay, sim_config_of
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import load_workload
@@ -53,13 +54,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     async with AsyncEngine(config) as engine:
         start = time.perf_counter()
         model = await calibrate(engine, rounds=args.calibration_rounds)
-        print(f"calibrated in {time.perf_counter() - start:.0f} s: intercept "
-              f"{model.intercept_ms:.3f} ms, per row {model.per_seq_ms:.4f}, per prefill token "
-              f"{model.per_prefill_token_ms:.5f}, per context token "
-              f"{model.per_context_token_ms:.6f}; R^2 {model.fit['r2']:.3f}")
-        report["profile"] = {"coefficients": [model.intercept_ms, model.per_seq_ms,
-                                              model.per_prefill_token_ms,
-                                              model.per_context_token_ms], "fit": model.fit}
+        print(f"calibrated in {time.perf_counter() - start:.0f} s\n{format_fit(model)}")
+        report["profile"] = {"coefficients": list(model.coefficients()), "fit": model.fit}
         sim_config = sim_config_of(engine, cost_model=model)
         workloads = WORKLOADS if not args.trace else {}
         for spec in args.trace or []:

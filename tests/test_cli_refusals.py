@@ -167,3 +167,23 @@ def test_a_saved_profile_loads_back_as_it_was(tmp_path):
 
     model = StepCostModel(1.5, 0.25, 0.01, 0.001, source={"model": "m"}, fit={"r2": 0.9})
     assert StepCostModel.load(model.save(tmp_path / "profile.json")) == model
+
+
+# --- simulate --calibrate --random-model (issue 32 item 4) ---
+
+@pytest.mark.parametrize(("options", "start"), [
+    (["--random-model", "smollm2-135m"], "--random-model: only with --calibrate or --real"),
+    (["--calibrate", "--random-model", "smollm2-135m", "--model", "m"],
+     "--random-model: give --model or --random-model, not both"),
+    (["--calibrate", "--random-model", "no-such-shape"],
+     "--random-model 'no-such-shape': no such config file and no shipped shape"),
+    (["--calibrate", "--real", "--random-model", "smollm2-135m"], "--real: --calibrate"),
+    (["--calibrate", "--profile", "p.json", "--random-model", "smollm2-135m"],
+     "--profile: --calibrate writes a profile"),
+    (["--calibrate"], "--model: give the model to run"),
+    (["--calibrate", "--random-model", "smollm2-135m", "--device", "tpu"],
+     "--device: device must be auto, cpu or cuda[:N]"),
+])
+def test_bad_calibration_flags_are_refused_before_any_model_loads(options, start):
+    line = refuse("simulate", *options)
+    assert line.startswith(f"aioserve: error: {start}"), line

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +20,11 @@ from aioserve.commands.simulate_cluster import (
 )
 from aioserve.commands.simulate_options import (
     add_options,
+    check_combinations,
     engine_config,
     sim_config,
     slo_title,
+    with_model,
 )
 from aioserve.config import EngineConfig
 from aioserve.scheduling.registry import params_by_policy
@@ -35,6 +39,7 @@ from aioserve.sim.workloads import WorkloadRequest
 
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
+    from aioserve.engine import AsyncEngine
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -55,6 +60,24 @@ def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any
     return params_by_policy(names, scheduler_params(text))
 
 
+@contextlib.asynccontextmanager
+async def real_engine(config: EngineConfig, tokenizer: bool = True) -> AsyncIterator[AsyncEngine]:
+    """The started engine of ``config``; ``tokenizer=False`` loads none (a random model)."""
+    from aioserve.engine import AsyncEngine
+
+    runner = None
+    if not tokenizer:  # an engine given its runner loads no tokenizer
+        from aioserve.runners.torch.runner import TorchRunner
+
+        runner = await asyncio.to_thread(TorchRunner, config)
+    try:
+        async with AsyncEngine(config, runner=runner) as engine:
+            yield engine
+    finally:
+        if runner is not None:  # also when the engine failed to start
+            runner.close()
+
+
 async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], names: list[str],
                    real: EngineConfig | None,
                    ) -> tuple[list[SimResult], dict[str, FrameRecorder]]:
@@ -62,10 +85,9 @@ async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], na
     results: list[SimResult] = []
     recorders: dict[str, FrameRecorder] = {}
     if real is not None:
-        from aioserve.engine import AsyncEngine
         from aioserve.sim.real import replay
 
-        async with AsyncEngine(real) as engine:
+        async with real_engine(real, args.random_model is None) as engine:
             await replay(engine, workload[: max(4, len(workload) // 8)], "fcfs")  # warm-up
             for name in names:
                 results.append(await replay(engine, workload, name, params[name]))
@@ -83,19 +105,16 @@ async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], na
 
 async def _calibrate(args: argparse.Namespace, real: EngineConfig,
                      workload: list[WorkloadRequest] | None) -> int:
-    from aioserve.engine import AsyncEngine
     from aioserve.sim.calibrate import calibrate
+    from aioserve.sim.fit_report import format_fit
 
-    async with AsyncEngine(real) as engine:
+    async with real_engine(real, args.random_model is None) as engine:
         model = await calibrate(engine, workload, rounds=args.repeats)
+    if args.random_model is not None:
+        model.source["random_model"] = args.random_model
     path = model.save(args.profile_out)
-    fit = model.fit
-    print(f"step cost (ms) = {model.intercept_ms:.3f} + {model.per_seq_ms:.4f} x rows + "
-          f"{model.per_prefill_token_ms:.5f} x prefill tokens + "
-          f"{model.per_context_token_ms:.6f} x context tokens")
-    print(f"fit on {fit['steps']:.0f} steps: R^2 {fit['r2']:.3f}, mean |error| "
-          f"{fit['mean_abs_error_ms']:.3f} ms, total {fit['total_error_pct']:+.2f}%")
-    print(f"forward: {model.source.get('forward')}")
+    print(format_fit(model))
+    print(f"forward: {model.source.get('forward')}, device: {model.source.get('device')}")
     print(f"profile: {path} (use: aioserve simulate --profile {path} ...)")
     return 0
 
@@ -138,6 +157,7 @@ def _sweep(args: argparse.Namespace, names: list[str]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``simulate``; ValueError for an unknown scheduler, workload or option."""
+    check_combinations(args)
     routers = check_cluster(args) if wants_cluster(args) else None
     if args.sweep_rate is not None:
         names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
@@ -147,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     real = engine_config(args) if args.calibrate or args.real else None
     if args.calibrate and real is not None:
         workload = load_workload(args.workload) if args.workload != "article-example" else None
-        return asyncio.run(_calibrate(args, real, workload))
+        return asyncio.run(_calibrate(args, with_model(args, real), workload))
     workload = load_workload(args.workload)
     if Path(args.workload).exists() or Path(split_spec(args.workload)[0]).exists():
         print(f"workload: {describe(workload)}", file=sys.stderr)
@@ -160,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         params = policy_params(args.scheduler_config, names)
         for name in names:
             check_scheduler(name, params[name])
+        real = with_model(args, real)
     results, recorders = asyncio.run(_run_all(args, workload, names, real))
     kind = "real engine" if args.real else "simulated"
     timing = "timing: the real engine" if args.real else timing_line(results[0])

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from aioserve.commands.common import (
     add_forward_option,
     add_scheduler_options,
     check_model,
+    flag_error,
     non_negative_float,
     positive_int,
 )
@@ -58,6 +60,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="run the workload on the real engine (--model) instead of simulating it")
     add("--repeats", type=positive_int, default=2, help="--calibrate: passes to fit on (2)")
     add("--model", default=None, help="model directory, for --real and --calibrate")
+    add("--random-model", default=None, metavar="CONFIG",
+        help="instead of --model: random weights of a real shape, as bench throughput's "
+        "(a transformers config.json or a shipped shape: smollm2-135m, qwen3-0.6b)")
     add_forward_option(parser, "; --real and --calibrate: the engine's, as serve's")
     add("--device", default="auto", help="the engine's device (--real, --calibrate)")
     add("--compare", action="store_true",
@@ -131,20 +136,53 @@ def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> Sim
     )
 
 
+def check_combinations(args: argparse.Namespace) -> None:
+    """ValueError naming the flag of a combination that cannot run (before any model loads)."""
+    if args.calibrate and args.real:
+        raise ValueError("--real: --calibrate already runs the real engine; give one of them")
+    if args.calibrate and args.profile:
+        raise ValueError("--profile: --calibrate writes a profile (to --profile-out), it reads "
+                         "none")
+    if args.random_model is not None:
+        if args.model:
+            raise ValueError("--random-model: give --model or --random-model, not both")
+        if not (args.calibrate or args.real):
+            raise ValueError("--random-model: only with --calibrate or --real (a simulation "
+                             "loads no model; give it the --profile calibrated on one)")
+        from aioserve.bench.models.random_model import read_shape
+
+        read_shape(args.random_model)  # names --random-model
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The real engine of the options; ValueError naming the option."""
-    if not args.model:
-        raise ValueError("--model: give the model to run (needed by --real and --calibrate)")
-    check_model(args.model)
-    return EngineConfig(
-        model=args.model, scheduler="fcfs", max_num_seqs=args.slots or 4,
-        max_model_len=args.max_model_len,
-        num_kv_blocks=args.kv_blocks,
-        block_size=args.block_size or 16,
-        max_num_batched_tokens=args.max_num_batched_tokens or 4096,
-        enable_prefix_caching=args.enable_prefix_caching, forward=args.forward,
-        device=args.device,
-    )
+    """The real engine of the options; ValueError naming the option. With ``--random-model``
+    its ``model`` is the shape's name until :func:`with_model` builds it."""
+    if args.random_model is None:
+        if not args.model:
+            raise ValueError("--model: give the model to run (--random-model for random "
+                             "weights; needed by --real and --calibrate)")
+        check_model(args.model)
+    try:
+        return EngineConfig(
+            model=args.model or args.random_model, scheduler="fcfs", max_num_seqs=args.slots or 4,
+            max_model_len=args.max_model_len,
+            num_kv_blocks=args.kv_blocks,
+            block_size=args.block_size or 16,
+            max_num_batched_tokens=args.max_num_batched_tokens or 4096,
+            enable_prefix_caching=args.enable_prefix_caching, forward=args.forward,
+            device=args.device,
+        )
+    except ValueError as exc:
+        raise flag_error(exc, args) from None
+
+
+def with_model(args: argparse.Namespace, config: EngineConfig) -> EngineConfig:
+    """``config`` with its random model built (cached) where ``--random-model`` is given."""
+    if args.random_model is None:
+        return config
+    from aioserve.bench.models.random_model import ensure_random_model
+
+    return replace(config, model=str(ensure_random_model(args.random_model)))
 
 
 def slo_title(args: argparse.Namespace) -> str:

@@ -11,14 +11,17 @@ from typing import Any
 import aioserve
 from aioserve.engine import AsyncEngine
 from aioserve.sim.real import replay
-from aioserve.sim.step_cost import StepCostModel, fit_steps
+from aioserve.sim.step_cost import StepCostModel, fit_profile
 from aioserve.sim.workloads import WorkloadRequest
 
 
-def calibration_workload(max_num_seqs: int, seed: int = 0) -> list[WorkloadRequest]:
+def calibration_workload(max_num_seqs: int, seed: int = 0, max_model_len: int = 512
+                         ) -> list[WorkloadRequest]:
     """Steps of every shape the engine meets: solo requests, a burst of twice
-    ``max_num_seqs`` and long prompts among short outputs (prompts 8-256, outputs 4-96)."""
+    ``max_num_seqs`` (prompts 8-128) and long prompts among short outputs (a quarter to half
+    of ``max_model_len``; outputs 4-96)."""
     rng = random.Random(seed)
+    long = max(max_model_len // 2, 16)
     items: list[WorkloadRequest] = []
     t = 0.0
     for i in range(max(4, max_num_seqs // 2)):  # one at a time
@@ -31,7 +34,7 @@ def calibration_workload(max_num_seqs: int, seed: int = 0) -> list[WorkloadReque
     t += 0.6
     for i in range(max_num_seqs):  # long prompts, arriving while others decode
         items.append(WorkloadRequest(f"cal-long-{i}", round(t + 0.03 * i, 4),
-                                     rng.randint(128, 256), rng.randint(4, 32)))
+                                     rng.randint(long // 2, long), rng.randint(4, 32)))
     return items
 
 
@@ -40,9 +43,11 @@ def describe(engine: AsyncEngine) -> dict[str, Any]:
     config = engine.config
     core = engine._require_core()
     return {
-        "model": config.model, "device": config.device,
+        "model": config.model,
+        "device": str(getattr(engine.runner, "device", None) or config.device),
         "forward": getattr(engine.runner, "forward_note", None) or config.forward,
-        "dtype": config.dtype, "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
+        "dtype": str(getattr(engine.runner, "dtype", None) or config.dtype),
+        "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
         "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
         "block_size": core.blocks.block_size,
         "max_num_batched_tokens": core.max_num_batched_tokens,
@@ -59,9 +64,10 @@ async def calibrate(engine: AsyncEngine, workload: list[WorkloadRequest] | None 
     """Fit the step cost of a running, idle ``engine`` on ``rounds`` passes of ``workload``
     under ``fcfs``, after a warm-up (ValueError: too few steps; RuntimeError: busy)."""
     core = engine._require_core()
-    workload = workload or calibration_workload(core.max_num_seqs)
+    workload = workload or calibration_workload(core.max_num_seqs,
+                                                max_model_len=core.max_model_len)
     await replay(engine, workload[: max(4, len(workload) // 4)], "fcfs")  # warm-up
     steps = []
     for _ in range(rounds):
         steps += (await replay(engine, workload, "fcfs")).feedback
-    return fit_steps(steps, source=describe(engine))
+    return fit_profile(steps, source=describe(engine))
