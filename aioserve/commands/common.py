@@ -82,16 +82,20 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
 
 def scheduler_params(text: str | None) -> dict[str, Any] | None:
     """The ``--scheduler-config`` JSON object, or None; ValueError naming the option otherwise."""
+    return json_object(text, "--scheduler-config", "'{\"max_wait_s\": 5}'")
+
+
+def json_object(text: str | None, flag: str, example: str) -> dict[str, Any] | None:
+    """A flag's JSON object, or None when not given; ValueError naming ``flag`` otherwise."""
     if text is None:
         return None
     try:
-        params = json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--scheduler-config: not valid JSON: {exc}") from None
-    if not isinstance(params, dict):
-        raise ValueError("--scheduler-config: must be a JSON object of parameters, e.g. "
-                         "'{\"max_wait_s\": 5}'")
-    return params
+        raise ValueError(f"{flag}: not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag}: must be a JSON object, e.g. {example}")
+    return value
 
 
 def flag_error(exc: ValueError, args: argparse.Namespace) -> ValueError:

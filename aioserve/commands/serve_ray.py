@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import threading
 from typing import Any
 
 from aioserve.bench.server_process import free_port
+from aioserve.commands.common import json_object
 from aioserve.config import EngineConfig
 
 
@@ -46,22 +46,9 @@ def ray_options(args: argparse.Namespace) -> Any:
     """RayServeOptions from parsed options; ValueError naming the option."""
     from aioserve.deploy.ray_serve import RayServeOptions
 
-    autoscaling = None
-    if args.autoscaling is not None:
-        try:
-            autoscaling = json.loads(args.autoscaling)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--autoscaling: not valid JSON: {exc}") from None
-        if not isinstance(autoscaling, dict):
-            raise ValueError("--autoscaling must be a JSON object")
-    router_params = None
-    if args.router_config is not None:
-        try:
-            router_params = json.loads(args.router_config)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--router-config: not valid JSON: {exc}") from None
-        if not isinstance(router_params, dict):
-            raise ValueError("--router-config must be a JSON object")
+    autoscaling = json_object(args.autoscaling, "--autoscaling",
+                              "'{\"min_replicas\": 1, \"max_replicas\": 4}'")
+    router_params = json_object(args.router_config, "--router-config", "'{\"load_bound\": 0.5}'")
     actor = {"num_cpus": args.replica_num_cpus}
     if args.replica_num_gpus:
         actor["num_gpus"] = args.replica_num_gpus

@@ -7,7 +7,7 @@ import asyncio
 import json
 from typing import Any
 
-from aioserve.commands.common import positive_int, scheduler_params
+from aioserve.commands.common import json_object, positive_int, scheduler_params
 from aioserve.commands.simulate_options import slo_title
 from aioserve.routing.registry import BUILTIN_ROUTERS, available_routers, load_router
 from aioserve.scheduling.registry import load_scheduler, params_by_policy
@@ -44,14 +44,9 @@ def wants_cluster(args: argparse.Namespace) -> bool:
 
 def router_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
     """Each router's parameters from ``--router-config`` (ValueError naming the flag)."""
-    if text is None:
+    params = json_object(text, "--router-config", "'{\"load_bound\": 0.5}'")
+    if params is None:
         return dict.fromkeys(names)
-    try:
-        params = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--router-config: not valid JSON: {exc}") from None
-    if not isinstance(params, dict):
-        raise ValueError("--router-config: must be a JSON object, e.g. '{\"load_bound\": 0.5}'")
     if params and all(isinstance(v, dict) for v in params.values()) and set(params) <= set(names):
         return {name: params.get(name) for name in names}
     return dict.fromkeys(names, params)

@@ -7,7 +7,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from aioserve.routing.router import Router
-from aioserve.scheduling.registry import check_parameters, load_class
+from aioserve.scheduling.registry import instantiate, load_class
 
 ENTRY_POINT_GROUP = "aioserve.routers"
 
@@ -43,11 +43,4 @@ def load_router(spec: str | Router, params: Mapping[str, Any] | None = None) -> 
     cls = load_class(spec, ENTRY_POINT_GROUP, "router", BUILTIN_ROUTERS)
     if not callable(cls):
         raise ValueError(f"router {spec!r} is not a class")
-    kwargs = check_parameters(spec, cls, params or {}, kind="router")
-    try:
-        router = cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"router {spec!r}: {exc}") from exc
-    if not callable(getattr(router, "choose", None)):
-        raise ValueError(f"router {spec!r} has no choose(request, loads) method")
-    return router  # type: ignore[no-any-return]
+    return instantiate(spec, cls, params, "router", "choose(request, loads)")  # type: ignore[no-any-return]

@@ -151,11 +151,18 @@ def load_scheduler(spec: str | Scheduler, params: Mapping[str, Any] | None = Non
     cls = _load_class(spec)
     if not callable(cls):
         raise ValueError(f"scheduler {spec!r} is not a class")
-    kwargs = check_parameters(spec, cls, params or {})
+    return instantiate(spec, cls, params, "scheduler", "schedule(state)")  # type: ignore[no-any-return]
+
+
+def instantiate(spec: str, cls: Any, params: Mapping[str, Any] | None, kind: str,
+                method: str) -> Any:
+    """``cls(**params)``, the parameters checked first; ValueError naming the ``kind``, the
+    spec and what is wrong, also when the object lacks ``method`` (e.g. ``"choose(...)"``)."""
+    kwargs = check_parameters(spec, cls, params or {}, kind=kind)
     try:
-        scheduler = cls(**kwargs)
+        made = cls(**kwargs)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"scheduler {spec!r}: {exc}") from exc
-    if not callable(getattr(scheduler, "schedule", None)):
-        raise ValueError(f"scheduler {spec!r} has no schedule(state) method")
-    return scheduler  # type: ignore[no-any-return]
+        raise ValueError(f"{kind} {spec!r}: {exc}") from exc
+    if not callable(getattr(made, method.split("(")[0], None)):
+        raise ValueError(f"{kind} {spec!r} has no {method} method")
+    return made
