@@ -124,7 +124,8 @@ def test_an_unknown_workload_key_is_named_with_its_line(tmp_path, command):
     path.write_text(json.dumps(REQUEST) + "\n\n" + json.dumps(REQUEST | {
         "id": "b", "tennant": "x"}) + "\n")
     line = refuse(*command, "--workload", str(path))
-    assert line.startswith(f"aioserve: error: {path}:3: unknown key 'tennant'; did you mean "
+    assert line.startswith(f"aioserve: error: --workload: {path}:3: unknown key 'tennant'; "
+                           "did you mean "
                            "'tenant'? (known: id, arrival_s, prompt_len, output_len, "), line
 
 
@@ -141,8 +142,8 @@ def test_a_production_trace_is_read_and_a_bad_row_named_by_file_line_and_column(
     azure = tmp_path / "azure.csv"
     azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,374,x\n")
     assert refuse("simulate", "--workload", str(azure)) == (
-        f"aioserve: error: {azure}:2: column 'GeneratedTokens': expected a whole number of "
-        "tokens >= 0, got 'x'")
+        f"aioserve: error: --workload: {azure}:2: column 'GeneratedTokens': expected a whole "
+        "number of tokens >= 0, got 'x'")
 
 
 @pytest.mark.parametrize(("text", "reason"), [

@@ -29,7 +29,8 @@ from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 
 #: Headers without a unit: names, a percentage, an index (0-1) and counts.
-UNITLESS = {"policy", "SLO %", "Jain", "preemptions", "recomputed tok", "length tau"}
+UNITLESS = {"policy", "SLO %", "Jain", "preemptions", "recomputed tok", "length tau",
+            "prefix hit %"}
 
 
 async def _runs(workload: str, names: tuple[str, ...]) -> list:

@@ -168,7 +168,10 @@ def _requests(args: argparse.Namespace) -> list[BenchRequest]:
     if getattr(args, "workload", None):
         from aioserve.bench.online.workload_file import workload_requests
 
-        return workload_requests(args.workload, args.vocab_size)
+        try:
+            return workload_requests(args.workload, args.vocab_size)
+        except ValueError as exc:
+            raise ValueError(f"--workload: {exc}") from None
     prefix = _prefix(args)
     if prefix is None:
         return random_requests(args.num_prompts, args.input_len, args.output_len,

@@ -155,6 +155,13 @@ def _sweep(args: argparse.Namespace, names: list[str]) -> int:
     return 0
 
 
+def _workload(args: argparse.Namespace) -> list[WorkloadRequest]:
+    try:
+        return load_workload(args.workload)
+    except ValueError as exc:
+        raise ValueError(f"--workload: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``simulate``; ValueError for an unknown scheduler, workload or option."""
     check_combinations(args)
@@ -166,9 +173,9 @@ def run(args: argparse.Namespace) -> int:
         return _sweep(args, names)
     real = engine_config(args) if args.calibrate or args.real else None
     if args.calibrate and real is not None:
-        workload = load_workload(args.workload) if args.workload != "article-example" else None
+        workload = _workload(args) if args.workload != "article-example" else None
         return asyncio.run(_calibrate(args, with_model(args, real), workload))
-    workload = load_workload(args.workload)
+    workload = _workload(args)
     if Path(args.workload).exists() or Path(split_spec(args.workload)[0]).exists():
         print(f"workload: {describe(workload)}", file=sys.stderr)
     names = [name.strip() for name in args.scheduler.split(",") if name.strip()]

@@ -25,7 +25,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--workload", default="article-example",
         help="article-example, article-mix, poisson[:n=,rate=,burst=,seed=], two-tenants, "
-        "priority-mix, slo-mix, heavy-tail, routes (each with :key=value options), or a trace or "
+        "priority-mix, slo-mix, heavy-tail, routes, shared-prefix (each with :key=value "
+        "options; a bad key lists them), or a trace or "
         "workload file: FILE[:start=,duration=,n=,window=,rate=|speed=,burstiness=,seed=,"
         "len_scale=,max_len=] (Azure CSV, Mooncake JSONL or aioserve JSONL; README: Real "
         "traces)")

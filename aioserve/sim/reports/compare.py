@@ -14,12 +14,14 @@ import jinja2
 #: (key, column header with its unit, scale, digits) of the main table.
 COLUMNS = (
     ("throughput_tok_s", "output tok/s", 1.0, 1), ("goodput_req_s", "goodput req/s", 1.0, 2),
-    ("slo_attainment", "SLO %", 100.0, 1), ("p50_ttft_s", "TTFT p50 (s)", 1.0, 3),
+    ("slo_attainment", "SLO %", 100.0, 1), ("mean_ttft_s", "TTFT mean (s)", 1.0, 3),
+    ("p50_ttft_s", "TTFT p50 (s)", 1.0, 3),
     ("p99_ttft_s", "TTFT p99 (s)", 1.0, 3), ("mean_tpot_s", "TPOT mean (ms)", 1e3, 1),
     ("p50_e2e_s", "E2E p50 (s)", 1.0, 3), ("p99_e2e_s", "E2E p99 (s)", 1.0, 3),
     ("jain_index", "Jain", 1.0, 3), ("jain_window", "Jain window (steps)", 1.0, 0),
     ("max_wait_s", "max wait (s)", 1.0, 2),
     ("preemptions", "preemptions", 1.0, 0), ("recomputed_tokens", "recomputed tok", 1.0, 0),
+    ("prefix_hit_rate", "prefix hit %", 100.0, 1),
     ("prediction_tau", "length tau", 1.0, 2), ("prediction_mae", "length MAE (tokens)", 1.0, 1),
 )
 

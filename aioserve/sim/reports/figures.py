@@ -163,6 +163,8 @@ def policy_figures(result: SimResult, slo_ttft_ms: float | None = None,
         else None,
         **_latencies(done), "max_wait_s": max(waits, default=None),
         "preemptions": result.preemptions, "recomputed_tokens": result.preempted_tokens,
+        "prefix_hit_rate": (result.core.prefix_cache_hits / result.core.prefix_cache_queries
+                            if result.core.prefix_cache_queries else None),
         "jain_index": jain(list(service.values()), weights) if len(service) > 1 else None,
         "jain_weights": dict(zip(map(str, names), weights)) if weights else None,
         "jain_window": f"{window}/{len(result.feedback)}" if len(service) > 1 else None,

@@ -73,6 +73,7 @@ def summarize(result: SimResult, workload: str = "") -> dict[str, Any]:
         "workload": workload,
         "slots": config.slots,
         "step_ms": config.step_ms,
+        "calibrated": config.cost_model is not None,
         "kv_blocks": result.core.blocks.num_blocks,
         "block_size": config.block_size,
         "makespan_s": makespan,
@@ -97,18 +98,21 @@ def format_report(summary: dict[str, Any], max_rows: int = 20) -> str:
     name, workload = summary["scheduler"], summary["workload"]
     key = name if name in EXAMPLE_MEAN else None
     theirs = EXAMPLE_LATENCIES.get(name, {}) if workload == "article-example" else {}
+    rows = summary["requests"]
+    timing = ("calibrated step cost" if summary.get("calibrated")
+              else f"{summary['step_ms']:g} ms/step")
+    width = max([8, *(len(row["id"]) + 2 for row in rows[:max_rows])])
     lines = [
         f"scheduler {name} | workload {workload} | {summary['slots']} slots | "
-        f"{summary['step_ms']:g} ms/step | KV {summary['kv_blocks']} x {summary['block_size']}",
-        f"{'id':<8}{'status':<10}{'arrival (s)':>12}{'TTFT (s)':>10}{'finish (s)':>11}"
+        f"{timing} | KV {summary['kv_blocks']} x {summary['block_size']}",
+        f"{'id':<{width}}{'status':<10}{'arrival (s)':>12}{'TTFT (s)':>10}{'finish (s)':>11}"
         f"{'latency (s)':>12}{'tokens':>8}{'preempt':>8}"
         + (f"{'article (s)':>12}" if theirs else ""),
     ]
-    rows = summary["requests"]
     for row in rows[:max_rows]:
         ttft = None if row["first_token_s"] is None else row["first_token_s"] - row["arrival_s"]
         line = (
-            f"{row['id']:<8}{row['status']:<10}{row['arrival_s']:>12.3f}{_num(ttft):>10}"
+            f"{row['id']:<{width}}{row['status']:<10}{row['arrival_s']:>12.3f}{_num(ttft):>10}"
             f"{_num(row['finish_s']):>11}{_num(row['latency_s']):>12}"
             f"{row['output_tokens']:>8}{row['preemptions']:>8}"
         )
