@@ -209,3 +209,19 @@ def test_a_slow_build_keeps_its_lock_fresh(tmp_path, monkeypatch):
 
     monkeypatch.setattr(native_build, "_compile", slow_compile)
     assert build(BuildFolder(root=tmp_path)) and touched == [True]
+
+
+def test_a_closed_runner_does_not_hold_the_switch_back(monkeypatch):
+    """A runner shut down mid-step stays busy, and something may keep it alive (aiohttp
+    caches its last 1,024 apps, with their engines): closed, it no longer counts."""
+    import weakref
+
+    switched = []
+    monkeypatch.setattr(native_kernels.KernelSwitch, "_runners", weakref.WeakSet())
+    monkeypatch.setattr(native_kernels, "_pending", BuildFolder())
+    monkeypatch.setattr(native_kernels, "activate", lambda: switched.append(1) or True)
+    closed, live = native_kernels.KernelSwitch(), native_kernels.KernelSwitch()
+    closed.busy()
+    assert live.idle() is False and switched == []
+    closed.close()
+    assert live.idle() is True and switched == [1]

@@ -134,6 +134,11 @@ class KernelSwitch:
     def busy(self) -> None:
         self.is_idle = False
 
+    def close(self) -> None:
+        """A closed runner no longer holds the switch back (one shut down mid-step stays
+        busy, and a cache may keep it alive: aiohttp's keeps its last 1,024 apps)."""
+        KernelSwitch._runners.discard(self)
+
     def idle(self) -> bool:
         """No request of this runner runs: switch if possible (True: switched)."""
         self.is_idle = True

@@ -298,6 +298,7 @@ class TorchRunner:
 
     def close(self) -> None:
         """Stop the threads (idempotent), restoring the worker's thread count first."""
+        self._kernels.close()
         if self.num_threads is not None:
             with contextlib.suppress(RuntimeError):  # closed before: no new work accepted
                 self._executor.submit(torch.set_num_threads, self._saved_threads).result()
