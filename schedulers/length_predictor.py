@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 from aioserve.scheduling import RequestView
-from aioserve.scheduling.registry import load_object
+from aioserve.scheduling.registry import instantiate, load_object
 from schedulers.learned_length import LearnedLengthPredictor
 
 
@@ -69,30 +68,22 @@ def make_predictor(spec: LengthPredictor | str | None,
     Raises:
         ValueError: the spec cannot be loaded or has no ``predict``; a ``config`` key the
             predictor does not take, or a value it refuses (named)."""
-    config = dict(config or {})
     if spec is None:
         spec = "hint"
-    if not isinstance(spec, str):
-        if config:
-            raise ValueError("predictor_config needs a predictor name, not an instance")
-        predictor: Any = spec
-    else:
+    if isinstance(spec, str):
         cls = PREDICTORS.get(spec) or load_object(spec)
         if not callable(cls):
             raise ValueError(f"predictor {spec!r} is not a class")
-        if inspect.isclass(cls):
-            known = [p for p in inspect.signature(cls).parameters if p not in ("self",)]
-            for key in config:
-                if key not in known:
-                    raise ValueError(f"predictor_config: predictor {spec!r} has no parameter "
-                                     f"{key!r} (it takes: {', '.join(known) or 'none'})")
         try:
-            predictor = cls(**config)
-        except (TypeError, ValueError) as exc:
+            return instantiate(spec, cls, config, "predictor",  # type: ignore[no-any-return]
+                               "predict(request)")
+        except ValueError as exc:
             raise ValueError(f"predictor_config: {exc}") from None
-    if not callable(getattr(predictor, "predict", None)):
+    if config:
+        raise ValueError("predictor_config needs a predictor name, not an instance")
+    if not callable(getattr(spec, "predict", None)):
         raise ValueError(f"predictor {spec!r} has no predict(request) method")
-    return predictor  # type: ignore[no-any-return]
+    return spec
 
 
 def predicted_remaining(predictor: LengthPredictor, request: RequestView) -> int:
