@@ -28,6 +28,7 @@ class BenchRequest:
 
     @property
     def sent_max_tokens(self) -> int:
+        """The ``max_tokens`` sent (tokens): the row's cap, else its output length."""
         return self.max_tokens if self.max_tokens is not None else self.output_len
 
 

@@ -22,6 +22,7 @@ _SINGLE_ONLY = ("real", "calibrate", "html", "plot", "report", "sweep_rate", "ma
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    """Add --replicas, --router, --fewest-replicas and --router-config."""
     add = parser.add_argument
     add("--replicas", type=positive_int, default=None,
         help="simulate N replicas behind a router (each the engine with --scheduler and "
@@ -38,6 +39,7 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
+    """Whether any cluster option was given (the run is then a cluster run)."""
     return (args.replicas is not None or args.router is not None
             or args.router_config is not None or args.fewest_replicas is not None)
 

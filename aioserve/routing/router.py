@@ -66,4 +66,8 @@ class Router(Protocol):
 
     name: str
 
-    def choose(self, request: RouteRequest, loads: Sequence[ReplicaLoad]) -> int: ...
+    def choose(self, request: RouteRequest, loads: Sequence[ReplicaLoad]) -> int:
+        """The replica for ``request``: an index into ``loads`` (one per replica, in the
+        replicas' order; ``len(loads) >= 1``). Anything else is a ValueError at the caller
+        (the simulator names the router); an exception propagates to it."""
+        ...
