@@ -58,6 +58,9 @@ def test_bad_options_are_value_errors(argv):
     (["--router", "nope"], "--router: unknown router 'nope'; registered: least_outstanding"),
     (["--router", "pow2", "--router-config", '{"seed": "x"}'],
      "--router-config: router 'pow2': parameter 'seed'"),
+    (["--autoscaling", "{"], "--autoscaling: not valid JSON"),
+    (["--autoscaling", "[1]"], "--autoscaling: must be a JSON object"),
+    (["--router-config", "[1]"], "--router-config: must be a JSON object"),
 ])
 def test_router_refusals_name_the_flag(argv, message):
     with pytest.raises(ValueError) as exc:
