@@ -41,7 +41,7 @@ class RequestMetrics:
     num_preemptions: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """One generation request.
 

@@ -370,12 +370,13 @@ class EngineCore:
                      end: float) -> None:
         emitted = [0] * len(batch.request_ids)
         finished: list[str] = []
+        done = RequestStatus.FINISHED
         for request, _, index in results:
             emitted[index] = 1
-            if request.status is RequestStatus.FINISHED:
+            if request.status is done:
                 finished.append(request.request_id)
         counts = batch.num_scheduled_tokens
-        decode = tuple(n == 1 and p > 0 for n, p in zip(counts, batch.num_output_tokens))
+        decode = tuple([n == 1 and p > 0 for n, p in zip(counts, batch.num_output_tokens)])
         feedback = StepFeedback(
             self.step_count - 1, start, end, tuple(batch.request_ids), tuple(counts),
             tuple(batch.start_positions), tuple(emitted), decode, tuple(finished),

@@ -43,6 +43,8 @@ def _takes_state(policy: object, name: str) -> bool:
 
 
 def _ids(values: object) -> bool:
+    if isinstance(values, (list, tuple)):  # the usual case, without an ABC check
+        return all(isinstance(v, str) for v in values)
     return isinstance(values, (Sequence, set, frozenset)) and not isinstance(values, str) and all(
         isinstance(v, str) for v in values)
 

@@ -90,12 +90,10 @@ class SimulatedRunner:
         return self.step_ns + prefill * self.prefill_ns_per_token
 
     def outputs(self, batch: ScheduledBatch) -> RunnerOutput:
-        tokens = [
-            self.token_for(request_id, produced) if sample else -1
-            for request_id, produced, sample in zip(
-                batch.request_ids, batch.num_output_tokens, batch.sample
-            )
-        ]
+        token_for = self.token_for
+        tokens = [token_for(request_id, produced) if sample else -1
+                  for request_id, produced, sample in zip(
+                      batch.request_ids, batch.num_output_tokens, batch.sample)]
         return RunnerOutput(token_ids=tokens)
 
     def _end_step(self, end_ns: int) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import random
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sim.runner import NS_PER_S
@@ -17,6 +20,17 @@ from aioserve.sim.trace_formats import first_line_format, trace_format
 #: Prompt length of the article's requests (it counts decode steps only; with the
 #: default prefill cost of 0 the prompt length changes no timing, only KV use).
 ARTICLE_PROMPT_LEN = 16
+
+
+def _draw(key: str, count: int, low: int, high: int) -> list[int]:
+    """``count`` token ids in ``[low, high)`` drawn from ``key`` alone (so the simulator
+    and ``bench serve`` build the same prompt, and equal keys share tokens)."""
+    if count <= 0:
+        return []
+    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    ids: list[int] = np.random.Generator(np.random.PCG64(seed)).integers(
+        low, high, count).tolist()
+    return ids
 
 
 @dataclass(frozen=True)
@@ -87,20 +101,18 @@ class WorkloadRequest:
         if self.prefix_blocks:
             return self._block_token_ids(vocab_size, low_id)
         shared = self.prefix_len if self.prefix_group is not None else 0
-        ids = range(low_id, vocab_size)
-        return (random.Random(f"prefix:{self.prefix_group}").choices(ids, k=shared)
-                + random.Random(f"request:{self.id}").choices(ids, k=self.prompt_len - shared))
+        return (_draw(f"prefix:{self.prefix_group}", shared, low_id, vocab_size)
+                + _draw(f"request:{self.id}", self.prompt_len - shared, low_id, vocab_size))
 
     def _block_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
-        vocab = range(low_id, vocab_size)
         ids: list[int] = []
         for block in self.prefix_blocks:
             if len(ids) >= self.prompt_len:
                 break
-            ids += random.Random(f"block:{block}:{self.block_tokens}").choices(
-                vocab, k=self.block_tokens)
-        ids += random.Random(f"request:{self.id}").choices(
-            vocab, k=max(self.prompt_len - len(ids), 0))
+            ids += _draw(f"block:{block}:{self.block_tokens}", self.block_tokens, low_id,
+                         vocab_size)
+        ids += _draw(f"request:{self.id}", max(self.prompt_len - len(ids), 0), low_id,
+                     vocab_size)
         return ids[: self.prompt_len]
 
     @property
