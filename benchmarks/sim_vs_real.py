@@ -8,7 +8,8 @@ Trace windows at multiples of the real engine's capacity (issue 32's replay floo
 ``--trace`` spec is first run on the engine with every request at t=0 under fcfs; capacity =
 requests / makespan; then replayed at ``--loads`` x that rate (the spec's ``rate=``):
 python3 benchmarks/sim_vs_real.py --policies fcfs,spf,vtc,priority --repeats 3 --loads 0.9,1.2 \
-    --trace ../shared/traces/azure-llm-2023-conv.csv:start=600,n=200,len_scale=auto,max_len=512"""
+    --trace ../shared/traces/azure-llm-2023-conv.csv:start=600,n=200,len_scale=auto,max_len=512
+(``--calibrate-on next-window``: the simulator's profile fitted on the trace's next window)"""
 
 from __future__ import annotations
 
@@ -58,16 +59,30 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         report["profile"] = {"coefficients": list(model.coefficients()), "fit": model.fit}
         sim_config = sim_config_of(engine, cost_model=model)
         workloads = WORKLOADS if not args.trace else {}
+        configs = dict.fromkeys(workloads, sim_config)
         for spec in args.trace or []:
+            trace_config = sim_config
+            if args.calibrate_on == "next-window":  # held out: the window after this one
+                held = await calibrate(engine, load_workload(f"{spec},window=1,speed=1e9"),
+                                       rounds=args.calibration_rounds)
+                print(f"{spec}: profile fitted on its next window (window=1, all at t=0)\n"
+                      f"{format_fit(held)}")
+                trace_config = sim_config_of(engine, cost_model=held)
             burst = load_workload(f"{spec},speed=1e9")
             flat = await replay(engine, burst, "fcfs")
             ends = [r.metrics.finished_time for r in flat.finished.values()
                     if r.metrics.finished_time is not None]
             capacity = len(flat.finished) / (max(ends) - min(w.arrival_s for w in burst))
-            print(f"{spec}: capacity {capacity:.2f} req/s (all at t=0, fcfs)")
+            simulated = await simulate(burst, "fcfs", trace_config)
+            sim_capacity = len(simulated.finished) / max(
+                r.metrics.finished_time or 0.0 for r in simulated.finished.values())
+            print(f"{spec}: capacity {capacity:.2f} req/s (all at t=0, fcfs), simulated "
+                  f"{sim_capacity:.2f} ({len(flat.steps)} steps real, {len(simulated.steps)} "
+                  f"simulated)")
             for load in args.loads.split(","):
-                workloads[f"{spec.rsplit('/', 1)[-1]} at {load}x"] = (
-                    f"{spec},rate={float(load) * capacity:.3f}")
+                label = f"{spec.rsplit('/', 1)[-1]} at {load}x"
+                workloads[label] = f"{spec},rate={float(load) * capacity:.3f}"
+                configs[label] = trace_config
         for label, spec in workloads.items():
             workload = load_workload(spec)
             real_runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
@@ -77,7 +92,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         policy_figures(await replay(engine, workload, policy)))
             rows = {}
             for policy in policies:
-                sim = policy_figures(await simulate(workload, policy, sim_config))
+                sim = policy_figures(await simulate(workload, policy, configs[label]))
                 rows[policy] = {"sim": {k: sim[k] for k in FIGURES},
                                 "real": {k: [r[k] for r in real_runs[policy]] for k in FIGURES}}
             report[label] = rows
@@ -144,6 +159,10 @@ if __name__ == "__main__":
     parser.add_argument("--trace", action="append", default=None, metavar="SPEC",
                         help="a trace window (README: Real traces) instead of the built-in "
                         "workloads; repeatable")
+    parser.add_argument("--calibrate-on", choices=("default", "next-window"), default="default",
+                        help="with --trace: fit the simulator's profile on the built-in "
+                        "calibration workload, or on each trace spec's next window (window=1, "
+                        "all at t=0: the trace's step shapes, held out)")
     parser.add_argument("--loads", default="0.9,1.2",
                         help="with --trace: multiples of the measured capacity")
     arguments = parser.parse_args()
