@@ -36,7 +36,8 @@ def test_good_values_and_read_only_metadata():
 
 def test_workload_file_fields_round_trip_and_bad_lines_name_the_field(tmp_path):
     items = [WorkloadRequest("a", 0.5, 8, 20, deadline_s=4.0, max_tokens=64, length_hint=18,
-                             meta=RequestMeta(3, "t", 200, 30, metadata={"k": "v"}))]
+                             meta=RequestMeta(3, "t", 200, 30, metadata={"k": "v"})),
+             WorkloadRequest("b", 0.7, 40, 5, prefix_blocks=(7, 9), block_tokens=16)]
     assert load_jsonl(dump_jsonl(items, tmp_path / "w.jsonl")) == items
     for line, field in [({"arrival_s": 0, "prompt_len": 4, "output_len": 2}, "id"),
                         ({"id": "x", "arrival_s": 0, "prompt_len": 4, "output_len": 2,
@@ -46,7 +47,11 @@ def test_workload_file_fields_round_trip_and_bad_lines_name_the_field(tmp_path):
                         ({"id": "x", "arrival_s": 0, "prompt_len": 4, "output_len": 9,
                           "max_tokens": 3}, "max_tokens"),
                         ({"id": "x", "arrival_s": 0, "prompt_len": 4, "output_len": 2,
-                          "deadline_s": -1}, "deadline_s")]:
+                          "deadline_s": -1}, "deadline_s"),
+                        ({"id": "x", "arrival_s": 0, "prompt_len": 4, "output_len": 2,
+                          "prefix_blocks": [1, "2"], "block_tokens": 16}, "prefix_blocks"),
+                        ({"id": "x", "arrival_s": 0, "prompt_len": 4, "output_len": 2,
+                          "prefix_blocks": [1]}, "block_tokens")]:
         path = tmp_path / "bad.jsonl"
         path.write_text(json.dumps(line) + "\n")
         with pytest.raises(ValueError, match=f"bad.jsonl:1: .*{field}"):

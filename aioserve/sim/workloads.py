@@ -164,7 +164,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "length_hint": (int,), "after_start": (bool,), "prefix_group": (str,),
     "prefix_len": (int,), "max_tokens": (int,), "priority": (int,), "tenant": (str,),
     "ttft_slo_ms": (int, float), "tpot_slo_ms": (int, float), "deadline_s": (int, float),
-    "metadata": (dict,),
+    "metadata": (dict,), "prefix_blocks": (list,), "block_tokens": (int,),
 }
 _REQUIRED = ("id", "arrival_s", "prompt_len", "output_len")
 #: The file's keys that are :class:`RequestMeta` fields (its deadline is ``deadline_s``).
@@ -192,6 +192,11 @@ def parse_request(item: Any) -> WorkloadRequest:
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             raise ValueError(f"{name} must be of type {types[0].__name__}, got {value!r}")
         kwargs[name] = value
+    if "prefix_blocks" in kwargs:
+        blocks = kwargs["prefix_blocks"]
+        if not all(type(block) is int for block in blocks):
+            raise ValueError(f"prefix_blocks must be a list of integers, got {blocks!r}")
+        kwargs["prefix_blocks"] = tuple(blocks)
     meta = {name: kwargs.pop(name) for name in _META_KEYS if name in kwargs}
     try:
         kwargs["meta"] = RequestMeta(**meta)
@@ -252,7 +257,8 @@ def dump_jsonl(requests: list[WorkloadRequest], path: str | Path) -> Path:
                               else (request, defaults))
             value = getattr(owner, name)
             if name in _REQUIRED or value != getattr(default, name):
-                row[name] = dict(value) if isinstance(value, Mapping) else value
+                row[name] = (dict(value) if isinstance(value, Mapping) else
+                             list(value) if isinstance(value, tuple) else value)
         lines.append(json.dumps(row))
     path = Path(path)
     path.write_text("\n".join(lines) + "\n")
