@@ -38,6 +38,18 @@ async def test_one_replica_is_simulate_exactly(spec, overlap):
     assert len(alone.steps) > 20 and alone.preemptions + len(alone.rejected) >= 0
 
 
+async def test_an_oracle_reads_the_true_lengths_in_a_cluster_as_alone():
+    workload = load_workload("heavy-tail:n=80,rate=40")
+    config = SimConfig(slots=4, kv_blocks=64)
+    params = {"predictor": "oracle"}
+    alone = await simulate(workload, "spf", config, scheduler_params=params)
+    cluster = await simulate_cluster(workload, 1, "round_robin", "spf", config,
+                                     scheduler_params=params)
+    assert trace(cluster.replicas[0]) == trace(alone)
+    learned = await simulate_cluster(workload, 1, "round_robin", "spf", config)
+    assert trace(learned.replicas[0]) != trace(alone)  # the hints change the order
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 async def test_each_replica_runs_as_simulate_would_on_what_it_was_sent(overlap):
     # the router reads loads, but a replica's run depends only on its own requests
