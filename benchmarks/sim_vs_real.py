@@ -29,7 +29,7 @@ from aioserve.sim.fit_report import format_fit
 from aioserve.sim.real import replay, sim_config_of
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import load_workload
-from aioserve.sim.simulator import simulate
+from aioserve.sim.simulator import SimResult, simulate
 
 WORKLOADS = {
     "bursty-poisson": "poisson:n=64,rate=30,burst=4,seed=11",
@@ -37,6 +37,13 @@ WORKLOADS = {
     "two-tenant-overload": "two-tenants:n=64,rate=60,light=0.1,seed=13",
 }
 FIGURES = ("mean_ttft_s", "p99_ttft_s", "mean_e2e_s", "preemptions")
+
+
+def _capacity(result: SimResult) -> float:
+    """Requests finished per second, from the first arrival to the last finish."""
+    ends = [r.metrics.finished_time for r in result.finished.values()
+            if r.metrics.finished_time is not None]
+    return len(result.finished) / (max(ends) - min(w.arrival_s for w in result.workload))
 
 
 def _ranking(values: dict[str, float]) -> list[str]:
@@ -70,12 +77,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 trace_config = sim_config_of(engine, cost_model=held)
             burst = load_workload(f"{spec},speed=1e9")
             flat = await replay(engine, burst, "fcfs")
-            ends = [r.metrics.finished_time for r in flat.finished.values()
-                    if r.metrics.finished_time is not None]
-            capacity = len(flat.finished) / (max(ends) - min(w.arrival_s for w in burst))
+            capacity = _capacity(flat)
             simulated = await simulate(burst, "fcfs", trace_config)
-            sim_capacity = len(simulated.finished) / max(
-                r.metrics.finished_time or 0.0 for r in simulated.finished.values())
+            sim_capacity = _capacity(simulated)
             print(f"{spec}: capacity {capacity:.2f} req/s (all at t=0, fcfs), simulated "
                   f"{sim_capacity:.2f} ({len(flat.steps)} steps real, {len(simulated.steps)} "
                   f"simulated)")

@@ -257,8 +257,7 @@ def dump_jsonl(requests: list[WorkloadRequest], path: str | Path) -> Path:
                               else (request, defaults))
             value = getattr(owner, name)
             if name in _REQUIRED or value != getattr(default, name):
-                row[name] = (dict(value) if isinstance(value, Mapping) else
-                             list(value) if isinstance(value, tuple) else value)
+                row[name] = dict(value) if isinstance(value, Mapping) else value
         lines.append(json.dumps(row))
     path = Path(path)
     path.write_text("\n".join(lines) + "\n")
