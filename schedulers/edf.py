@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from aioserve.scheduling import (
@@ -28,8 +29,11 @@ class EDFScheduler(OrderedScheduler):
     requests that meet their objectives, per second) is what counts. So a waiting
     request that has not streamed and cannot meet its first-token due time any more
     (the slack check: due before now plus one step, the mean of recent steps) is late:
-    it is ordered as if due ``late_delay_s`` later, behind the requests that can still
-    be on time, but still aging (its wait stays bounded under sustained overload).
+    it is ordered as if due later by the queue's drain time (waiting requests over the
+    finish rate of the last seconds: about the wait fcfs would give it), at most
+    ``late_delay_s``, behind the requests that can still be on time, but still aging.
+    So its wait stays within about twice fcfs's near capacity, and bounded under
+    sustained overload.
     With ``shed_late`` a late request that carries a TTFT objective or a deadline is
     shed with a reason (HTTP 503 ``request_shed``) instead. A request that has streamed
     tokens (one preempted and back in the queue) is never shed and never late: it
@@ -47,14 +51,16 @@ class EDFScheduler(OrderedScheduler):
             later (admission control; default False).
         default_ttft_ms: first-token objective of a request without one (default 10 s).
         default_tpot_ms: per-token objective of a request without one (default 200).
-        late_delay_s: how much later than its due time a late request is ordered
-            (default 5 s).
+        late_delay_s: the most a late request's due time is pushed back (default 5 s;
+            less while the queue drains faster than that).
 
     Raises:
         ValueError: a default not > 0, the delay < 0 (each named), or a bad watermark.
     """
 
     name: ClassVar[str] = "edf"
+    #: time constant (s) of the finish rate behind the drain time
+    RATE_WINDOW_S: ClassVar[float] = 5.0
 
     def __init__(self, shed_late: bool = False, default_ttft_ms: float = 10_000.0,
                  default_tpot_ms: float = 200.0, late_delay_s: float = 5.0,
@@ -71,6 +77,8 @@ class EDFScheduler(OrderedScheduler):
         self.default_tpot_s = default_tpot_ms / 1e3
         self.late_delay_s = late_delay_s
         self.step_s = 0.0  # mean step time, recent steps weighing most
+        self.finished = self.elapsed_s = 0.0  # finishes and seconds, decayed over RATE_WINDOW_S
+        self.delay_s = late_delay_s  # what late requests are pushed back by, this step
 
     def due(self, request: RequestView) -> float:
         """When the request's next token is due (engine clock, seconds)."""
@@ -91,11 +99,24 @@ class EDFScheduler(OrderedScheduler):
     def key(self, request: RequestView, state: SchedulerState) -> tuple[bool, float, float]:
         due = self.due(request)
         if self.late(request, state):
-            due += self.late_delay_s
+            due += self.delay_s
         return (request.num_output_tokens == 0, due, request.arrival_time)
+
+    def drain_s(self, state: SchedulerState) -> float:
+        """Seconds the waiting queue takes to drain at the recent finish rate (inf before a
+        request has finished)."""
+        rate = self.finished / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return len(state.waiting) / rate if rate > 0 else math.inf
+
+    def order(self, state: SchedulerState) -> Sequence[RequestView]:
+        self.delay_s = min(self.late_delay_s, self.drain_s(state))
+        return super().order(state)
 
     def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
         self.step_s += 0.2 * (feedback.duration_s - self.step_s)
+        decay = math.exp(-feedback.duration_s / self.RATE_WINDOW_S)
+        self.finished = self.finished * decay + len(feedback.finished)
+        self.elapsed_s = self.elapsed_s * decay + feedback.duration_s
 
     def slack(self, request: RequestView, now: float) -> float:
         """Seconds a running request is ahead of its objectives (its mean TPOT objective after

@@ -9,7 +9,7 @@ import pytest
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
-from aioserve.scheduling import RequestView, SchedulerState
+from aioserve.scheduling import RequestView, SchedulerState, StepFeedback
 from aioserve.scheduling.guard import PolicyGuard
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import slo_mix
@@ -180,8 +180,6 @@ def test_mlfq_skip_join_in_iterations_and_demotion():
         policy.on_arrival(RequestView(request), state)
     # prefill iterations 1, 8, 10, 40 against quanta 8, 16, 32, 64
     assert policy.level == {"short": 0, "mid": 0, "long": 1, "huge": 3}
-    from aioserve.scheduling import StepFeedback
-
     for step in range(8):
         feedback = StepFeedback(step, 0.0, 0.1, ("short",), (1,), (6,), (1,), (True,), ())
         policy.on_step(feedback, state)
@@ -257,3 +255,19 @@ def test_edf_slack_check_delays_what_cannot_be_on_time():
     state = SchedulerState((RequestView(hopeless), RequestView(fresh)), (), 8, 8, 4, 4, 64, 1.0, 0)
     assert policy.late(RequestView(hopeless), state) and not policy.late(RequestView(fresh), state)
     assert [r.request_id for r in policy.order(state)] == ["f", "h"]
+
+
+def test_edf_delays_late_requests_by_the_queues_drain_time():
+    # a queue that drains in less than late_delay_s delays the late by its drain time only
+    policy = EDFScheduler(late_delay_s=5.0)
+    policy.step_s = 0.1
+    hopeless = Request("h", [5] * 4, SamplingParams(), 0.0)
+    hopeless.meta = type(hopeless.meta)(ttft_slo_ms=1050)  # due 1.05: pushed back 0.1 s
+    fresh = Request("f", [5] * 4, SamplingParams(), 1.0)
+    fresh.meta = type(fresh.meta)(ttft_slo_ms=3000)  # due 4.0
+    state = SchedulerState((RequestView(hopeless), RequestView(fresh)), (), 8, 8, 4, 4, 64, 1.0, 0)
+    ids = tuple(f"x{i}" for i in range(20))
+    policy.on_step(StepFeedback(0, 0.0, 1.0, ids, (1,) * 20, (8,) * 20, (1,) * 20,
+                                (True,) * 20, finished=ids), state)
+    assert abs(policy.drain_s(state) - 0.1) < 0.01  # 2 waiting at about 20 finishes a second
+    assert [r.request_id for r in policy.order(state)] == ["h", "f"]
