@@ -9,7 +9,13 @@ Trace windows at multiples of the real engine's capacity (issue 32's replay floo
 requests / makespan; then replayed at ``--loads`` x that rate (the spec's ``rate=``):
 python3 benchmarks/sim_vs_real.py --policies fcfs,spf,vtc,priority --repeats 3 --loads 0.9,1.2 \
     --trace ../shared/traces/azure-llm-2023-conv.csv:start=600,n=200,len_scale=auto,max_len=512
-(``--calibrate-on next-window``: the simulator's profile fitted on the trace's next window)"""
+(``--calibrate-on next-window``: the simulator's profile fitted on the trace's next window)
+
+Each real repeat also gets its drift: its steps' measured busy time over what the profile
+predicts for the same steps (the machine slower, > 1, or faster than at calibration). The
+"paired" simulation runs each repeat again on the profile times its drift: a diagnosis that
+reads the real run, not a prediction; what error remains there is the simulator's, the rest
+the machine's."""
 
 from __future__ import annotations
 
@@ -19,13 +25,14 @@ import json
 import os
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.commands.common import add_forward_option
 from aioserve.scheduling.registry import available_schedulers
 from aioserve.sim.calibrate import calibrate
-from aioserve.sim.fit_report import format_fit
+from aioserve.sim.fit_report import format_fit, held_out_drift
 from aioserve.sim.real import replay, sim_config_of
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import load_workload
@@ -89,16 +96,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 configs[label] = trace_config
         for label, spec in workloads.items():
             workload = load_workload(spec)
-            real_runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+            real_runs: dict[str, list[SimResult]] = {p: [] for p in policies}
             for _ in range(args.repeats):  # policies interleaved: drift hits each alike
                 for policy in policies:
-                    real_runs[policy].append(
-                        policy_figures(await replay(engine, workload, policy)))
+                    real_runs[policy].append(await replay(engine, workload, policy))
             rows = {}
+            config = configs[label]
             for policy in policies:
-                sim = policy_figures(await simulate(workload, policy, configs[label]))
+                sim = policy_figures(await simulate(workload, policy, config))
+                real = [policy_figures(run) for run in real_runs[policy]]
+                assert config.cost_model is not None
+                drifts = [held_out_drift(config.cost_model, run.feedback)
+                          for run in real_runs[policy]]
+                paired = [policy_figures(await simulate(workload, policy, replace(
+                    config, cost_model=config.cost_model.scaled(d)))) for d in drifts]
                 rows[policy] = {"sim": {k: sim[k] for k in FIGURES},
-                                "real": {k: [r[k] for r in real_runs[policy]] for k in FIGURES}}
+                                "real": {k: [r[k] for r in real] for k in FIGURES},
+                                "drift": drifts,
+                                "paired": {k: [p[k] for p in paired] for k in FIGURES}}
             report[label] = rows
             _print_workload(label, spec, rows)
     report["load_after"] = os.getloadavg()
@@ -134,6 +149,17 @@ def _print_workload(label: str, spec: str, rows: dict[str, Any]) -> None:
         print(f"  pairs the real repeats separate (min-max ranges apart): {separated}; "
               f"the simulator orders {agree} of them the same")
     print(f"simulated values inside the real min-max range: {inside} of {cells_total}")
+    print("paired: each repeat simulated on the profile times its drift (measured / predicted "
+          "busy time of its steps); median of the paired runs, error % against the real median")
+    print(f"{'policy':<14}{'drift':>22}" + "".join(f"{f:>24}" for f in FIGURES))
+    for policy, row in rows.items():
+        drift = row["drift"]
+        cells = []
+        for figure in FIGURES:
+            paired = statistics.median(v or 0.0 for v in row["paired"][figure])
+            cells.append(f"{paired:8.3f} {_error(paired, medians[figure][policy]):+6.1f}%")
+        print(f"{policy:<14}{statistics.median(drift):>8.3f} [{min(drift):.3f}-"
+              f"{max(drift):.3f}]" + "".join(f"{c:>24}" for c in cells))
 
 
 def _separated_pairs(spans: dict[str, tuple[float, float]], sims: dict[str, float]

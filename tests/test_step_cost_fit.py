@@ -11,7 +11,7 @@ import pytest
 
 from aioserve.runners.base import ScheduledBatch
 from aioserve.scheduling import StepFeedback
-from aioserve.sim.fit_report import format_fit, held_out_residuals
+from aioserve.sim.fit_report import format_fit, held_out_drift, held_out_residuals
 from aioserve.sim.step_cost import (
     StepCostModel,
     batch_features,
@@ -114,6 +114,17 @@ def test_residuals_group_steps_by_shape_worst_first():
     held_out = held_out_residuals(model, steps)
     assert [(r["shape"], r["error_pct"]) for r in held_out] == [
         (r["shape"], pytest.approx(r["error_pct"])) for r in rows]
+
+
+def test_drift_is_how_much_slower_the_steps_ran_than_the_profile_says():
+    """Steps timed by the profile 1.3 times over: drift 1.3, and the profile scaled by it
+    prices every one of them exactly."""
+    steps = synthetic_steps(TRUE.scaled(1.3))
+    assert held_out_drift(TRUE, steps) == pytest.approx(1.3)
+    assert held_out_drift(TRUE.scaled(1.3), steps) == pytest.approx(1.0)
+    assert held_out_drift(TRUE, []) == 1.0
+    assert TRUE.scaled(2.0).cost_ms(3, 100, 500, 70) == pytest.approx(
+        2 * TRUE.cost_ms(3, 100, 500, 70))
 
 
 def test_a_profile_without_the_new_fields_loads_with_the_pair_term_at_zero(tmp_path):

@@ -22,6 +22,14 @@ def held_out_residuals(model: StepCostModel, steps: Sequence[StepFeedback]
                               np.array([model.cost_ms(*shape) for shape in shapes]))
 
 
+def held_out_drift(model: StepCostModel, steps: Sequence[StepFeedback]) -> float:
+    """Measured over predicted busy time of steps ``model`` was not fitted on: how much
+    slower (> 1) or faster the machine ran than when it was calibrated (1.0 without steps)."""
+    predicted = sum(model.cost_ms(*feedback_features(step)) for step in steps)
+    measured = sum(step.duration_s for step in steps) * 1e3
+    return measured / predicted if predicted > 0 else 1.0
+
+
 def format_residuals(rows: Sequence[dict[str, Any]], worst: int) -> list[str]:
     """The ``worst`` rows of a residual table, one line each."""
     return [f"  {row['shape']:<28} {row['steps']:>5} {row['measured_ms']:>10.3f} "

@@ -87,6 +87,13 @@ class StepCostModel:
     def batch_cost_ms(self, batch: ScheduledBatch) -> float:
         return self.cost_ms(*batch_features(batch))
 
+    def scaled(self, factor: float) -> StepCostModel:
+        """The same step shapes on a machine ``factor`` times slower (every coefficient times
+        ``factor``)."""
+        scaled: dict[str, Any] = {f"{feature}_ms": factor * value for feature, value
+                                  in zip(FEATURES, self.coefficients())}
+        return replace(self, **scaled)
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
