@@ -172,6 +172,11 @@ async def test_errors_models_and_chat_match_aioserve_serve(endpoint):
         async with session.post(endpoint + "/v1/completions", json=body("Once", 2),
                                 headers={"X-Request-Id": "ray-1"}) as resp:
             assert resp.status == 200 and resp.headers["X-Request-Id"] == "ray-1"
+        # bench serve's hidden stop at a trace's output length reaches the replica
+        async with session.post(endpoint + "/v1/completions",
+                                json=body("Once", 12, ignore_eos=True, stream=False),
+                                headers={"X-Stop-After": "3"}) as resp:
+            assert (await resp.json())["usage"]["completion_tokens"] == 3
 
 
 #: Long enough for several 16-token blocks of the tiny model's tokenizer.

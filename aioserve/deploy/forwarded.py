@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 #: Response header naming the replica that answered (its Serve replica id).
 REPLICA_HEADER = "x-aioserve-replica"
 
-#: Request headers the replica's aiohttp app needs (the rest stay at the ingress).
-FORWARDED_HEADERS = ("content-type", "accept", "x-request-id")
+#: Request headers the replica's aiohttp app needs (the rest stay at the ingress);
+#: ``x-stop-after`` is ``bench serve --workload``'s hidden stop at a trace's output length.
+FORWARDED_HEADERS = ("content-type", "accept", "x-request-id", "x-stop-after")
 
 #: Response headers passed back to the client (lower-case).
 RETURNED_HEADERS = ("content-type", "cache-control", "x-accel-buffering", "allow",
