@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import statistics
-from dataclasses import replace
 from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
@@ -26,7 +25,7 @@ from aioserve.bench.online.serving import run_serving
 from aioserve.bench.online.workload_file import workload_requests
 from aioserve.bench.server_process import free_port
 from aioserve.server import ServerConfig
-from aioserve.sim.calibrate import calibrate
+from aioserve.sim.calibrate import burst_throughput, calibrate, match_throughput
 from aioserve.sim.cluster import ClusterResult, simulate_cluster
 from aioserve.sim.real import sim_config_of
 from aioserve.sim.scenarios import load_workload
@@ -50,10 +49,12 @@ def mean_ttft_s(result: ClusterResult) -> float:
                             if r.metrics.first_token_time is not None)
 
 
-def burst_capacity(result: ClusterResult) -> float:
-    ends = [r.metrics.finished_time for rep in result.replicas for r in rep.finished.values()
-            if r.metrics.finished_time is not None]
-    return len(result.workload) / (max(ends) - min(w.arrival_s for w in result.workload))
+async def burst_capacity(burst: str, config: SimConfig) -> float:
+    """The simulated pair's throughput on ``burst`` (every request at t=0), round robin."""
+    result = await simulated(burst, "round_robin", config)
+    return burst_throughput((w.arrival_s for w in result.workload),
+                            (r.metrics.finished_time for rep in result.replicas
+                             for r in rep.finished.values() if r.metrics.finished_time is not None))
 
 
 async def simulated(spec: str, router: str, config: SimConfig) -> ClusterResult:
@@ -117,16 +118,12 @@ def main() -> None:
                                  num_kv_blocks=args.kv_blocks, max_model_len=512,
                                  enable_prefix_caching=True)
     config, vocab = asyncio.run(profile_of(engine_config, args.calibration_rounds))
-    assert config.cost_model is not None
     port = free_port()
     routers = args.routers.split(",")
     burst = f"{args.trace},speed=1e9"
     capacity = served(engine_config, "round_robin", port, burst, vocab)["throughput"]
-    factor = 1.0
-    for _ in range(2):  # the factor that makes the simulated burst as fast as the real one
-        scaled = replace(config, cost_model=config.cost_model.scaled(factor))
-        factor *= burst_capacity(asyncio.run(simulated(burst, "round_robin", scaled))) / capacity
-    scaled = replace(config, cost_model=config.cost_model.scaled(factor))
+    scaled, factor = asyncio.run(match_throughput(
+        config, capacity, lambda c: burst_capacity(burst, c)))
     spec = f"{args.trace},rate={args.load * capacity:.3f}"
     print(f"capacity of the Ray pair (all at t=0, round robin): {capacity:.2f} req/s; the "
           f"simulated step cost is the in-process profile x {factor:.2f}\n{spec}")

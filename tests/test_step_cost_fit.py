@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
 from aioserve.runners.base import ScheduledBatch
 from aioserve.scheduling import StepFeedback
+from aioserve.sim.calibrate import burst_throughput, match_throughput
 from aioserve.sim.fit_report import format_fit, held_out_drift, held_out_residuals
+from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import (
     StepCostModel,
     batch_features,
@@ -20,6 +23,7 @@ from aioserve.sim.step_cost import (
     fit_steps,
     shape_of,
 )
+from aioserve.sim.workloads import WorkloadRequest
 
 TRUE = StepCostModel(3.0, per_seq_ms=0.4, per_prefill_token_ms=0.05,
                      per_context_token_ms=0.002, per_prefill_pair_ms=2e-5)
@@ -125,6 +129,26 @@ def test_drift_is_how_much_slower_the_steps_ran_than_the_profile_says():
     assert held_out_drift(TRUE, []) == 1.0
     assert TRUE.scaled(2.0).cost_ms(3, 100, 500, 70) == pytest.approx(
         2 * TRUE.cost_ms(3, 100, 500, 70))
+
+
+async def test_match_throughput_finds_how_much_slower_the_served_path_is():
+    """A server whose steps cost 2.5 of the profile's: the factor that makes the simulated
+    burst as fast as its is about 2.5; a config without a profile is refused."""
+    burst = [WorkloadRequest(f"r{i}", 0.0, 40 + 7 * i, 12 + i % 9) for i in range(40)]
+    config = SimConfig(slots=4, kv_blocks=64, cost_model=TRUE)
+
+    async def throughput(c: SimConfig) -> float:
+        result = await simulate(burst, "fcfs", c)
+        return burst_throughput([0.0], [r.metrics.finished_time for r in
+                                        result.finished.values()])
+
+    served = await throughput(replace(config, cost_model=TRUE.scaled(2.5)))
+    assert served < await throughput(config) / 2
+    scaled, factor = await match_throughput(config, served, throughput)
+    assert factor == pytest.approx(2.5, rel=0.03)
+    assert await throughput(scaled) == pytest.approx(served, rel=0.03)
+    with pytest.raises(ValueError, match="cost_model"):
+        await match_throughput(SimConfig(slots=4, kv_blocks=64), served, throughput)
 
 
 def test_a_profile_without_the_new_fields_loads_with_the_pair_term_at_zero(tmp_path):
