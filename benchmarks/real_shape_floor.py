@@ -25,7 +25,7 @@ from typing import Any
 from aioserve.bench.models.random_model import ensure_random_model
 from aioserve.commands.simulate import real_engine
 from aioserve.config import EngineConfig
-from aioserve.sim.fit_report import format_residuals, held_out_residuals
+from aioserve.sim.fit_report import format_residuals, held_out_drift, held_out_residuals
 from aioserve.sim.real import replay, sim_config_of
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import load_workload
@@ -80,7 +80,8 @@ async def main(args: argparse.Namespace) -> None:
             for f in FIGURES:
                 real[f].append(figures[f])
             print(f"  real run {i + 1}: " + ", ".join(f"{f} {figures[f]:.3f}" for f in FIGURES)
-                  + f" ({time.perf_counter() - started:.0f} s, load {load()})")
+                  + f"; drift {held_out_drift(profile, result.feedback):.3f} "
+                  f"({time.perf_counter() - started:.0f} s, load {load()})")
         simulated: dict[str, Any] = policy_figures(await simulate(workload, "fcfs", sim))
     print(f"{'figure':<12} {'real median':>12} {'simulated':>10} {'error':>8}")
     for f in FIGURES:
