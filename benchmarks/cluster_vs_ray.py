@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 from typing import Any
@@ -24,6 +25,7 @@ from aioserve.bench.online.metrics import summarize
 from aioserve.bench.online.serving import run_serving
 from aioserve.bench.online.workload_file import workload_requests
 from aioserve.bench.server_process import free_port
+from aioserve.routing.registry import load_router
 from aioserve.server import ServerConfig
 from aioserve.sim.calibrate import burst_throughput, calibrate, match_throughput
 from aioserve.sim.cluster import ClusterResult, simulate_cluster
@@ -73,12 +75,12 @@ def served(engine_config: EngineConfig, router: str, port: int, spec: str, vocab
            ) -> dict[str, float]:
     """One run on two fresh Ray Serve replicas behind ``router``: mean TTFT (s), prefix-cache
     hit rate by prompt tokens, throughput (requests / s from first send to last finish)."""
-    import ray
     from ray import serve
+    from ray.serve.exceptions import RayServeException
 
     from aioserve.deploy.ray_serve import APP_NAME, RayServeOptions, start
 
-    if ray.is_initialized():
+    with contextlib.suppress(RayServeException):  # none before the first run
         serve.delete(APP_NAME)  # fresh replicas: cold prefix caches
     options = RayServeOptions(num_replicas=2, router=router,
                               ray_actor_options={"num_cpus": 1})
@@ -111,6 +113,14 @@ def main() -> None:
     parser.add_argument("--kv-blocks", type=int, default=256)
     parser.add_argument("--calibration-rounds", type=int, default=2)
     args = parser.parse_args()
+    routers = args.routers.split(",")
+    for flag, check, values in (("--routers", load_router, routers),
+                                ("--trace", load_workload, [args.trace])):
+        for value in values:  # refused before anything starts
+            try:
+                check(value)
+            except ValueError as exc:
+                parser.error(f"{flag}: {exc}")
     os.environ["AIOSERVE_NUM_THREADS"] = "1"  # this engine and the replicas (Ray inherits it)
     os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's nice 15 starves on a busy box
     print(f"load average before: {os.getloadavg()[0]:.2f}")
@@ -118,8 +128,10 @@ def main() -> None:
                                  num_kv_blocks=args.kv_blocks, max_model_len=512,
                                  enable_prefix_caching=True)
     config, vocab = asyncio.run(profile_of(engine_config, args.calibration_rounds))
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # no access-log flood
     port = free_port()
-    routers = args.routers.split(",")
     burst = f"{args.trace},speed=1e9"
     capacity = served(engine_config, "round_robin", port, burst, vocab)["throughput"]
     scaled, factor = asyncio.run(match_throughput(

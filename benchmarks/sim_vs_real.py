@@ -30,7 +30,7 @@ from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.commands.common import add_forward_option
-from aioserve.scheduling.registry import available_schedulers
+from aioserve.scheduling.registry import available_schedulers, load_scheduler
 from aioserve.sim.calibrate import burst_throughput, calibrate
 from aioserve.sim.fit_report import format_fit, held_out_drift
 from aioserve.sim.real import replay, sim_config_of
@@ -66,11 +66,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     policies = args.policies.split(",") if args.policies else available_schedulers()
     report: dict[str, Any] = {"load_before": os.getloadavg(), "policies": policies}
     async with AsyncEngine(config) as engine:
-        start = time.perf_counter()
-        model = await calibrate(engine, rounds=args.calibration_rounds)
-        print(f"calibrated in {time.perf_counter() - start:.0f} s\n{format_fit(model)}")
-        report["profile"] = {"coefficients": list(model.coefficients()), "fit": model.fit}
-        sim_config = sim_config_of(engine, cost_model=model)
+        sim_config = sim_config_of(engine)
+        if not (args.trace and args.calibrate_on == "next-window"):
+            start = time.perf_counter()
+            model = await calibrate(engine, rounds=args.calibration_rounds)
+            print(f"profile fitted on the built-in calibration workload in "
+                  f"{time.perf_counter() - start:.0f} s\n{format_fit(model)}")
+            report["profile"] = {"coefficients": list(model.coefficients()), "fit": model.fit}
+            sim_config = sim_config_of(engine, cost_model=model)
         workloads = WORKLOADS if not args.trace else {}
         configs = dict.fromkeys(workloads, sim_config)
         for spec in args.trace or []:
@@ -159,6 +162,8 @@ def _print_workload(label: str, spec: str, rows: dict[str, Any]) -> None:
             cells.append(f"{paired:8.3f} {_error(paired, medians[figure][policy]):+6.1f}%")
         print(f"{policy:<14}{statistics.median(drift):>8.3f} [{min(drift):.3f}-"
               f"{max(drift):.3f}]" + "".join(f"{c:>24}" for c in cells))
+    print("drift of each repeat, in run order (policies interleaved): " + "; ".join(
+        f"{policy} " + " ".join(f"{d:.3f}" for d in row["drift"]) for policy, row in rows.items()))
 
 
 def _separated_pairs(spans: dict[str, tuple[float, float]], sims: dict[str, float]
@@ -195,6 +200,14 @@ if __name__ == "__main__":
     parser.add_argument("--loads", default="0.9,1.2",
                         help="with --trace: multiples of the measured capacity")
     arguments = parser.parse_args()
+    for flag, check, values in (  # refused before the engine starts
+            ("--policies", load_scheduler, (arguments.policies or "fcfs").split(",")),
+            ("--trace", load_workload, arguments.trace or [])):
+        for value in values:
+            try:
+                check(value)
+            except ValueError as exc:
+                parser.error(f"{flag}: {exc}")
     result = asyncio.run(main(arguments))
     if arguments.json:
         with open(arguments.json, "w") as f:

@@ -72,6 +72,14 @@ def main() -> dict[str, Any]:
     parser.add_argument("--slo-tpot-ms", type=float, default=20.0)
     parser.add_argument("--target", type=float, default=0.9)
     args = parser.parse_args()
+    try:
+        fractions = sorted(float(f) for f in args.fractions.split(","))
+    except ValueError:
+        parser.error(f"--fractions: comma-separated numbers, got {args.fractions!r}")
+    try:
+        load_workload(args.trace)  # a bad spec is refused before anything starts
+    except ValueError as exc:
+        parser.error(f"--trace: {exc}")
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     held_out = f"{args.trace},window={args.repeats},speed=1e9"
     config, vocab = asyncio.run(profile_of(args, held_out))
@@ -83,7 +91,7 @@ def main() -> dict[str, Any]:
         burst = asyncio.run(live_burst(server.url, held_out, vocab))
         scaled, factor = asyncio.run(match_throughput(
             config, burst, lambda c: simulated_burst(held_out, c)))
-        rates = [round(float(f) * burst, 3) for f in args.fractions.split(",")]
+        rates = [round(f * burst, 3) for f in fractions]
         print(f"held-out window {held_out}: live burst {burst:.2f} req/s; simulated step cost "
               f"= the in-process profile x {factor:.2f}; live rates {rates}")
         live = asyncio.run(live_sweep(
@@ -108,7 +116,9 @@ def main() -> dict[str, Any]:
     print(f"capacity at {args.target:.0%} attainment: live {real}")
     for label, curve in curves.items():
         cap = curve.capacity(args.target)
-        print(f"  {label:<16} {cap} ({100 * (cap.rate - real.rate) / real.rate:+.1f}%)")
+        error = ("a bound, no error: widen --fractions" if real.bound or cap.bound
+                 else f"{100 * (cap.rate - real.rate) / real.rate:+.1f}%")
+        print(f"  {label:<16} {cap} ({error})")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return {label: curve.to_dict(args.target) for label, curve in
             {**curves, "live": live}.items()}

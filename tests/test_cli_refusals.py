@@ -129,6 +129,14 @@ def test_an_unknown_workload_key_is_named_with_its_line(tmp_path, command):
                            "'tenant'? (known: id, arrival_s, prompt_len, output_len, "), line
 
 
+def test_a_missing_trace_file_is_named_as_one(tmp_path):
+    """A misspelled trace path said only "not ... or a file"."""
+    path = tmp_path / "azure-convo.csv"
+    line = refuse("simulate", "--workload", f"{path}:n=5")
+    assert line.startswith(f"aioserve: error: --workload: workload '{path}:n=5': no file "
+                           f"'{path}', and not a named workload (article-example, "), line
+
+
 def test_a_production_trace_is_read_and_a_bad_row_named_by_file_line_and_column(tmp_path):
     """A file whose columns mark a known trace format is read as that format (issue 32);
     a bad row is refused naming the file, the line and the column, before torch loads."""

@@ -160,6 +160,6 @@ def load_workload(spec: str) -> list[WorkloadRequest]:
         return found
     path, text = (spec, "") if Path(spec).exists() else split_spec(spec)
     if not Path(path).exists():
-        raise ValueError(f"workload {spec!r}: not article-example, article-mix, poisson:..., "
-                         f"{', '.join(SCENARIOS)} or a file")
+        raise ValueError(f"workload {spec!r}: no file {path!r}, and not a named workload "
+                         f"(article-example, article-mix, poisson, {', '.join(SCENARIOS)})")
     return load_file(path, text)
