@@ -27,9 +27,10 @@ from aioserve.bench.online.workload_file import workload_requests
 from aioserve.bench.server_process import free_port
 from aioserve.routing.registry import load_router
 from aioserve.server import ServerConfig
-from aioserve.sim.calibrate import burst_throughput, calibrate, match_throughput
+from aioserve.sim.calibrate import calibrate, match_throughput
 from aioserve.sim.cluster import ClusterResult, simulate_cluster
 from aioserve.sim.real import sim_config_of
+from aioserve.sim.reports.cluster import cluster_figures
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig
 
@@ -53,10 +54,8 @@ def mean_ttft_s(result: ClusterResult) -> float:
 
 async def burst_capacity(burst: str, config: SimConfig) -> float:
     """The simulated pair's throughput on ``burst`` (every request at t=0), round robin."""
-    result = await simulated(burst, "round_robin", config)
-    return burst_throughput((w.arrival_s for w in result.workload),
-                            (r.metrics.finished_time for rep in result.replicas
-                             for r in rep.finished.values() if r.metrics.finished_time is not None))
+    figures = cluster_figures(await simulated(burst, "round_robin", config))
+    return figures["finished"] / figures["makespan_s"]
 
 
 async def simulated(spec: str, router: str, config: SimConfig) -> ClusterResult:

@@ -31,7 +31,7 @@ from typing import Any
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.commands.common import add_forward_option
 from aioserve.scheduling.registry import available_schedulers, load_scheduler
-from aioserve.sim.calibrate import burst_throughput, calibrate
+from aioserve.sim.calibrate import calibrate
 from aioserve.sim.fit_report import format_fit, held_out_drift
 from aioserve.sim.real import replay, sim_config_of
 from aioserve.sim.reports.figures import policy_figures
@@ -47,9 +47,9 @@ FIGURES = ("mean_ttft_s", "p99_ttft_s", "mean_e2e_s", "preemptions")
 
 
 def _capacity(result: SimResult) -> float:
-    return burst_throughput((w.arrival_s for w in result.workload),
-                            (r.metrics.finished_time for r in result.finished.values()
-                             if r.metrics.finished_time is not None))
+    """Requests finished per second, from the first arrival to the last finish."""
+    figures = policy_figures(result)
+    return figures["finished"] / figures["makespan_s"]
 
 
 def _ranking(values: dict[str, float]) -> list[str]:

@@ -25,8 +25,9 @@ from aioserve.bench.online.serving import run_serving
 from aioserve.bench.online.sweep import live_sweep
 from aioserve.bench.online.workload_file import workload_requests
 from aioserve.bench.server_process import ServerProcess
-from aioserve.sim.calibrate import burst_throughput, calibrate, match_throughput
+from aioserve.sim.calibrate import calibrate, match_throughput
 from aioserve.sim.real import sim_config_of
+from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.reports.sweep import format_sweep, simulate_sweep
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
@@ -44,10 +45,9 @@ async def profile_of(args: argparse.Namespace, held_out: str) -> tuple[SimConfig
 
 
 async def simulated_burst(spec: str, config: SimConfig) -> float:
-    result = await simulate(load_workload(spec), "fcfs", config)
-    return burst_throughput((w.arrival_s for w in result.workload),
-                            (r.metrics.finished_time for r in result.finished.values()
-                             if r.metrics.finished_time is not None))
+    """Requests per second of the simulated engine on ``spec`` (every request at t=0)."""
+    figures = policy_figures(await simulate(load_workload(spec), "fcfs", config))
+    return figures["finished"] / figures["makespan_s"]
 
 
 async def live_burst(url: str, spec: str, vocab: int) -> float:

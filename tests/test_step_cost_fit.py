@@ -12,8 +12,9 @@ import pytest
 
 from aioserve.runners.base import ScheduledBatch
 from aioserve.scheduling import StepFeedback
-from aioserve.sim.calibrate import burst_throughput, match_throughput
+from aioserve.sim.calibrate import match_throughput
 from aioserve.sim.fit_report import format_fit, held_out_drift, held_out_residuals
+from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import (
     StepCostModel,
@@ -138,9 +139,8 @@ async def test_match_throughput_finds_how_much_slower_the_served_path_is():
     config = SimConfig(slots=4, kv_blocks=64, cost_model=TRUE)
 
     async def throughput(c: SimConfig) -> float:
-        result = await simulate(burst, "fcfs", c)
-        return burst_throughput([0.0], [r.metrics.finished_time for r in
-                                        result.finished.values()])
+        figures = policy_figures(await simulate(burst, "fcfs", c))
+        return figures["finished"] / figures["makespan_s"]
 
     served = await throughput(replace(config, cost_model=TRUE.scaled(2.5)))
     assert served < await throughput(config) / 2

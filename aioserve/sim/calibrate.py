@@ -6,7 +6,7 @@ import datetime
 import os
 import platform
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -74,13 +74,6 @@ async def calibrate(engine: AsyncEngine, workload: list[WorkloadRequest] | None 
     for _ in range(rounds):
         steps += (await replay(engine, workload, "fcfs")).feedback
     return fit_profile(steps, source=describe(engine))
-
-
-def burst_throughput(arrivals: Iterable[float], finishes: Iterable[float]) -> float:
-    """Requests finished per second from the first arrival to the last finish: a saturated
-    run's capacity (every request sent at once)."""
-    ends = list(finishes)
-    return len(ends) / (max(ends) - min(arrivals))
 
 
 async def match_throughput(config: SimConfig, measured_req_s: float,
