@@ -62,6 +62,8 @@ def test_bad_engine_options_are_refused_before_torch(model_dir, options, flag, r
     (["--max-body-bytes", "5"], "--max-body-bytes"),
     (["--port", "99999"], "--port"),
     (["--chat-template", "/no/such/template.jinja"], "--chat-template"),
+    (["--step-log", "/no/such/dir/steps.jsonl"], "--step-log"),
+    (["--step-log", "steps.jsonl", "--ray"], "--step-log"),
 ])
 def test_bad_server_options_are_refused_before_torch(model_dir, options, flag):
     assert flag in refuse("serve", "--model", model_dir, *options)
@@ -192,6 +194,11 @@ def test_a_saved_profile_loads_back_as_it_was(tmp_path):
     (["--calibrate"], "--model: give the model to run"),
     (["--calibrate", "--random-model", "smollm2-135m", "--device", "tpu"],
      "--device: device must be auto, cpu or cuda[:N]"),
+    (["--from-steps", "steps.jsonl"], "--from-steps: only with --calibrate"),
+    (["--calibrate", "--from-steps", "/no/such/steps.jsonl"],
+     "--from-steps: no file '/no/such/steps.jsonl'"),
+    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--model", "m"],
+     "--from-steps: the step log names its model"),
 ])
 def test_bad_calibration_flags_are_refused_before_any_model_loads(options, start):
     line = refuse("simulate", *options)

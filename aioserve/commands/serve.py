@@ -27,6 +27,7 @@ from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_line, startup_summary
 from aioserve.server.state import ENGINE_KEY, served_model_name
+from aioserve.sim.step_log import check_writable
 from aioserve.startup_clock import PhaseClock, process_age_s
 
 if TYPE_CHECKING:
@@ -66,6 +67,10 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--stats-log-interval", type=non_negative_float, default=10.0,
                         metavar="SECONDS",
                         help="a stats line at most this often while busy (0: never)")
+    parser.add_argument("--step-log", default=None, metavar="FILE.jsonl",
+                        help="write each engine step to FILE (JSON lines, about 200 bytes a "
+                        "step); aioserve simulate --calibrate --from-steps FILE fits the "
+                        "simulator on this server's own steps")
     add_ray_options(parser)
     return parser
 
@@ -78,6 +83,15 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise ValueError("--api-key (or $AIOSERVE_API_KEY) is empty: an unset variable? The "
                          "server would be open to anyone; give a key, or leave both out to "
                          "serve without one")
+    if args.step_log is not None:
+        if getattr(args, "ray", False):
+            raise ValueError("--step-log: not with --ray (its replicas are separate engines; "
+                             "log one with aioserve serve)")
+        try:
+            check_writable(args.step_log)
+        except OSError as exc:
+            raise ValueError(f"--step-log: cannot write {args.step_log}: "
+                             f"{exc.strerror or exc}") from None
     if args.chat_template is not None:
         try:
             template = Path(args.chat_template).read_text(encoding="utf-8")
@@ -93,6 +107,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             api_key=api_key,
             allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",")
                                   if o.strip()),
+            step_log=args.step_log,
         )
     except ValueError as exc:
         raise flag_error(exc, args) from None

@@ -119,6 +119,24 @@ async def _calibrate(args: argparse.Namespace, real: EngineConfig,
     return 0
 
 
+def _calibrate_from_steps(args: argparse.Namespace) -> int:
+    from aioserve.sim.fit_report import format_fit
+    from aioserve.sim.step_cost import fit_profile
+    from aioserve.sim.step_log import read_step_log
+
+    try:
+        engine, steps = read_step_log(args.from_steps)
+        model = fit_profile(steps, source={**engine, "step_log": str(args.from_steps)})
+    except ValueError as exc:
+        raise ValueError(f"--from-steps: {exc}") from None
+    path = model.save(args.profile_out)
+    print(format_fit(model))
+    print(f"fitted on {len(steps)} served steps of {engine.get('model')} "
+          f"({engine.get('slots')} slots, {engine.get('kv_blocks')} KV blocks)")
+    print(f"profile: {path} (use: aioserve simulate --profile {path} ...)")
+    return 0
+
+
 def _sweep(args: argparse.Namespace, names: list[str]) -> int:
     """``--sweep-rate``: each policy's attainment and goodput against rate, and its capacity."""
     from aioserve.sim.capacity import parse_rates
@@ -171,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
         if not names:
             raise ValueError("--scheduler: give at least one policy")
         return _sweep(args, names)
+    if args.from_steps is not None:
+        return _calibrate_from_steps(args)
     real = engine_config(args) if args.calibrate or args.real else None
     if args.calibrate and real is not None:
         workload = _workload(args) if args.workload != "article-example" else None

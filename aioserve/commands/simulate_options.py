@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 
 from aioserve.commands.common import (
     add_forward_option,
@@ -55,6 +56,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add("--calibrate", action="store_true",
         help="run a short workload on the real engine (--model) and fit the step cost; "
         "writes --profile-out")
+    add("--from-steps", default=None, metavar="FILE.jsonl",
+        help="--calibrate: fit on a served engine's steps (aioserve serve --step-log FILE) "
+        "instead of running --model here")
     add("--profile-out", default="profile.json", metavar="FILE.json",
         help="where --calibrate writes the profile (default profile.json)")
     add("--real", action="store_true",
@@ -141,6 +145,14 @@ def check_combinations(args: argparse.Namespace) -> None:
     """ValueError naming the flag of a combination that cannot run (before any model loads)."""
     if args.calibrate and args.real:
         raise ValueError("--real: --calibrate already runs the real engine; give one of them")
+    if args.from_steps is not None:
+        if not args.calibrate:
+            raise ValueError("--from-steps: only with --calibrate (it fits a profile)")
+        if args.model or args.random_model is not None:
+            raise ValueError("--from-steps: the step log names its model; give no --model or "
+                             "--random-model")
+        if not Path(args.from_steps).is_file():
+            raise ValueError(f"--from-steps: no file {args.from_steps!r}")
     if args.calibrate and args.profile:
         raise ValueError("--profile: --calibrate writes a profile (to --profile-out), it reads "
                          "none")

@@ -31,6 +31,7 @@ from aioserve.server.state import (
     served_model_name,
 )
 from aioserve.server.ws import outbox, stats_feed, websocket
+from aioserve.sim.step_log import StepLog, describe
 
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
@@ -123,10 +124,15 @@ def create_app(
         await engine.start()
         metrics.attach()
         feed.attach()
+        steps = StepLog(config.step_log, describe(engine)) if config.step_log else None
+        if steps is not None:
+            engine._require_core().step_observers.append(steps.write)
         yield
         feed.detach()
         metrics.detach()
         await engine.shutdown()
+        if steps is not None:
+            steps.close()
 
     app.cleanup_ctx.append(engine_lifetime)
     app.on_shutdown.append(outbox.close_all)

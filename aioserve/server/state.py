@@ -34,6 +34,9 @@ class ServerConfig:
             <api_key>`` (see :mod:`aioserve.server.access`).
         allowed_origins: origins browsers may call the API from (CORS); ``"*"``: any;
             empty: no CORS headers.
+        step_log: a file the engine's steps are written to while it serves, as JSON
+            lines (:mod:`aioserve.sim.step_log`; ``aioserve simulate --calibrate
+            --from-steps`` fits a profile on them); None: no log.
     """
 
     served_model_name: str | None = None
@@ -45,6 +48,7 @@ class ServerConfig:
     stats_interval: float = 0.1
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    step_log: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:

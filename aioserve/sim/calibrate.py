@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
-import aioserve
 from aioserve.engine import AsyncEngine
 from aioserve.sim.real import replay
 from aioserve.sim.simulator import SimConfig
 from aioserve.sim.step_cost import StepCostModel, fit_profile
+from aioserve.sim.step_log import describe
 from aioserve.sim.workloads import WorkloadRequest
 
 
@@ -39,27 +35,6 @@ def calibration_workload(max_num_seqs: int, seed: int = 0, max_model_len: int = 
         items.append(WorkloadRequest(f"cal-long-{i}", round(t + 0.03 * i, 4),
                                      rng.randint(long // 2, long), rng.randint(4, 32)))
     return items
-
-
-def describe(engine: AsyncEngine) -> dict[str, Any]:
-    """What a profile was measured on: model, device, threads, engine settings, machine."""
-    config = engine.config
-    core = engine._require_core()
-    return {
-        "model": config.model,
-        "device": str(getattr(engine.runner, "device", None) or config.device),
-        "forward": getattr(engine.runner, "forward_note", None) or config.forward,
-        "dtype": str(getattr(engine.runner, "dtype", None) or config.dtype),
-        "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
-        "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
-        "block_size": core.blocks.block_size,
-        "max_num_batched_tokens": core.max_num_batched_tokens,
-        "max_model_len": core.max_model_len,
-        "enable_prefix_caching": core.blocks.enable_caching,
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "cpus": os.cpu_count(), "aioserve": aioserve.__version__,
-        "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
 
 
 async def calibrate(engine: AsyncEngine, workload: list[WorkloadRequest] | None = None,

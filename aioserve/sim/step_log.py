@@ -1,0 +1,112 @@
+"""The step log: a served engine's steps as JSON lines, to fit the simulator's step cost on
+the server that runs (``aioserve serve --step-log``, then ``aioserve simulate --calibrate
+--from-steps``).
+
+Line 1 is ``{"engine": {...}}`` (what :func:`describe` records: model, device, threads,
+slots, KV blocks, ...); every other line is one
+:class:`~aioserve.scheduling.StepFeedback`, its fields by name, times in seconds on the
+engine's clock. A served step carries what serving adds to it on the same cores (HTTP,
+tokenizing, streaming), which an in-process calibration does not see."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import aioserve
+from aioserve.scheduling import StepFeedback
+
+if TYPE_CHECKING:
+    from aioserve.engine import AsyncEngine
+
+_FIELDS = tuple(f.name for f in fields(StepFeedback))
+
+
+def describe(engine: AsyncEngine) -> dict[str, Any]:
+    """What a profile was measured on: model, device, threads, engine settings, machine."""
+    config = engine.config
+    core = engine._require_core()
+    return {
+        "model": config.model,
+        "device": str(getattr(engine.runner, "device", None) or config.device),
+        "forward": getattr(engine.runner, "forward_note", None) or config.forward,
+        "dtype": str(getattr(engine.runner, "dtype", None) or config.dtype),
+        "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
+        "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
+        "block_size": core.blocks.block_size,
+        "max_num_batched_tokens": core.max_num_batched_tokens,
+        "max_model_len": core.max_model_len,
+        "enable_prefix_caching": core.blocks.enable_caching,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpus": os.cpu_count(), "aioserve": aioserve.__version__,
+        "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+class StepLog:
+    """Writes each step of an engine to ``path`` (truncated), one line as it ends (line
+    buffered: readable while the server runs; about 200 bytes a step)."""
+
+    def __init__(self, path: str | Path, engine: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self._file: IO[str] = self.path.open("w", buffering=1)
+        self._file.write(json.dumps({"engine": engine}) + "\n")
+
+    def write(self, step: StepFeedback) -> None:
+        self._file.write(json.dumps(asdict(step), separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def check_writable(path: str | Path) -> None:
+    """OSError unless ``path`` can be created or truncated (before a model loads)."""
+    with Path(path).open("a"):
+        pass
+
+
+def read_step_log(path: str | Path) -> tuple[dict[str, Any], list[StepFeedback]]:
+    """The engine description and the steps of a step log.
+
+    Raises:
+        ValueError: the file is missing, or a line is not what :class:`StepLog` writes
+            (the message names the file, the line and the field)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"no step log {str(path)!r} ({exc.strerror})") from None
+    engine: dict[str, Any] | None = None
+    steps: list[StepFeedback] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: not a JSON object")
+        if engine is None:
+            if not isinstance(record.get("engine"), dict):
+                raise ValueError(f"{where}: the first line must be {{\"engine\": {{...}}}} "
+                                 "(written by aioserve serve --step-log)")
+            engine = record["engine"]
+            continue
+        missing = [name for name in _FIELDS if name not in record]
+        if missing:
+            raise ValueError(f"{where}: no field {missing[0]!r}")
+        try:
+            steps.append(StepFeedback(
+                int(record["step"]), float(record["start_time"]), float(record["end_time"]),
+                *(tuple(record[name]) for name in _FIELDS[3:])))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: a field of the wrong type ({exc})") from None
+    if engine is None:
+        raise ValueError(f"{path}: empty (no engine line)")
+    return engine, steps

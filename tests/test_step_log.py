@@ -1,0 +1,72 @@
+"""The step log (``aioserve serve --step-log``): a served engine's steps written as JSON lines,
+read back exactly, and fitted into a profile by ``aioserve simulate --calibrate
+--from-steps``; a bad log is refused naming its line and field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+from server_support import base_url, serve
+
+from aioserve import AsyncEngine, EngineConfig
+from aioserve.scheduling import StepFeedback
+from aioserve.server import ServerConfig
+from aioserve.sim.step_cost import StepCostModel
+from aioserve.sim.step_log import StepLog, read_step_log
+
+STEP = StepFeedback(7, 10.0, 10.0025, ("a", "b"), (12, 1), (0, 40), (1, 1), (False, True), ("b",))
+
+
+def test_steps_are_read_back_as_they_were_written(tmp_path):
+    log = StepLog(tmp_path / "steps.jsonl", {"model": "m", "slots": 8})
+    log.write(STEP)
+    log.write(StepFeedback(8, 10.0025, 10.004, ("a",), (1,), (12,), (1,), (True,), ()))
+    log.close()
+    engine, steps = read_step_log(tmp_path / "steps.jsonl")
+    assert engine == {"model": "m", "slots": 8}
+    assert steps[0] == STEP and steps[1].request_ids == ("a",) and steps[1].finished == ()
+
+
+@pytest.mark.parametrize(("lines", "reason"), [
+    (['{"engine": {}}', "{"], "line 2: not JSON"),
+    (['{"step": 1}'], "line 1: the first line must be"),
+    (['{"engine": {}}', '{"step": 1, "start_time": 0.0}'], "line 2: no field 'end_time'"),
+    (['{"engine": {}}', json.dumps({**STEP.__dict__, "request_ids": 5})],
+     "line 2: a field of the wrong type"),
+    ([], "empty"),
+])
+def test_a_bad_step_log_is_named_by_line_and_field(tmp_path, lines, reason):
+    path = tmp_path / "steps.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=reason):
+        read_step_log(path)
+
+
+async def test_a_served_engine_logs_its_steps_and_they_fit_a_profile(model_dir, tmp_path):
+    path = tmp_path / "steps.jsonl"
+    engine = AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=4, num_kv_blocks=64))
+    async with serve(engine, ServerConfig(step_log=str(path))) as server, \
+            aiohttp.ClientSession() as session:
+        for prompt in ("Once upon a time", "The cat sat"):
+            async with session.post(f"{base_url(server)}/v1/completions", json={
+                    "prompt": prompt, "max_tokens": 12, "ignore_eos": True}) as response:
+                assert response.status == 200
+        while_serving = read_step_log(path)[1]  # line buffered: readable as it runs
+        assert len(while_serving) >= 2 * 12
+    described, steps = read_step_log(path)
+    assert described["slots"] == 4 and described["kv_blocks"] == 64
+    assert sum(sum(s.num_emitted_tokens) for s in steps) == 2 * 12
+    assert all(s.end_time >= s.start_time for s in steps)
+    assert [s.step for s in steps] == sorted(s.step for s in steps)
+    profile = tmp_path / "profile.json"
+    result = subprocess.run([sys.executable, "-m", "aioserve.cli", "simulate", "--calibrate",
+                             "--from-steps", str(path), "--profile-out", str(profile)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    model = StepCostModel.load(profile)
+    assert model.intercept_ms > 0 and model.fit["steps"] == len(steps)
+    assert model.source["step_log"] == str(path) and model.source["slots"] == 4
