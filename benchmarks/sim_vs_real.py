@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import time
@@ -52,8 +53,13 @@ def _capacity(result: SimResult) -> float:
     return figures["finished"] / figures["makespan_s"]
 
 
-def _ranking(values: dict[str, float]) -> list[str]:
-    return sorted(values, key=lambda k: values[k])
+def _ranking(values: dict[str, float]) -> str:
+    """The keys from the least value up, equal values joined by ``=`` (a tie orders none)."""
+    ordered = sorted(values, key=lambda k: values[k])
+    text = ordered[:1]
+    for before, name in zip(ordered, ordered[1:]):
+        text.append(("= " if math.isclose(values[before], values[name]) else "< ") + name)
+    return " ".join(text)
 
 
 def _error(sim: float, real: float) -> float:
@@ -147,9 +153,9 @@ def _print_workload(label: str, spec: str, rows: dict[str, Any]) -> None:
     for figure in ("mean_ttft_s", "mean_e2e_s"):
         real, sim = _ranking(medians[figure]), _ranking(sims[figure])
         print(f"ranking by {figure}: real {real} | sim {sim} | same: {real == sim}")
-        separated, agree = _separated_pairs(spans[figure], sims[figure])
+        separated, agree, ties = _separated_pairs(spans[figure], sims[figure])
         print(f"  pairs the real repeats separate (min-max ranges apart): {separated}; "
-              f"the simulator orders {agree} of them the same")
+              f"the simulator orders {agree} of them the same, ties {ties}")
     print(f"simulated values inside the real min-max range: {inside} of {cells_total}")
     print("paired: each repeat simulated on the profile times its drift (measured / predicted "
           "busy time of its steps); median of the paired runs, error % against the real median")
@@ -167,16 +173,20 @@ def _print_workload(label: str, spec: str, rows: dict[str, Any]) -> None:
 
 
 def _separated_pairs(spans: dict[str, tuple[float, float]], sims: dict[str, float]
-                     ) -> tuple[int, int]:
-    """Policy pairs the real repeats separate, and how many the simulator orders the same."""
-    separated = agree = 0
+                     ) -> tuple[int, int, int]:
+    """Policy pairs the real repeats separate, how many of them the simulator orders the
+    same, and how many it ties (orders neither way)."""
+    separated = agree = ties = 0
     names = sorted(spans)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             if spans[a][1] < spans[b][0] or spans[b][1] < spans[a][0]:
                 separated += 1
-                agree += (spans[a][0] < spans[b][0]) == (sims[a] < sims[b])
-    return separated, agree
+                if math.isclose(sims[a], sims[b]):
+                    ties += 1
+                else:
+                    agree += (spans[a][0] < spans[b][0]) == (sims[a] < sims[b])
+    return separated, agree, ties
 
 
 if __name__ == "__main__":

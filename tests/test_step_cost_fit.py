@@ -149,6 +149,9 @@ async def test_match_throughput_finds_how_much_slower_the_served_path_is():
     assert await throughput(scaled) == pytest.approx(served, rel=0.03)
     with pytest.raises(ValueError, match="cost_model"):
         await match_throughput(SimConfig(slots=4, kv_blocks=64), served, throughput)
+    for nonsense in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="measured_req_s must be > 0"):
+            await match_throughput(config, nonsense, throughput)
 
 
 def test_a_profile_without_the_new_fields_loads_with_the_pair_term_at_zero(tmp_path):
