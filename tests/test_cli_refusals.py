@@ -199,6 +199,14 @@ def test_a_saved_profile_loads_back_as_it_was(tmp_path):
      "--from-steps: no file '/no/such/steps.jsonl'"),
     (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--model", "m"],
      "--from-steps: the step log names its model"),
+    (["--calibrate", "--from-steps", "/", "--profile-out", "p.json"],
+     "--from-steps: a directory, not a file: '/'"),
+    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--real"],
+     "--real: not with --from-steps"),
+    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--slots", "4"],
+     "--slots: not with --from-steps"),
+    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--forward", "transformers"],
+     "--forward: not with --from-steps"),
 ])
 def test_bad_calibration_flags_are_refused_before_any_model_loads(options, start):
     line = refuse("simulate", *options)

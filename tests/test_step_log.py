@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 
 import aiohttp
 import pytest
@@ -31,18 +32,40 @@ def test_steps_are_read_back_as_they_were_written(tmp_path):
     assert steps[0] == STEP and steps[1].request_ids == ("a",) and steps[1].finished == ()
 
 
+def line(**changes: object) -> str:
+    """STEP as a log line, with ``changes``."""
+    return json.dumps({**asdict(STEP), **changes})
+
+
 @pytest.mark.parametrize(("lines", "reason"), [
-    (['{"engine": {}}', "{"], "line 2: not JSON"),
+    (['{"engine": {}}', "{", line()], "line 2: not JSON"),
     (['{"step": 1}'], "line 1: the first line must be"),
     (['{"engine": {}}', '{"step": 1, "start_time": 0.0}'], "line 2: no field 'end_time'"),
-    (['{"engine": {}}', json.dumps({**STEP.__dict__, "request_ids": 5})],
-     "line 2: a field of the wrong type"),
+    (['{"engine": {}}', line(request_ids=5)],
+     "line 2: field 'request_ids' must be a list of strings, got 5"),
+    (['{"engine": {}}', line(num_computed_tokens=[12, "x"])],
+     "line 2: field 'num_computed_tokens' must be a list of integers >= 0"),
+    (['{"engine": {}}', line(is_decode=[0, 1])], "field 'is_decode' must be a list of true"),
+    (['{"engine": {}}', line(end_time="soon")], "field 'end_time' must be a number"),
+    (['{"engine": {}}', line(start_positions=[0])],
+     "line 2: one entry a row in each of request_ids, .* got 2, 2, 1, 2, 2"),
     ([], "empty"),
 ])
 def test_a_bad_step_log_is_named_by_line_and_field(tmp_path, lines, reason):
     path = tmp_path / "steps.jsonl"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=reason):
+        read_step_log(path)
+
+
+def test_a_last_line_cut_short_is_dropped_and_one_in_the_middle_is_not(tmp_path):
+    """A server stopped while writing leaves its last line unfinished (no newline)."""
+    path = tmp_path / "steps.jsonl"
+    whole = '{"engine": {}}\n' + line() + "\n"
+    path.write_text(whole + line()[:40])
+    assert read_step_log(path)[1] == [STEP]
+    path.write_text(whole + line()[:40] + "\n" + line() + "\n")
+    with pytest.raises(ValueError, match="line 3: not JSON"):
         read_step_log(path)
 
 
@@ -67,6 +90,11 @@ async def test_a_served_engine_logs_its_steps_and_they_fit_a_profile(model_dir, 
                              "--from-steps", str(path), "--profile-out", str(profile)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    refused = subprocess.run([sys.executable, "-m", "aioserve.cli", "simulate", "--calibrate",
+                              "--from-steps", str(path), "--profile-out",
+                              str(tmp_path / "no" / "profile.json")],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--profile-out: cannot write" in refused.stderr
     model = StepCostModel.load(profile)
     assert model.intercept_ms > 0 and model.fit["steps"] == len(steps)
     assert model.source["step_log"] == str(path) and model.source["slots"] == 4

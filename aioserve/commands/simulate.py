@@ -40,6 +40,7 @@ from aioserve.sim.workloads import WorkloadRequest
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
     from aioserve.engine import AsyncEngine
+    from aioserve.sim.step_cost import StepCostModel
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -112,11 +113,19 @@ async def _calibrate(args: argparse.Namespace, real: EngineConfig,
         model = await calibrate(engine, workload, rounds=args.repeats)
     if args.random_model is not None:
         model.source["random_model"] = args.random_model
-    path = model.save(args.profile_out)
+    path = _save(model, args.profile_out)
     print(format_fit(model))
     print(f"forward: {model.source.get('forward')}, device: {model.source.get('device')}")
     print(f"profile: {path} (use: aioserve simulate --profile {path} ...)")
     return 0
+
+
+def _save(model: StepCostModel, path: str) -> Path:
+    """``model`` written to ``path``; ValueError naming ``--profile-out`` when it cannot be."""
+    try:
+        return model.save(path)
+    except OSError as exc:
+        raise ValueError(f"--profile-out: cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _calibrate_from_steps(args: argparse.Namespace) -> int:
@@ -129,7 +138,7 @@ def _calibrate_from_steps(args: argparse.Namespace) -> int:
         model = fit_profile(steps, source={**engine, "step_log": str(args.from_steps)})
     except ValueError as exc:
         raise ValueError(f"--from-steps: {exc}") from None
-    path = model.save(args.profile_out)
+    path = _save(model, args.profile_out)
     print(format_fit(model))
     print(f"fitted on {len(steps)} served steps of {engine.get('model')} "
           f"({engine.get('slots')} slots, {engine.get('kv_blocks')} KV blocks)")

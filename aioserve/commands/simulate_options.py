@@ -143,16 +143,29 @@ def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> Sim
 
 def check_combinations(args: argparse.Namespace) -> None:
     """ValueError naming the flag of a combination that cannot run (before any model loads)."""
-    if args.calibrate and args.real:
-        raise ValueError("--real: --calibrate already runs the real engine; give one of them")
     if args.from_steps is not None:
         if not args.calibrate:
             raise ValueError("--from-steps: only with --calibrate (it fits a profile)")
         if args.model or args.random_model is not None:
             raise ValueError("--from-steps: the step log names its model; give no --model or "
                              "--random-model")
-        if not Path(args.from_steps).is_file():
-            raise ValueError(f"--from-steps: no file {args.from_steps!r}")
+        if args.real:
+            raise ValueError("--real: not with --from-steps (it fits on steps already run)")
+        defaults = argparse.ArgumentParser()
+        add_options(defaults)
+        for dest in ("workload", "slots", "kv_blocks", "block_size", "max_model_len",
+                     "max_num_batched_tokens", "enable_prefix_caching", "forward", "device",
+                     "repeats"):
+            if getattr(args, dest) != defaults.get_default(dest):
+                raise ValueError(f"--{dest.replace('_', '-')}: not with --from-steps (the step "
+                                 "log records the engine that ran; engine options apply when "
+                                 "simulating with --profile)")
+        path = Path(args.from_steps)
+        if not path.is_file():
+            what = "a directory, not a file:" if path.is_dir() else "no file"
+            raise ValueError(f"--from-steps: {what} {args.from_steps!r}")
+    if args.calibrate and args.real:
+        raise ValueError("--real: --calibrate already runs the real engine; give one of them")
     if args.calibrate and args.profile:
         raise ValueError("--profile: --calibrate writes a profile (to --profile-out), it reads "
                          "none")

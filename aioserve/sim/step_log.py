@@ -6,7 +6,10 @@ Line 1 is ``{"engine": {...}}`` (what :func:`describe` records: model, device, t
 slots, KV blocks, ...); every other line is one
 :class:`~aioserve.scheduling.StepFeedback`, its fields by name, times in seconds on the
 engine's clock. A served step carries what serving adds to it on the same cores (HTTP,
-tokenizing, streaming), which an in-process calibration does not see."""
+tokenizing, streaming), which an in-process calibration does not see. A step's time runs
+from the end of the step before it (or its submission, when later) to when its tokens
+reached the engine: scheduled one step ahead, a step whose tokens came back late leaves
+its successor short (under a millisecond), while the sum over steps holds."""
 
 from __future__ import annotations
 
@@ -27,6 +30,30 @@ if TYPE_CHECKING:
 _FIELDS = tuple(f.name for f in fields(StepFeedback))
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _list_of(check: Any) -> Any:
+    return lambda value: isinstance(value, list) and all(check(item) for item in value)
+
+
+_IDS = (_list_of(lambda item: isinstance(item, str)), "a list of strings")
+_COUNTS = (_list_of(_count), "a list of integers >= 0")
+_TIME = (_time, "a number (seconds)")
+#: What each field of a step line must hold, and how an error says it.
+_RULES: dict[str, tuple[Any, str]] = {
+    "step": (_count, "an integer >= 0"), "start_time": _TIME, "end_time": _TIME,
+    "request_ids": _IDS, "num_computed_tokens": _COUNTS, "start_positions": _COUNTS,
+    "num_emitted_tokens": _COUNTS,
+    "is_decode": (_list_of(lambda item: isinstance(item, bool)), "a list of true/false"),
+    "finished": _IDS}
+
+
 def describe(engine: AsyncEngine) -> dict[str, Any]:
     """What a profile was measured on: model, device, threads, engine settings, machine."""
     config = engine.config
@@ -37,6 +64,8 @@ def describe(engine: AsyncEngine) -> dict[str, Any]:
         "forward": getattr(engine.runner, "forward_note", None) or config.forward,
         "dtype": str(getattr(engine.runner, "dtype", None) or config.dtype),
         "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
+        "torch_threads": getattr(engine.runner, "num_threads", None),
+        "thread_governor": getattr(engine.runner, "governor", None) is not None,
         "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
         "block_size": core.blocks.block_size,
         "max_num_batched_tokens": core.max_num_batched_tokens,
@@ -49,8 +78,9 @@ def describe(engine: AsyncEngine) -> dict[str, Any]:
 
 
 class StepLog:
-    """Writes each step of an engine to ``path`` (truncated), one line as it ends (line
-    buffered: readable while the server runs; about 200 bytes a step)."""
+    """Writes each step of an engine to ``path`` (overwritten), one line as it ends (line
+    buffered: readable while the server runs; about 180 bytes a step and 56 a row, most of
+    it request ids)."""
 
     def __init__(self, path: str | Path, engine: dict[str, Any]) -> None:
         self.path = Path(path)
@@ -82,14 +112,17 @@ def read_step_log(path: str | Path) -> tuple[dict[str, Any], list[StepFeedback]]
         raise ValueError(f"no step log {str(path)!r} ({exc.strerror})") from None
     engine: dict[str, Any] | None = None
     steps: list[StepFeedback] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{path}, line {number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+            if number == len(lines) and not text.endswith("\n") and engine is not None:
+                break  # the last line cut short: a server stopped while writing it
+            raise ValueError(f"{where}: not JSON ({exc})") from None
         if not isinstance(record, dict):
             raise ValueError(f"{where}: not a JSON object")
         if engine is None:
@@ -101,12 +134,17 @@ def read_step_log(path: str | Path) -> tuple[dict[str, Any], list[StepFeedback]]
         missing = [name for name in _FIELDS if name not in record]
         if missing:
             raise ValueError(f"{where}: no field {missing[0]!r}")
-        try:
-            steps.append(StepFeedback(
-                int(record["step"]), float(record["start_time"]), float(record["end_time"]),
-                *(tuple(record[name]) for name in _FIELDS[3:])))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: a field of the wrong type ({exc})") from None
+        for name in _FIELDS:
+            check, wanted = _RULES[name]
+            if not check(record[name]):
+                raise ValueError(f"{where}: field {name!r} must be {wanted}, got "
+                                 f"{record[name]!r}")
+        rows = {name: len(record[name]) for name in _FIELDS[3:-1]}
+        if len(set(rows.values())) > 1:
+            raise ValueError(f"{where}: one entry a row in each of {', '.join(rows)}, got "
+                             f"{', '.join(map(str, rows.values()))}")
+        steps.append(StepFeedback(record["step"], record["start_time"], record["end_time"],
+                                  *(tuple(record[name]) for name in _FIELDS[3:])))
     if engine is None:
         raise ValueError(f"{path}: empty (no engine line)")
     return engine, steps
