@@ -16,7 +16,7 @@ from server_support import base_url, serve
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.scheduling import StepFeedback
 from aioserve.server import ServerConfig
-from aioserve.sim.step_cost import StepCostModel
+from aioserve.sim.step_cost import StepCostModel, feedback_features
 from aioserve.sim.step_log import StepLog, read_step_log
 
 STEP = StepFeedback(7, 10.0, 10.0025, ("a", "b"), (12, 1), (0, 40), (1, 1), (False, True), ("b",))
@@ -96,5 +96,15 @@ async def test_a_served_engine_logs_its_steps_and_they_fit_a_profile(model_dir, 
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--profile-out: cannot write" in refused.stderr
     model = StepCostModel.load(profile)
-    assert model.intercept_ms > 0 and model.fit["steps"] == len(steps)
+    assert model.fit["steps"] == len(steps)  # every served step, none lost on the way
+    assert model.cost_ms(*feedback_features(steps[-1])) > 0
     assert model.source["step_log"] == str(path) and model.source["slots"] == 4
+
+
+def test_a_log_that_cannot_be_written_stops_logging_not_the_engine(tmp_path, caplog):
+    """/dev/full fails every write (ENOSPC): the step is dropped with one warning."""
+    log = StepLog("/dev/full", {"model": "m"})  # line buffered: the header fails at once
+    log.write(STEP)
+    log.write(STEP)
+    assert log._file.closed
+    assert sum("cannot write" in r.message for r in caplog.records) == 1

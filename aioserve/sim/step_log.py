@@ -13,8 +13,10 @@ its successor short (under a millisecond), while the sum over steps holds."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import logging
 import os
 import platform
 from dataclasses import asdict, fields
@@ -26,6 +28,8 @@ from aioserve.scheduling import StepFeedback
 
 if TYPE_CHECKING:
     from aioserve.engine import AsyncEngine
+
+logger = logging.getLogger("aioserve.step_log")
 
 _FIELDS = tuple(f.name for f in fields(StepFeedback))
 
@@ -85,13 +89,26 @@ class StepLog:
     def __init__(self, path: str | Path, engine: dict[str, Any]) -> None:
         self.path = Path(path)
         self._file: IO[str] = self.path.open("w", buffering=1)
-        self._file.write(json.dumps({"engine": engine}) + "\n")
+        self._line({"engine": engine})
 
     def write(self, step: StepFeedback) -> None:
-        self._file.write(json.dumps(asdict(step), separators=(",", ":")) + "\n")
+        """One step's line."""
+        self._line(asdict(step))
+
+    def _line(self, record: dict[str, Any]) -> None:
+        """A failed write (a full disk) stops the log with a warning, never the engine."""
+        if self._file.closed:
+            return
+        try:
+            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        except OSError as exc:
+            logger.warning("step log %s: cannot write (%s); no more steps are logged",
+                           self.path, exc.strerror or exc)
+            self.close()
 
     def close(self) -> None:
-        self._file.close()
+        with contextlib.suppress(OSError):
+            self._file.close()
 
 
 def check_writable(path: str | Path) -> None:
