@@ -5,6 +5,7 @@ read back exactly, and fitted into a profile by ``aioserve simulate --calibrate
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -101,6 +102,7 @@ async def test_a_served_engine_logs_its_steps_and_they_fit_a_profile(model_dir, 
     assert model.source["step_log"] == str(path) and model.source["slots"] == 4
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
 def test_a_log_that_cannot_be_written_stops_logging_not_the_engine(tmp_path, caplog):
     """/dev/full fails every write (ENOSPC): the step is dropped with one warning."""
     log = StepLog("/dev/full", {"model": "m"})  # line buffered: the header fails at once
