@@ -168,6 +168,8 @@ def _sweep(args: argparse.Namespace, names: list[str]) -> int:
         args.slo_ttft_ms, args.slo_tpot_ms, params))
     target = args.target_attainment
     title = f"simulated: {args.workload}; {slo_title(args)}; {args.sweep_repeats} repeats"
+    if args.profile:
+        title += f"; profile {args.profile}"
     print(format_sweep(curves, target, title))
     if args.plot:
         plot_sweep(curves, target, args.plot, f"simulated: {args.workload}")
