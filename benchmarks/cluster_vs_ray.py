@@ -54,8 +54,7 @@ def mean_ttft_s(result: ClusterResult) -> float:
 
 async def burst_capacity(burst: str, config: SimConfig) -> float:
     """The simulated pair's throughput on ``burst`` (every request at t=0), round robin."""
-    figures = cluster_figures(await simulated(burst, "round_robin", config))
-    return figures["finished"] / figures["makespan_s"]
+    return float(cluster_figures(await simulated(burst, "round_robin", config))["throughput_req_s"])
 
 
 async def simulated(spec: str, router: str, config: SimConfig) -> ClusterResult:

@@ -47,7 +47,7 @@ async def capacity(config: SimConfig, n: int) -> float:
     """Requests/s fcfs finishes with every request queued at t=0."""
     saturated = [replace(item, arrival_s=0.0) for item in routes(n=n, rate=1.0, seed=99)]
     figures = policy_figures(await simulate(saturated, "fcfs", config))
-    return float(figures["finished"]) / figures["makespan_s"]
+    return float(figures["throughput_req_s"])
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import platform
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -93,7 +93,7 @@ class StepLog:
 
     def write(self, step: StepFeedback) -> None:
         """One step's line."""
-        self._line(asdict(step))
+        self._line({name: getattr(step, name) for name in _FIELDS})  # no deep copy
 
     def _line(self, record: dict[str, Any]) -> None:
         """A failed write (a full disk) stops the log with a warning, never the engine."""

@@ -57,6 +57,8 @@ def cluster_figures(result: ClusterResult, slo_ttft_ms: float | None = None,
         "router": result.router, "scheduler": result.scheduler,
         "replicas": len(result.replicas), "requests": len(result.workload),
         "finished": sum(row["finished"] for row in rows), "makespan_s": makespan,
+        "throughput_req_s": (sum(row["finished"] for row in rows) / makespan
+                             if makespan > 0 else 0.0),
         "goodput_req_s": goodput, "goodput_per_replica_req_s": goodput / len(rows),
         "slo_attainment": good_total / len(result.workload) if result.workload else None,
         "mean_ttft_s": mean(ttfts), "p99_ttft_s": percentile(ttfts, 99),

@@ -158,6 +158,7 @@ def policy_figures(result: SimResult, slo_ttft_ms: float | None = None,
         "scheduler": result.scheduler, "finished": len(done),
         "failed": len(result.workload) - len(done), "makespan_s": makespan,
         "throughput_tok_s": tokens / makespan if makespan > 0 else 0.0,
+        "throughput_req_s": len(done) / makespan if makespan > 0 else 0.0,
         "goodput_req_s": good / makespan if makespan > 0 else 0.0,
         "slo_attainment": good / len(result.workload) if result.workload and with_objective
         else None,
