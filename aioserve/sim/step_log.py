@@ -107,6 +107,7 @@ class StepLog:
             self.close()
 
     def close(self) -> None:
+        """Close the file (again: nothing); a failed final flush is ignored."""
         with contextlib.suppress(OSError):
             self._file.close()
 
