@@ -4,8 +4,12 @@ vtc, the paper's rule (no preemption), the artifact's router (no preemption, adm
 every 10 decode steps, S-LoRA's ``max_wait_tokens``) and an idealised rule that is not
 VTC (light first, preempting as many heavy requests as it takes); and vtc's light
 requests split by whether their tenant's counter was above the heavy one's at arrival.
+``--light`` and ``--burst`` (comma lists) sweep the light tenant's share of the requests
+and the arrivals' burstiness (the mean number arriving at once; 1 is Poisson), the heavy
+tenant held at 2x capacity.
 
-python3 benchmarks/vtc_light_ttft.py --profile profile.json   # or --model M (calibrates)"""
+python3 benchmarks/vtc_light_ttft.py --profile profile.json   # or --model M (calibrates)
+python3 benchmarks/vtc_light_ttft.py --profile profile.json --light 0.05,0.1 --burst 1,2"""
 
 from __future__ import annotations
 
@@ -83,8 +87,10 @@ class CounterAtArrival(VTCScheduler):
             self.above[request.request_id] = self.counter("light") > self.counter("heavy")
 
 
-async def one_seed(config: SimConfig, cap: float, seed: int) -> None:
-    workload = two_tenants(n=600, rate=2.2 * cap, light=0.1, seed=seed)
+async def one_seed(config: SimConfig, cap: float, light_share: float, burst: float,
+                   seed: int) -> None:
+    workload = two_tenants(n=600, rate=2 * cap / (1 - light_share), light=light_share,
+                           burst=burst, seed=seed)
     light = [w for w in workload if w.meta.tenant == "light"]
     alone = mean(ttfts(await simulate(light, "fcfs", config), lambda w: True))
     figures = []
@@ -101,8 +107,9 @@ async def one_seed(config: SimConfig, cap: float, seed: int) -> None:
                      for above in (True, False)]
     print(f"seed {seed}: light alone {1e3 * alone:.1f} ms; " + ", ".join(figures)
           + f"; vtc's light requests arriving with its counter above the heavy one's: "
-          f"{len(split[0])} of {len(split[0]) + len(split[1])}, mean TTFT "
-          f"{1e3 * mean(split[0]):.0f} ms against {1e3 * mean(split[1]):.0f} ms")
+          f"{len(split[0])} of {len(split[0]) + len(split[1])}"
+          + (f", mean TTFT {1e3 * mean(split[0]):.0f} ms against {1e3 * mean(split[1]):.0f} ms"
+             if split[0] else ""))
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -120,9 +127,18 @@ async def main(args: argparse.Namespace) -> None:
     cap = await capacity(two_tenants, config)
     print(f"a decode step of 8 rows {model.cost_ms(8, 0, 8 * 100):.2f} ms; capacity "
           f"{cap:.1f} requests/s")
-    for seed in range(args.seeds):
-        await one_seed(config, cap, seed)
+    for light in args.light:
+        for burst in args.burst:
+            print(f"light tenant {light:g} of the requests ({2 * light / (1 - light):.2f}x "
+                  f"capacity), burst {burst:g}:")
+            for seed in range(args.seeds):
+                await one_seed(config, cap, light, burst, seed)
     print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+def floats(text: str) -> list[float]:
+    """A comma list of floats (argparse type)."""
+    return [float(item) for item in text.split(",")]
 
 
 if __name__ == "__main__":
@@ -132,4 +148,8 @@ if __name__ == "__main__":
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--kv-blocks", type=int, default=64)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--light", type=floats, default=[0.1],
+                        help="the light tenant's shares of the requests (comma list)")
+    parser.add_argument("--burst", type=floats, default=[2.0],
+                        help="mean requests arriving at once, 1 = Poisson (comma list)")
     asyncio.run(main(parser.parse_args()))

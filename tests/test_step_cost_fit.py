@@ -56,16 +56,20 @@ def synthetic_steps(model: StepCostModel, noise: float = 0.0, n: int = 240, seed
     return steps
 
 
-def test_pairs_count_causal_attention_of_a_chunk():
-    """A 4-token chunk from position 10 attends 11 + 12 + 13 + 14 = 50 (query, key) pairs; a
-    decode row adds its context but no pairs; the batch and the feedback agree."""
-    feedback = step(0, [(4, 10, False), (1, 30, True)], 1.0)
-    assert feedback_features(feedback) == (2, 4, 14 + 31, 50)
-    batch = ScheduledBatch(request_ids=["a", "b"], num_scheduled_tokens=[4, 1],
-                           start_positions=[10, 30], sample=[True, True],
-                           num_output_tokens=[0, 5])
+def test_pairs_count_the_padded_prefill_rectangle():
+    """Prefill rows are padded to one rectangle: a 4-token chunk from position 10 and a
+    2-token one from 0 compute 2 rows x 4 queries x 14 keys = 112 pairs (their causal
+    pairs are 50 + 3); a decode row adds its context but no pairs; the batch and the
+    feedback agree."""
+    feedback = step(0, [(4, 10, False), (1, 30, True), (2, 0, False)], 1.0)
+    assert feedback_features(feedback) == (3, 6, 14 + 31 + 2, 112)
+    batch = ScheduledBatch(request_ids=["a", "b", "c"], num_scheduled_tokens=[4, 1, 2],
+                           start_positions=[10, 30, 0], sample=[True, True, True],
+                           num_output_tokens=[0, 5, 0])
     assert batch_features(batch) == feedback_features(feedback)
-    assert TRUE.batch_cost_ms(batch) == pytest.approx(3.0 + 0.8 + 0.2 + 0.09 + 50 * 2e-5)
+    assert TRUE.batch_cost_ms(batch) == pytest.approx(
+        3.0 + 3 * 0.4 + 6 * 0.05 + 47 * 0.002 + 112 * 2e-5)
+    assert feedback_features(step(1, [(1, 30, True)], 1.0))[3] == 0
 
 
 def test_the_fit_recovers_known_coefficients_with_the_pair_term():
