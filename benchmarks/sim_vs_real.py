@@ -9,7 +9,8 @@ Trace windows at multiples of the real engine's capacity (issue 32's replay floo
 requests / makespan; then replayed at ``--loads`` x that rate (the spec's ``rate=``):
 python3 benchmarks/sim_vs_real.py --policies fcfs,spf,vtc,priority --repeats 3 --loads 0.9,1.2 \
     --trace ../shared/traces/azure-llm-2023-conv.csv:start=600,n=200,len_scale=auto,max_len=512
-(``--calibrate-on next-window``: the simulator's profile fitted on the trace's next window)
+(``--calibrate-on next-window``: the simulator's profile fitted on the trace's next window,
+all at t=0; ``next-window-at-loads``: that and the same window replayed at each load)
 
 Each real repeat also gets its drift: its steps' measured busy time over what the profile
 predicts for the same steps (the machine slower, > 1, or faster than at calibration). The
@@ -38,6 +39,8 @@ from aioserve.sim.real import replay, sim_config_of
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimResult, simulate
+from aioserve.sim.step_cost import StepCostModel, fit_profile
+from aioserve.sim.step_log import describe
 
 WORKLOADS = {
     "bursty-poisson": "poisson:n=64,rate=30,burst=4,seed=11",
@@ -65,6 +68,19 @@ def _error(sim: float, real: float) -> float:
     return 100.0 * (sim - real) / real if real else (0.0 if sim == real else float("inf"))
 
 
+async def fit_at_rates(engine: AsyncEngine, spec: str, rates: list[float],
+                       rounds: int) -> StepCostModel:
+    """The step cost fitted on the trace's next window (held out), ``rounds`` times all at
+    t=0 and at each of ``rates`` (req/s): the steps of a loaded engine that idles between
+    arrivals, which a burst's calibration never sees."""
+    steps = []
+    for timing in ["speed=1e9", *(f"rate={rate:.3f}" for rate in rates)]:
+        workload = load_workload(f"{spec},window=1,{timing}")
+        for _ in range(rounds):
+            steps += (await replay(engine, workload, "fcfs")).feedback
+    return fit_profile(steps, source=describe(engine))
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     config = EngineConfig(model=args.model, max_num_seqs=args.slots, num_kv_blocks=args.kv_blocks,
                           forward=args.forward)
@@ -83,6 +99,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         configs = dict.fromkeys(workloads, sim_config)
         for spec in args.trace or []:
             trace_config = sim_config
+            loads = [float(load) for load in args.loads.split(",")]
             if args.calibrate_on == "next-window":  # held out: the window after this one
                 held = await calibrate(engine, load_workload(f"{spec},window=1,speed=1e9"),
                                        rounds=args.calibration_rounds)
@@ -92,14 +109,20 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             burst = load_workload(f"{spec},speed=1e9")
             flat = await replay(engine, burst, "fcfs")
             capacity = _capacity(flat)
+            if args.calibrate_on == "next-window-at-loads":
+                held = await fit_at_rates(engine, spec, [load * capacity for load in loads],
+                                          args.calibration_rounds)
+                print(f"{spec}: profile fitted on its next window (window=1) all at t=0 and "
+                      f"at {', '.join(f'{load:g}x' for load in loads)}\n{format_fit(held)}")
+                trace_config = sim_config_of(engine, cost_model=held)
             simulated = await simulate(burst, "fcfs", trace_config)
             sim_capacity = _capacity(simulated)
             print(f"{spec}: capacity {capacity:.2f} req/s (all at t=0, fcfs), simulated "
                   f"{sim_capacity:.2f} ({len(flat.steps)} steps real, {len(simulated.steps)} "
                   f"simulated)")
-            for load in args.loads.split(","):
-                label = f"{spec.rsplit('/', 1)[-1]} at {load}x"
-                workloads[label] = f"{spec},rate={float(load) * capacity:.3f}"
+            for load in loads:
+                label = f"{spec.rsplit('/', 1)[-1]} at {load:g}x"
+                workloads[label] = f"{spec},rate={load * capacity:.3f}"
                 configs[label] = trace_config
         for label, spec in workloads.items():
             workload = load_workload(spec)
@@ -202,10 +225,12 @@ if __name__ == "__main__":
     parser.add_argument("--trace", action="append", default=None, metavar="SPEC",
                         help="a trace window (README: Real traces) instead of the built-in "
                         "workloads; repeatable")
-    parser.add_argument("--calibrate-on", choices=("default", "next-window"), default="default",
+    parser.add_argument("--calibrate-on", default="default",
+                        choices=("default", "next-window", "next-window-at-loads"),
                         help="with --trace: fit the simulator's profile on the built-in "
                         "calibration workload, or on each trace spec's next window (window=1, "
-                        "all at t=0: the trace's step shapes, held out)")
+                        "all at t=0: the trace's step shapes, held out), or on that window "
+                        "all at t=0 and replayed at each of --loads")
     parser.add_argument("--loads", default="0.9,1.2",
                         help="with --trace: multiples of the measured capacity")
     arguments = parser.parse_args()
