@@ -68,6 +68,17 @@ def _error(sim: float, real: float) -> float:
     return 100.0 * (sim - real) / real if real else (0.0 if sim == real else float("inf"))
 
 
+def multiples(text: str) -> list[float]:
+    """A comma list of positive multiples (argparse type: refused before the engine starts)."""
+    try:
+        values = [float(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma list of numbers: {text!r}") from None
+    if not all(value > 0 and math.isfinite(value) for value in values):
+        raise argparse.ArgumentTypeError(f"multiples must be > 0: {text!r}")
+    return values
+
+
 async def fit_at_rates(engine: AsyncEngine, spec: str, rates: list[float],
                        rounds: int) -> StepCostModel:
     """The step cost fitted on the trace's next window (held out), ``rounds`` times all at
@@ -88,7 +99,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"load_before": os.getloadavg(), "policies": policies}
     async with AsyncEngine(config) as engine:
         sim_config = sim_config_of(engine)
-        if not (args.trace and args.calibrate_on == "next-window"):
+        if not (args.trace and args.calibrate_on != "default"):
             start = time.perf_counter()
             model = await calibrate(engine, rounds=args.calibration_rounds)
             print(f"profile fitted on the built-in calibration workload in "
@@ -99,7 +110,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         configs = dict.fromkeys(workloads, sim_config)
         for spec in args.trace or []:
             trace_config = sim_config
-            loads = [float(load) for load in args.loads.split(",")]
             if args.calibrate_on == "next-window":  # held out: the window after this one
                 held = await calibrate(engine, load_workload(f"{spec},window=1,speed=1e9"),
                                        rounds=args.calibration_rounds)
@@ -107,20 +117,22 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                       f"{format_fit(held)}")
                 trace_config = sim_config_of(engine, cost_model=held)
             burst = load_workload(f"{spec},speed=1e9")
+            if args.calibrate_on == "next-window-at-loads":  # warm-up, as calibrate() does
+                await replay(engine, load_workload(f"{spec},window=1,speed=1e9"), "fcfs")
             flat = await replay(engine, burst, "fcfs")
             capacity = _capacity(flat)
             if args.calibrate_on == "next-window-at-loads":
-                held = await fit_at_rates(engine, spec, [load * capacity for load in loads],
+                held = await fit_at_rates(engine, spec, [load * capacity for load in args.loads],
                                           args.calibration_rounds)
                 print(f"{spec}: profile fitted on its next window (window=1) all at t=0 and "
-                      f"at {', '.join(f'{load:g}x' for load in loads)}\n{format_fit(held)}")
+                      f"at {', '.join(f'{load:g}x' for load in args.loads)}\n{format_fit(held)}")
                 trace_config = sim_config_of(engine, cost_model=held)
             simulated = await simulate(burst, "fcfs", trace_config)
             sim_capacity = _capacity(simulated)
             print(f"{spec}: capacity {capacity:.2f} req/s (all at t=0, fcfs), simulated "
                   f"{sim_capacity:.2f} ({len(flat.steps)} steps real, {len(simulated.steps)} "
                   f"simulated)")
-            for load in loads:
+            for load in args.loads:
                 label = f"{spec.rsplit('/', 1)[-1]} at {load:g}x"
                 workloads[label] = f"{spec},rate={load * capacity:.3f}"
                 configs[label] = trace_config
@@ -231,8 +243,8 @@ if __name__ == "__main__":
                         "calibration workload, or on each trace spec's next window (window=1, "
                         "all at t=0: the trace's step shapes, held out), or on that window "
                         "all at t=0 and replayed at each of --loads")
-    parser.add_argument("--loads", default="0.9,1.2",
-                        help="with --trace: multiples of the measured capacity")
+    parser.add_argument("--loads", default=[0.9, 1.2], type=multiples,
+                        help="with --trace: multiples of the measured capacity (comma list)")
     arguments = parser.parse_args()
     for flag, check, values in (  # refused before the engine starts
             ("--policies", load_scheduler, (arguments.policies or "fcfs").split(",")),
