@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
-from aioserve.commands.common import add_forward_option
+from aioserve.commands.common import add_forward_option, positive_floats
 from aioserve.scheduling.registry import available_schedulers, load_scheduler
 from aioserve.sim.calibrate import calibrate
 from aioserve.sim.fit_report import format_fit, held_out_drift
@@ -39,8 +39,6 @@ from aioserve.sim.real import replay, sim_config_of
 from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimResult, simulate
-from aioserve.sim.step_cost import StepCostModel, fit_profile
-from aioserve.sim.step_log import describe
 
 WORKLOADS = {
     "bursty-poisson": "poisson:n=64,rate=30,burst=4,seed=11",
@@ -68,30 +66,6 @@ def _error(sim: float, real: float) -> float:
     return 100.0 * (sim - real) / real if real else (0.0 if sim == real else float("inf"))
 
 
-def multiples(text: str) -> list[float]:
-    """A comma list of positive multiples (argparse type: refused before the engine starts)."""
-    try:
-        values = [float(item) for item in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma list of numbers: {text!r}") from None
-    if not all(value > 0 and math.isfinite(value) for value in values):
-        raise argparse.ArgumentTypeError(f"multiples must be > 0: {text!r}")
-    return values
-
-
-async def fit_at_rates(engine: AsyncEngine, spec: str, rates: list[float],
-                       rounds: int) -> StepCostModel:
-    """The step cost fitted on the trace's next window (held out), ``rounds`` times all at
-    t=0 and at each of ``rates`` (req/s): the steps of a loaded engine that idles between
-    arrivals, which a burst's calibration never sees."""
-    steps = []
-    for timing in ["speed=1e9", *(f"rate={rate:.3f}" for rate in rates)]:
-        workload = load_workload(f"{spec},window=1,{timing}")
-        for _ in range(rounds):
-            steps += (await replay(engine, workload, "fcfs")).feedback
-    return fit_profile(steps, source=describe(engine))
-
-
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     config = EngineConfig(model=args.model, max_num_seqs=args.slots, num_kv_blocks=args.kv_blocks,
                           forward=args.forward)
@@ -117,13 +91,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                       f"{format_fit(held)}")
                 trace_config = sim_config_of(engine, cost_model=held)
             burst = load_workload(f"{spec},speed=1e9")
-            if args.calibrate_on == "next-window-at-loads":  # warm-up, as calibrate() does
+            if args.calibrate_on == "next-window-at-loads":  # warm-up before the capacity run
                 await replay(engine, load_workload(f"{spec},window=1,speed=1e9"), "fcfs")
             flat = await replay(engine, burst, "fcfs")
             capacity = _capacity(flat)
             if args.calibrate_on == "next-window-at-loads":
-                held = await fit_at_rates(engine, spec, [load * capacity for load in args.loads],
-                                          args.calibration_rounds)
+                window = f"{spec},window=1"
+                held = await calibrate(
+                    engine, load_workload(f"{window},speed=1e9"), args.calibration_rounds,
+                    also=[load_workload(f"{window},rate={load * capacity:.3f}")
+                          for load in args.loads])
                 print(f"{spec}: profile fitted on its next window (window=1) all at t=0 and "
                       f"at {', '.join(f'{load:g}x' for load in args.loads)}\n{format_fit(held)}")
                 trace_config = sim_config_of(engine, cost_model=held)
@@ -243,7 +220,7 @@ if __name__ == "__main__":
                         "calibration workload, or on each trace spec's next window (window=1, "
                         "all at t=0: the trace's step shapes, held out), or on that window "
                         "all at t=0 and replayed at each of --loads")
-    parser.add_argument("--loads", default=[0.9, 1.2], type=multiples,
+    parser.add_argument("--loads", default=[0.9, 1.2], type=positive_floats,
                         help="with --trace: multiples of the measured capacity (comma list)")
     arguments = parser.parse_args()
     for flag, check, values in (  # refused before the engine starts

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from policy_floors import capacity, mean, ttfts  # noqa: E402
 
 from aioserve import AsyncEngine, EngineConfig  # noqa: E402
+from aioserve.commands.common import positive_floats  # noqa: E402
 from aioserve.scheduling import RequestView, SchedulerOutput, SchedulerState  # noqa: E402
 from aioserve.sim.calibrate import calibrate  # noqa: E402
 from aioserve.sim.scenarios import two_tenants  # noqa: E402
@@ -136,11 +137,6 @@ async def main(args: argparse.Namespace) -> None:
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 
-def floats(text: str) -> list[float]:
-    """A comma list of floats (argparse type)."""
-    return [float(item) for item in text.split(",")]
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="../shared/models/stories260K-hf")
@@ -148,8 +144,13 @@ if __name__ == "__main__":
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--kv-blocks", type=int, default=64)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--light", type=floats, default=[0.1],
+    parser.add_argument("--light", type=positive_floats, default=[0.1],
                         help="the light tenant's shares of the requests (comma list)")
-    parser.add_argument("--burst", type=floats, default=[2.0],
+    parser.add_argument("--burst", type=positive_floats, default=[2.0],
                         help="mean requests arriving at once, 1 = Poisson (comma list)")
-    asyncio.run(main(parser.parse_args()))
+    arguments = parser.parse_args()
+    if not all(light < 1 for light in arguments.light):
+        parser.error("--light: shares of the requests must be < 1")
+    if not all(burst >= 1 for burst in arguments.burst):
+        parser.error("--burst: the mean number arriving at once must be >= 1")
+    asyncio.run(main(arguments))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.memory_size import parse_memory
@@ -38,6 +39,18 @@ def non_negative_float(value: str) -> float:
     if not number >= 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
     return number
+
+
+def positive_floats(value: str) -> list[float]:
+    """An argparse type: a comma list of finite numbers > 0 (``0.9,1.2``)."""
+    try:
+        numbers = [float(item) for item in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a comma list of numbers > 0, got {value!r}") from None
+    if not all(0 < number < math.inf for number in numbers):  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a comma list of numbers > 0, got {value}")
+    return numbers
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:

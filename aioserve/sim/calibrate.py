@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from aioserve.engine import AsyncEngine
@@ -38,16 +38,20 @@ def calibration_workload(max_num_seqs: int, seed: int = 0, max_model_len: int = 
 
 
 async def calibrate(engine: AsyncEngine, workload: list[WorkloadRequest] | None = None,
-                    rounds: int = 2) -> StepCostModel:
+                    rounds: int = 2, also: Sequence[list[WorkloadRequest]] = ()
+                    ) -> StepCostModel:
     """Fit the step cost of a running, idle ``engine`` on ``rounds`` passes of ``workload``
-    under ``fcfs``, after a warm-up (ValueError: too few steps; RuntimeError: busy)."""
+    and of each of ``also`` (e.g. the same requests at the rates they will be served: a
+    machine may run slower after idling between arrivals) under ``fcfs``, after a warm-up
+    (ValueError: too few steps; RuntimeError: busy)."""
     core = engine._require_core()
     workload = workload or calibration_workload(core.max_num_seqs,
                                                 max_model_len=core.max_model_len)
     await replay(engine, workload[: max(4, len(workload) // 4)], "fcfs")  # warm-up
     steps = []
-    for _ in range(rounds):
-        steps += (await replay(engine, workload, "fcfs")).feedback
+    for each in (workload, *also):
+        for _ in range(rounds):
+            steps += (await replay(engine, each, "fcfs")).feedback
     return fit_profile(steps, source=describe(engine))
 
 

@@ -63,9 +63,10 @@ def batch_features(batch: ScheduledBatch) -> Features:
 
 def feedback_features(step: StepFeedback) -> Features:
     """(rows, prefill tokens, context tokens, prefill pairs) of a finished step."""
-    chunks = [(count, start + count) for count, start in
-              zip(step.num_computed_tokens, step.start_positions) if count > 1]
-    pairs = padded_pairs(len(chunks), max(chunks)[0], max(c for _, c in chunks)) if chunks else 0
+    rows = [(count, start + count) for count, start in
+            zip(step.num_computed_tokens, step.start_positions) if count > 1]
+    pairs = padded_pairs(len(rows), max(count for count, _ in rows),
+                         max(width for _, width in rows)) if rows else 0
     return step.num_seqs, step.num_prefill_tokens, step.num_context_tokens, pairs
 
 

@@ -1,0 +1,24 @@
+"""``calibrate()`` on the real engine: it fits the steps of its rounds of the workload and of
+each workload in ``also``, and none of its warm-up."""
+
+from __future__ import annotations
+
+from aioserve import AsyncEngine, EngineConfig
+from aioserve.scheduling import StepFeedback
+from aioserve.sim.calibrate import calibrate
+from aioserve.sim.workloads import WorkloadRequest
+
+
+async def test_calibrate_fits_its_rounds_and_the_also_workloads_not_the_warm_up(model_dir):
+    burst = [WorkloadRequest(f"b{i}", 0.0, 8 + i, 6 + i) for i in range(8)]
+    spread = [WorkloadRequest(f"s{i}", 0.02 * i, 8 + i, 6 + i) for i in range(4)]
+    async with AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=8)) as engine:
+        seen: list[StepFeedback] = []
+        engine._require_core().step_observers.append(seen.append)
+        model = await calibrate(engine, burst, rounds=2, also=[spread])
+    # the warm-up replays burst[:4]; the first step of round one admits all eight. A replay
+    # may end with a step in flight, whose feedback then counts with the next replay.
+    warm_up = next(i for i, step in enumerate(seen) if "b7" in step.request_ids)
+    assert all(set(step.request_ids) <= {"b0", "b1", "b2", "b3"} for step in seen[:warm_up])
+    assert len(seen) - warm_up <= model.fit["steps"] <= len(seen) - warm_up + 1
+    assert sum(any(r.startswith("s") for r in step.request_ids) for step in seen) >= 2 * 9
