@@ -16,9 +16,9 @@ async def test_calibrate_fits_its_rounds_and_the_also_workloads_not_the_warm_up(
         seen: list[StepFeedback] = []
         engine._require_core().step_observers.append(seen.append)
         model = await calibrate(engine, burst, rounds=2, also=[spread])
-    # the warm-up replays burst[:4]; the first step of round one admits all eight. A replay
-    # may end with a step in flight, whose feedback then counts with the next replay.
-    warm_up = next(i for i, step in enumerate(seen) if "b7" in step.request_ids)
-    assert all(set(step.request_ids) <= {"b0", "b1", "b2", "b3"} for step in seen[:warm_up])
-    assert len(seen) - warm_up <= model.fit["steps"] <= len(seen) - warm_up + 1
+    # The warm-up replays burst[:4]: at least 9 steps (b3 emits 9 tokens), less one that may
+    # still be in flight when it ends (its feedback then counts with the next replay).
+    # Every step that ran a request the warm-up does not hold is fitted.
+    rounds = sum(not set(step.request_ids) <= {"b0", "b1", "b2", "b3"} for step in seen)
+    assert rounds <= model.fit["steps"] <= len(seen) - 8
     assert sum(any(r.startswith("s") for r in step.request_ids) for step in seen) >= 2 * 9
