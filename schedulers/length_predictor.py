@@ -71,6 +71,9 @@ def make_predictor(spec: LengthPredictor | str | None,
     if spec is None:
         spec = "hint"
     if isinstance(spec, str):
+        if spec not in PREDICTORS and ":" not in spec:
+            raise ValueError(f"predictor {spec!r}: not one of {', '.join(PREDICTORS)}, nor a "
+                             "'package.module:Class'")
         cls = PREDICTORS.get(spec) or load_object(spec)
         if not callable(cls):
             raise ValueError(f"predictor {spec!r} is not a class")

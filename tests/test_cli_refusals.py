@@ -211,3 +211,79 @@ def test_a_saved_profile_loads_back_as_it_was(tmp_path):
 def test_bad_calibration_flags_are_refused_before_any_model_loads(options, start):
     line = refuse("simulate", *options)
     assert line.startswith(f"aioserve: error: {start}"), line
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("", "no requests (the file is empty)"),
+    ("\n\n", "no requests (the file is empty)"),
+    ("arrived_at,num_prefill,num_decode_tokens\n1,2,3\n",
+     ":1: CSV header with columns arrived_at, num_prefill, num_decode_tokens: no trace format "
+     "has these (known: "),
+    ('{\n  "id": "a"\n}\n', ":1: not JSON: a workload file holds one JSON object per line"),
+])
+@pytest.mark.parametrize("command", [["simulate"], ["bench", "serve", "--base-url",
+                                                    "http://127.0.0.1:9"]])
+def test_an_empty_or_unreadable_workload_file_is_named(tmp_path, command, text, reason):
+    """An empty file raised IndexError (simulate) or ran 0 requests to nan figures (bench
+    serve); a misspelt trace header or a pretty-printed JSON file said only "not JSON"."""
+    path = tmp_path / "w.csv"
+    path.write_text(text)
+    line = refuse(*command, "--workload", str(path))
+    assert line.startswith(f"aioserve: error: --workload: {path}"), line
+    assert reason in line, line
+
+
+def test_a_directory_is_no_workload(tmp_path):
+    line = refuse("simulate", "--workload", f"{tmp_path}:n=5")
+    assert line.endswith(f"{str(tmp_path)!r} is a directory; give a trace or workload file "
+                         "in it"), line
+
+
+@pytest.mark.parametrize(("options", "flag", "reason"), [
+    (["--request-rate", "0"], "--request-rate", "must be a number > 0, got 0"),
+    (["--request-rate=-5"], "--request-rate", "must be a number > 0, got -5"),
+    (["--slo-ttft-ms=-5"], "--slo-ttft-ms", "must be a number >= 0"),
+    (["--burstiness", "0"], "--burstiness", "must be a number > 0"),
+    (["--plot", "/no/such/dir/p.png"], "--plot", "no directory '/no/such/dir'"),
+])
+def test_bad_bench_serve_options_are_refused_before_any_request(options, flag, reason):
+    """``--request-rate 0`` raised ZeroDivisionError; a negative rate or objective ran."""
+    line = refuse("bench", "serve", "--base-url", "http://127.0.0.1:9", *options)
+    assert flag in line and reason in line, line
+
+
+@pytest.mark.parametrize(("options", "flag", "reason"), [
+    (["--plot", "/no/such/dir/p.png"], "--plot", "no directory '/no/such/dir'"),
+    (["--compare", "--report", "/no/such/dir/r.html"], "--report", "no directory"),
+    (["--html", "."], "--html", "'.' is a directory"),
+    (["--report", "r.html"], "--report", "only with --compare or --sweep-rate"),
+    (["--scheduler", "fcfs,spf,fcfs"], "--scheduler", "'fcfs' given twice"),
+    (["--sweep-rate", "20:60:1"], "--sweep-rate", "N is 1 exactly when LO = HI"),
+    (["--sweep-rate", "20:20:3"], "--sweep-rate", "N is 1 exactly when LO = HI"),
+    (["--scheduler", "edf,mlfq", "--scheduler-config", '{"shed_late": true}'],
+     "--scheduler-config", "'mlfq' has no parameter 'shed_late', and one object applies to "
+     'every policy of this run (edf, mlfq); key it by policy: {"edf": {"shed_late": true}}'),
+    (["--scheduler", "edf", "--scheduler-config", '{"shed_late": "yes"}'], "'shed_late'",
+     "valid boolean"),
+    (["--scheduler", "mlfq", "--scheduler-config", '{"levels": "3"}'], "'levels'",
+     "valid integer"),
+    (["--scheduler", "spf", "--scheduler-config", '{"predictor": "lerned"}'],
+     "predictor 'lerned'", "not one of hint, cap, oracle, learned"),
+])
+def test_bad_simulate_options_are_refused_before_the_run(options, flag, reason):
+    """Each was accepted: outputs were checked only after the simulation (and said "cannot
+    load"), strings were coerced to booleans and integers, a policy ran twice."""
+    line = refuse("simulate", "--workload", "poisson:n=50", *options)
+    assert flag in line and reason in line, line
+
+
+def test_cuda_on_a_cpu_build_of_torch_is_refused_before_torch_loads(model_dir):
+    """It was refused, but after torch loaded (about 5 s)."""
+    import importlib.metadata
+
+    if not importlib.metadata.version("torch").endswith("+cpu"):
+        pytest.skip("torch is not a CPU build")
+    for command in (["serve", "--model", model_dir], ["bench", "throughput", "--model", model_dir],
+                    ["simulate", "--real", "--model", model_dir]):
+        line = refuse(*command, "--device", "cuda")
+        assert "--device cuda: this torch (" in line and "is a CPU build" in line, line

@@ -104,7 +104,8 @@ def test_the_state_round_trips_through_json(tmp_path):
     ({"predictor": "learned", "predictor_config": {"prior_weight": "x"}}, "prior_weight"),
     ({"predictor": "learned", "predictor_config": {"windw": 3}}, "no parameter 'windw'"),
     ({"predictor": "cap", "predictor_config": {"window": 3}}, "no parameter 'window'"),
-    ({"predictor": "nowhere"}, "not of the form"),
+    ({"predictor": "nowhere"}, "not one of hint, cap, oracle, learned, nor a"),
+    ({"predictor": "no.where:X"}, "cannot import"),
 ])
 def test_bad_predictor_configuration_is_refused_by_name(config, named):
     with pytest.raises(ValueError, match=named):

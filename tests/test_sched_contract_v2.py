@@ -242,8 +242,10 @@ def test_parameters_are_checked_against_the_constructor():
         load_scheduler("spf", {"max_wait_s": "soon"})
     with pytest.raises(ValueError, match="watermark must be in"):
         load_scheduler("fcfs", {"watermark": 2})
-    with pytest.raises(ValueError, match="not of the form"):
+    with pytest.raises(ValueError, match="'nowhere': not one of hint, cap, oracle, learned"):
         load_scheduler("spf", {"predictor": "nowhere"})
+    with pytest.raises(ValueError, match="not of the form"):
+        load_scheduler("spf", {"predictor": "nowhere:"})
 
 
 async def test_the_simulator_schedules_as_the_engine_does():

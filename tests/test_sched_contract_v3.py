@@ -101,7 +101,12 @@ def test_config_keyed_by_the_one_policy_of_a_command():
     assert params_by_policy(["vtc"], {"vtc": {"preempt": False}}) == {"vtc": {"preempt": False}}
     weights = {"weights": {"a": 3}}  # a parameter whose value is an object
     assert params_by_policy(["vtc"], weights) == {"vtc": weights}
-    assert params_by_policy(["fcfs", "vtc"], weights) == {"fcfs": weights, "vtc": weights}
+    with pytest.raises(ValueError, match=r"'fcfs' has no parameter 'weights', and one object "
+                       r"applies to every policy of this run \(fcfs, vtc\); key it by policy: "
+                       r'\{"vtc": \{"weights": \{"a": 3\}\}\}'):
+        params_by_policy(["fcfs", "vtc"], weights)  # fcfs refused it later, unexplained
+    assert params_by_policy(["fcfs", "vtc"], {"watermark": 0.02}) == {
+        "fcfs": {"watermark": 0.02}, "vtc": {"watermark": 0.02}}
 
 
 def test_config_key_that_names_no_policy_says_which_exist():

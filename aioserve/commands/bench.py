@@ -20,9 +20,12 @@ from aioserve.bench.workloads import (
 from aioserve.commands.common import (
     add_prefix_caching_option,
     add_runner_options,
+    check_device,
     check_model,
+    check_output,
     check_scheduler,
     non_negative_float,
+    positive_float,
     positive_int,
 )
 from aioserve.config import EngineConfig
@@ -99,11 +102,11 @@ def _add_serve(sub: Any) -> None:
                    help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY, "
                         "else $AIOSERVE_API_KEY, else none)")
     p.add_argument("--vocab-size", type=int, default=512, help="prompt ids are < this")
-    p.add_argument("--request-rate", type=float, default=math.inf,
+    p.add_argument("--request-rate", type=positive_float, default=math.inf,
                    help="requests/s, Poisson (inf: all at once)")
-    p.add_argument("--slo-ttft-ms", type=float, default=math.inf,
+    p.add_argument("--slo-ttft-ms", type=non_negative_float, default=math.inf,
                    help="TTFT objective in ms, for goodput")
-    p.add_argument("--slo-tpot-ms", type=float, default=math.inf,
+    p.add_argument("--slo-tpot-ms", type=non_negative_float, default=math.inf,
                    help="TPOT objective in ms, for goodput")
     p.add_argument("--plot", default=None, help="save latency plots to this file (PNG)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -120,15 +123,16 @@ def _add_serve(sub: Any) -> None:
 
 
 def _add_serve_arrivals(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--burstiness", type=non_negative_float, default=1.0,
+    p.add_argument("--burstiness", type=positive_float, default=1.0,
                    help="random prompts: gamma arrivals of this shape at --request-rate "
                         "(default 1: Poisson; lower: burstier), as vLLM bench's")
     p.add_argument("--max-concurrency", type=positive_int, default=None,
                    help="most requests in flight; a later one is sent when one ends "
                         "(default: no limit)")
     p.add_argument("--sweep-rate", default=None, metavar="LO:HI[:N]",
-                   help="capacity search on --workload: run it at N rates (default 5) and "
-                        "report SLO attainment, goodput and the highest rate meeting "
+                   help="capacity search on --workload: run it at N rates (default 5; 1 "
+                        "when LO = HI) and report SLO attainment, goodput and the highest "
+                        "rate meeting "
                         "--target-attainment, as aioserve simulate --sweep-rate does")
     p.add_argument("--sweep-repeats", type=positive_int, default=3,
                    help="--sweep-rate: runs per rate, other seeds or a file's next windows "
@@ -185,6 +189,7 @@ def _throughput(args: argparse.Namespace) -> int:
     check_scheduler(args.scheduler, None)  # refusals before torch loads
     if args.random_model is None:
         check_model(model)
+    check_device(args.device)
     from aioserve.bench.offline import run_offline
 
     if args.random_model is not None:
@@ -215,7 +220,8 @@ def _throughput(args: argparse.Namespace) -> int:
         print(f"random weights, shape {args.random_model}: {model}")
     print(f"{args.num_prompts} requests, {prompt}, output {args.output_len}, "
           f"{args.max_num_seqs} slots, compute threads "
-          + ", ".join(f"{name} {count}" for name, count in report.threads.items()))
+          + ", ".join(f"{name} {count}" for name, count in report.threads.items()
+                      if name in report.runs))
     for backend, results in report.runs.items():
         print(f"{report.warmups[backend].summary()}  (warm-up, not counted)")
         for result in results:
@@ -246,8 +252,8 @@ def _serve(args: argparse.Namespace) -> int:
     elif not api_key.strip():
         raise ValueError("--api-key is empty (an unset variable?): give the key, or leave "
                          "the option out")
-    if not args.burstiness > 0:
-        raise ValueError("--burstiness: must be > 0")
+    check_output(args.plot, "--plot")
+    args.base_url = args.base_url.rstrip("/").removesuffix("/v1")  # the OpenAI client's form
     if args.sweep_rate is not None:
         return _serve_sweep(args, api_key or None)
     requests = _requests(args)

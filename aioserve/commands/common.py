@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.memory_size import parse_memory
@@ -41,6 +43,17 @@ def non_negative_float(value: str) -> float:
     return number
 
 
+def positive_float(value: str) -> float:
+    """An argparse type: a number > 0 (``inf`` allowed)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}") from None
+    if not number > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
+    return number
+
+
 def positive_floats(value: str) -> list[float]:
     """An argparse type: a comma list of finite numbers > 0 (``0.9,1.2``)."""
     try:
@@ -51,6 +64,33 @@ def positive_floats(value: str) -> list[float]:
     if not all(0 < number < math.inf for number in numbers):  # NaN too
         raise argparse.ArgumentTypeError(f"must be a comma list of numbers > 0, got {value}")
     return numbers
+
+
+def check_output(path: str | None, flag: str) -> None:
+    """ValueError naming ``flag`` when ``path`` cannot be written: its folder missing, or it is
+    a folder itself (checked before any work, not after)."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{flag}: {path!r} is a directory; give a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        raise ValueError(f"{flag}: no directory {str(folder)!r} to write {target.name!r} in")
+
+
+def check_device(device: str) -> None:
+    """ValueError naming ``--device`` when it asks for CUDA and the installed torch is a CPU
+    build (read from its version, without importing torch: under a second)."""
+    if not device.startswith("cuda"):
+        return
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return  # the runner says torch is missing
+    if version.endswith("+cpu"):
+        raise ValueError(f"--device {device}: this torch ({version}) is a CPU build, without "
+                         "CUDA; use --device cpu or auto")
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -191,6 +231,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
     check_scheduler(args.scheduler, params[args.scheduler])
     check_model(args.model)
+    check_device(args.device)
     try:
         return EngineConfig(
             model=args.model,

@@ -191,14 +191,23 @@ def _workload(args: argparse.Namespace) -> list[WorkloadRequest]:
         raise ValueError(f"--workload: {exc}") from None
 
 
+def _policy_names(text: str) -> list[str]:
+    """``--scheduler``'s comma list; ValueError when empty or a policy repeats."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ValueError("--scheduler: give at least one policy")
+    repeated = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if repeated is not None:
+        raise ValueError(f"--scheduler: {repeated!r} given twice")
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``simulate``; ValueError for an unknown scheduler, workload or option."""
     check_combinations(args)
     routers = check_cluster(args) if wants_cluster(args) else None
+    names = _policy_names(args.scheduler)
     if args.sweep_rate is not None:
-        names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
-        if not names:
-            raise ValueError("--scheduler: give at least one policy")
         return _sweep(args, names)
     if args.from_steps is not None:
         return _calibrate_from_steps(args)
@@ -209,9 +218,6 @@ def run(args: argparse.Namespace) -> int:
     workload = _workload(args)
     if Path(args.workload).exists() or Path(split_spec(args.workload)[0]).exists():
         print(f"workload: {describe(workload)}", file=sys.stderr)
-    names = [name.strip() for name in args.scheduler.split(",") if name.strip()]
-    if not names:
-        raise ValueError("--scheduler: give at least one policy")
     if routers is not None:
         return run_cluster(args, workload, names, sim_config(args, workload), *routers)
     if real is not None:  # every refusal before torch loads

@@ -9,7 +9,9 @@ from pathlib import Path
 from aioserve.commands.common import (
     add_forward_option,
     add_scheduler_options,
+    check_device,
     check_model,
+    check_output,
     flag_error,
     non_negative_float,
     positive_int,
@@ -92,8 +94,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--sweep-rate", default=None, metavar="LO:HI[:N]",
-        help="capacity search: run the workload at N rates (default 5) from LO to HI req/s and "
-        "report per policy SLO attainment, goodput and the highest rate meeting "
+        help="capacity search: run the workload at N rates (default 5; 1 when LO = HI) from "
+        "LO to HI req/s and report per policy SLO attainment, goodput and the highest rate "
+        "meeting "
         "--target-attainment (needs a workload with a rate: poisson, a scenario or a file)")
     add("--sweep-repeats", type=positive_int, default=3,
         help="--sweep-rate: runs per rate, other seeds or a file's next windows (default 3)")
@@ -143,6 +146,13 @@ def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> Sim
 
 def check_combinations(args: argparse.Namespace) -> None:
     """ValueError naming the flag of a combination that cannot run (before any model loads)."""
+    for flag in ("--report", "--plot", "--html"):
+        check_output(getattr(args, flag[2:]), flag)
+    if args.calibrate:
+        check_output(args.profile_out, "--profile-out")
+    if args.report is not None and not (args.compare or args.sweep_rate is not None):
+        raise ValueError("--report: only with --compare or --sweep-rate (it writes their "
+                         "tables and plots as a page; --html replays the slots)")
     if args.from_steps is not None:
         if not args.calibrate:
             raise ValueError("--from-steps: only with --calibrate (it fits a profile)")
@@ -188,6 +198,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             raise ValueError("--model: give the model to run (--random-model for random "
                              "weights; needed by --real and --calibrate)")
         check_model(args.model)
+    check_device(args.device)
     try:
         return EngineConfig(
             model=args.model or args.random_model, scheduler="fcfs", max_num_seqs=args.slots or 4,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import json
 import typing
 from collections.abc import Mapping
 from importlib.metadata import entry_points
@@ -77,17 +78,41 @@ def parameter_names(spec: str) -> list[str]:
         return []
 
 
+def _check_shared(specs: list[str], params: Mapping[str, Any]) -> None:
+    """One object of parameters for several policies: a ValueError when one of them lacks a
+    key, showing the keyed form."""
+    for spec in specs:
+        try:
+            signature = inspect.signature(_load_class(spec))
+        except (ValueError, TypeError):
+            continue  # the load reports it
+        if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+            continue
+        missing = [key for key in params if key not in signature.parameters]
+        if missing:
+            owner = next((other for other in specs if missing[0] in parameter_names(other)),
+                         specs[0])
+            raise ValueError(
+                f"--scheduler-config: {spec!r} has no parameter {missing[0]!r}, and one object "
+                f"applies to every policy of this run ({', '.join(specs)}); key it by policy: "
+                f"{json.dumps({owner: {missing[0]: params[missing[0]]}}, default=repr)}")
+
+
 def params_by_policy(specs: list[str], params: Mapping[str, Any] | None
                      ) -> dict[str, dict[str, Any] | None]:
     """Each policy's parameters from one ``--scheduler-config`` object: the object for every
     policy, or keyed by policy (spec or ``name``). With several policies, a key that names
     none of them and no parameter of any is a ValueError listing them."""
     if not params or not all(isinstance(v, dict) for v in params.values()):
+        if params and len(specs) > 1:
+            _check_shared(specs, params)
         return dict.fromkeys(specs, dict(params) if params else None)
     aliases = {alias: spec for spec in specs for alias in (spec, scheduler_name(spec))}
     if not set(params) <= set(aliases):
         taken = {name for spec in specs for name in parameter_names(spec)}
         if len(specs) < 2 or set(params) <= taken:
+            if len(specs) > 1:
+                _check_shared(specs, params)
             return dict.fromkeys(specs, dict(params))
         unknown = sorted(set(params) - set(aliases))
         close = difflib.get_close_matches(unknown[0], list(aliases), n=1)
@@ -103,8 +128,9 @@ def params_by_policy(specs: list[str], params: Mapping[str, Any] | None
 
 def check_parameters(spec: str, cls: Any, params: Mapping[str, Any],
                      kind: str = "scheduler") -> dict[str, Any]:
-    """``params`` checked against ``cls``'s constructor: its names and annotated types (a
-    ValueError names the ``kind``, the spec and the parameter)."""
+    """``params`` checked against ``cls``'s constructor: its names and annotated types,
+    strictly (``"yes"`` is no bool, ``"3"`` no int; an int is a float), a ValueError naming
+    the ``kind``, the spec and the parameter."""
     names = [p.name for p in keyword_parameters(cls)]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values())
     try:
@@ -126,7 +152,7 @@ def check_parameters(spec: str, cls: Any, params: Mapping[str, Any],
             checked[name] = value
             continue
         try:
-            checked[name] = adapter.validate_python(value)
+            checked[name] = adapter.validate_python(value, strict=True)
         except pydantic.ValidationError as exc:
             reason = exc.errors()[0]["msg"]
             raise ValueError(f"{kind} {spec!r}: parameter {name!r}: {reason}, "

@@ -133,17 +133,20 @@ class Curve:
 
 
 def parse_rates(text: str) -> list[float]:
-    """``LO:HI[:N]`` as N (default 5) rates from LO to HI, evenly spaced; ValueError if not."""
+    """``LO:HI[:N]`` as N (default 5; 1 when LO = HI) rates from LO to HI, evenly spaced;
+    ValueError if not."""
     parts = text.split(":")
     try:
         low, high = float(parts[0]), float(parts[1])
-        count = int(parts[2]) if len(parts) == 3 else 5
+        count = int(parts[2]) if len(parts) == 3 else 1 if low == high else 5
     except (IndexError, ValueError):
         raise ValueError(f"--sweep-rate: expected LO:HI[:N], got {text!r}") from None
-    if len(parts) > 3 or not 0 < low <= high < math.inf or count < 1 or (
-            count == 1 and low != high):
-        raise ValueError(f"--sweep-rate: expected 0 < LO <= HI and N >= 1 (N = 1 when LO = HI), "
+    if len(parts) > 3 or not 0 < low <= high < math.inf or count < 1:
+        raise ValueError(f"--sweep-rate: expected LO:HI[:N] with 0 < LO <= HI and N >= 1, "
                          f"got {text!r}")
+    if (count == 1) != (low == high):
+        raise ValueError(f"--sweep-rate: {count} rate{'s' * (count > 1)} from {low:g} to "
+                         f"{high:g}: N is 1 exactly when LO = HI, got {text!r}")
     if count == 1:
         return [low]
     return [round(low + (high - low) * i / (count - 1), 6) for i in range(count)]

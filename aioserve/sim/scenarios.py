@@ -162,4 +162,7 @@ def load_workload(spec: str) -> list[WorkloadRequest]:
     if not Path(path).exists():
         raise ValueError(f"workload {spec!r}: no file {path!r}, and not a named workload "
                          f"(article-example, article-mix, poisson, {', '.join(SCENARIOS)})")
+    if Path(path).is_dir():
+        raise ValueError(f"workload {spec!r}: {path!r} is a directory; give a trace or "
+                         "workload file in it")
     return load_file(path, text)

@@ -53,3 +53,19 @@ def first_line_format(line: str) -> TraceFormat | None:
     except json.JSONDecodeError:
         return trace_format([column.strip() for column in line.split(",")])
     return trace_format(list(item)) if isinstance(item, dict) else None
+
+
+def unknown_header(line: str) -> str:
+    """What is wrong with a file's first line that is neither JSON nor a known trace's
+    header ("" when it is JSON): the columns it has and those each format needs."""
+    try:
+        json.loads(line)
+        return ""
+    except json.JSONDecodeError:
+        pass
+    known = "; ".join(f.name for f in TRACE_FORMATS)
+    if "," in line:
+        seen = ", ".join(column.strip() for column in line.split(","))
+        return f"CSV header with columns {seen}: no trace format has these (known: {known})"
+    return (f"not JSON: a workload file holds one JSON object per line (JSON Lines); "
+            f"got {line.strip()[:60]!r} (traces known: {known})")

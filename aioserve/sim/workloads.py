@@ -15,7 +15,7 @@ import numpy as np
 
 from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sim.runner import NS_PER_S
-from aioserve.sim.trace_formats import first_line_format, trace_format
+from aioserve.sim.trace_formats import first_line_format, trace_format, unknown_header
 
 #: Prompt length of the article's requests (it counts decode steps only; with the
 #: default prefill cost of 0 the prompt length changes no timing, only KV use).
@@ -232,15 +232,22 @@ def load_jsonl(path: str | Path) -> list[WorkloadRequest]:
         OSError: the file cannot be read."""
     lines = Path(path).read_text().splitlines()
     first = next((line for line in lines if line.strip()), None)
-    found = first_line_format(first) if first is not None else None
+    if first is None:
+        raise ValueError(f"{path}: no requests (the file is empty)")
+    found = first_line_format(first)
     if found is not None:
         raise ValueError(f"{path}: {found.refusal}")
+    unknown = unknown_header(first)
+    if unknown:
+        raise ValueError(f"{path}:1: {unknown}")
     requests: list[WorkloadRequest] = []
     for number, item in json_lines(path, lines):
         try:
             requests.append(parse_request(item))
         except ValueError as exc:
             raise ValueError(f"{path}:{number}: {exc}") from None
+    if not requests:
+        raise ValueError(f"{path}: no requests")
     if len({r.id for r in requests}) != len(requests):
         raise ValueError(f"{path}: request ids repeat")
     return requests

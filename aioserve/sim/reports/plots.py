@@ -84,7 +84,8 @@ def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]],
         _gantt(ax, result, summary)
         if ax is not timelines[0]:
             ax.sharex(timelines[0])
-    timelines[0].set_xlim(left=0)
+    longest = max((float(summary["makespan_s"] or 0.0) for summary in summaries), default=0.0)
+    timelines[0].set_xlim(0, 1.02 * longest or 1.0)  # sharing takes the first axis's limits
     if len(results) > 1:
         _cdf(axes[-1, 0], summaries)
     if title:
