@@ -132,8 +132,8 @@ def _add_serve_arrivals(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep-rate", default=None, metavar="LO:HI[:N]",
                    help="capacity search on --workload: run it at N rates (default 5; 1 "
                         "when LO = HI) and report SLO attainment, goodput and the highest "
-                        "rate meeting "
-                        "--target-attainment, as aioserve simulate --sweep-rate does")
+                        "rate meeting --target-attainment, as aioserve simulate --sweep-rate "
+                        "does")
     p.add_argument("--sweep-repeats", type=positive_int, default=3,
                    help="--sweep-rate: runs per rate, other seeds or a file's next windows "
                         "(default 3)")

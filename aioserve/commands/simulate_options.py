@@ -96,8 +96,8 @@ def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
     add("--sweep-rate", default=None, metavar="LO:HI[:N]",
         help="capacity search: run the workload at N rates (default 5; 1 when LO = HI) from "
         "LO to HI req/s and report per policy SLO attainment, goodput and the highest rate "
-        "meeting "
-        "--target-attainment (needs a workload with a rate: poisson, a scenario or a file)")
+        "meeting --target-attainment (needs a workload with a rate: poisson, a scenario or a "
+        "file)")
     add("--sweep-repeats", type=positive_int, default=3,
         help="--sweep-rate: runs per rate, other seeds or a file's next windows (default 3)")
     add("--target-attainment", type=non_negative_float, default=0.9,

@@ -102,28 +102,26 @@ def params_by_policy(specs: list[str], params: Mapping[str, Any] | None
                      ) -> dict[str, dict[str, Any] | None]:
     """Each policy's parameters from one ``--scheduler-config`` object: the object for every
     policy, or keyed by policy (spec or ``name``). With several policies, a key that names
-    none of them and no parameter of any is a ValueError listing them."""
-    if not params or not all(isinstance(v, dict) for v in params.values()):
-        if params and len(specs) > 1:
-            _check_shared(specs, params)
-        return dict.fromkeys(specs, dict(params) if params else None)
-    aliases = {alias: spec for spec in specs for alias in (spec, scheduler_name(spec))}
-    if not set(params) <= set(aliases):
+    none of them and no parameter of any, or one object that a policy lacks a key of, is a
+    ValueError saying how to write it."""
+    if params and all(isinstance(v, dict) for v in params.values()):
+        aliases = {alias: spec for spec in specs for alias in (spec, scheduler_name(spec))}
+        if set(params) <= set(aliases):
+            keyed: dict[str, dict[str, Any] | None] = dict.fromkeys(specs)
+            for key, value in params.items():
+                keyed[aliases[key]] = value
+            return keyed
         taken = {name for spec in specs for name in parameter_names(spec)}
-        if len(specs) < 2 or set(params) <= taken:
-            if len(specs) > 1:
-                _check_shared(specs, params)
-            return dict.fromkeys(specs, dict(params))
-        unknown = sorted(set(params) - set(aliases))
-        close = difflib.get_close_matches(unknown[0], list(aliases), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"--scheduler-config: {unknown[0]!r} names none of the policies "
-                         f"of this run ({', '.join(specs)}){hint} Key it by a policy's spec "
-                         "or name, or give one object of parameters for every policy")
-    keyed: dict[str, dict[str, Any] | None] = dict.fromkeys(specs)
-    for key, value in params.items():
-        keyed[aliases[key]] = value
-    return keyed
+        if len(specs) > 1 and not set(params) <= taken:
+            unknown = sorted(set(params) - set(aliases))
+            close = difflib.get_close_matches(unknown[0], list(aliases), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"--scheduler-config: {unknown[0]!r} names none of the policies "
+                             f"of this run ({', '.join(specs)}){hint} Key it by a policy's "
+                             "spec or name, or give one object of parameters for every policy")
+    if params and len(specs) > 1:
+        _check_shared(specs, params)
+    return dict.fromkeys(specs, dict(params) if params else None)
 
 
 def check_parameters(spec: str, cls: Any, params: Mapping[str, Any],
