@@ -5,6 +5,7 @@ option, and the process never imported torch (so the answer is quick)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -287,3 +288,11 @@ def test_cuda_on_a_cpu_build_of_torch_is_refused_before_torch_loads(model_dir):
                     ["simulate", "--real", "--model", model_dir]):
         line = refuse(*command, "--device", "cuda")
         assert "--device cuda: this torch (" in line and "is a CPU build" in line, line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_an_output_in_a_read_only_folder_is_refused(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    line = refuse("simulate", "--workload", "poisson:n=50", "--plot", str(folder / "p.png"))
+    assert "--plot: cannot write" in line and "permission denied" in line, line

@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,19 +57,15 @@ def positive_float(value: str) -> float:
 
 def positive_floats(value: str) -> list[float]:
     """An argparse type: a comma list of finite numbers > 0 (``0.9,1.2``)."""
-    try:
-        numbers = [float(item) for item in value.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a comma list of numbers > 0, got {value!r}") from None
-    if not all(0 < number < math.inf for number in numbers):  # NaN too
-        raise argparse.ArgumentTypeError(f"must be a comma list of numbers > 0, got {value}")
+    numbers = [positive_float(item) for item in value.split(",")]
+    if math.inf in numbers:
+        raise argparse.ArgumentTypeError(f"must be a comma list of finite numbers, got {value}")
     return numbers
 
 
 def check_output(path: str | None, flag: str) -> None:
-    """ValueError naming ``flag`` when ``path`` cannot be written: its folder missing, or it is
-    a folder itself (checked before any work, not after)."""
+    """ValueError naming ``flag`` when the file ``path`` cannot be written: a directory, its
+    folder missing, or either not writable (checked before any work; nothing is created)."""
     if path is None:
         return
     target = Path(path)
@@ -77,6 +74,8 @@ def check_output(path: str | None, flag: str) -> None:
     folder = target.parent
     if not folder.is_dir():
         raise ValueError(f"{flag}: no directory {str(folder)!r} to write {target.name!r} in")
+    if not os.access(target if target.exists() else folder, os.W_OK):
+        raise ValueError(f"{flag}: cannot write {path!r} (permission denied)")
 
 
 def check_device(device: str) -> None:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from aioserve.commands.common import (
     add_engine_options,
+    check_output,
     engine_config,
     flag_error,
     non_negative_float,
@@ -27,7 +28,6 @@ from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_line, startup_summary
 from aioserve.server.state import ENGINE_KEY, served_model_name
-from aioserve.sim.step_log import check_writable
 from aioserve.startup_clock import PhaseClock, process_age_s
 
 if TYPE_CHECKING:
@@ -88,11 +88,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         if getattr(args, "ray", False):
             raise ValueError("--step-log: not with --ray (its replicas are separate engines; "
                              "log one with aioserve serve)")
-        try:
-            check_writable(args.step_log)
-        except OSError as exc:
-            raise ValueError(f"--step-log: cannot write {args.step_log}: "
-                             f"{exc.strerror or exc}") from None
+        check_output(args.step_log, "--step-log")
     if args.chat_template is not None:
         try:
             template = Path(args.chat_template).read_text(encoding="utf-8")

@@ -112,12 +112,6 @@ class StepLog:
             self._file.close()
 
 
-def check_writable(path: str | Path) -> None:
-    """OSError unless ``path`` can be created or truncated (before a model loads)."""
-    with Path(path).open("a"):
-        pass
-
-
 def read_step_log(path: str | Path) -> tuple[dict[str, Any], list[StepFeedback]]:
     """The engine description and the steps of a step log.
 
