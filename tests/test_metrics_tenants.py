@@ -13,7 +13,7 @@ from aioserve import AsyncEngine, EngineConfig, RequestMeta, RequestShedError, S
 from aioserve.dashboard.frames import FrameMaker
 from aioserve.request import Request
 from aioserve.scheduling import OrderedScheduler, SchedulerOutput
-from aioserve.server.metrics import BoundedLabels
+from aioserve.server.tenant_labels import BoundedLabels
 
 P = "aioserve:"
 

@@ -18,6 +18,7 @@ from aioserve.engine import AsyncEngine
 from aioserve.engine.observation import StepSnapshot
 from aioserve.request import Request, RequestMetrics
 from aioserve.runners.cpu.threads.thread_governor import threads_in_use
+from aioserve.server.tenant_labels import BoundedLabels, TenantLabels
 
 PREFIX = "aioserve:"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -27,29 +28,12 @@ _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 1
 _LENGTH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
-class BoundedLabels:
-    """Label values of one kind, at most ``max_values`` distinct ones plus ``other``."""
-
-    def __init__(self, max_values: int) -> None:
-        self.max_values = max_values
-        self.seen: set[str] = set()
-
-    def __call__(self, value: object) -> str:
-        label = "none" if value is None else str(value)
-        if label in self.seen:
-            return label
-        if len(self.seen) >= self.max_values:
-            return "other"
-        self.seen.add(label)
-        return label
-
-
 class TenantMetrics:
     """Finished requests, output tokens and TTFT by tenant and priority, in ``registry``."""
 
     def __init__(self, prefix: str, registry: CollectorRegistry, buckets: tuple[float, ...],
-                 max_tenants: int = 64, max_priorities: int = 16) -> None:
-        self.tenant = BoundedLabels(max_tenants)
+                 tenant: TenantLabels | None = None, max_priorities: int = 16) -> None:
+        self.tenant = tenant if tenant is not None else TenantLabels()
         self.priority = BoundedLabels(max_priorities)
         labels = ["tenant", "priority"]
         self.requests = Counter(
