@@ -2,7 +2,7 @@
 
 from aioserve.scheduling.decision import NO_DECISION, SchedulerOutput
 from aioserve.scheduling.feedback import StepFeedback
-from aioserve.scheduling.policy import CONTRACT_VERSION, OrderedScheduler, Scheduler
+from aioserve.scheduling.policy import CONTRACT_VERSION, OrderedScheduler, PolicyReport, Scheduler
 from aioserve.scheduling.state import NO_HIT, Admission, PrefixHit, SchedulerState
 from aioserve.scheduling.view import RequestView
 
@@ -12,6 +12,7 @@ __all__ = [
     "NO_HIT",
     "Admission",
     "OrderedScheduler",
+    "PolicyReport",
     "PrefixHit",
     "RequestView",
     "Scheduler",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 from aioserve.scheduling.decision import SchedulerOutput
 from aioserve.scheduling.feedback import StepFeedback
@@ -14,6 +14,10 @@ from aioserve.scheduling.view import RequestView
 #: ``OrderedScheduler.victims``, replaces ``choose_victim``; 3: ``on_preempt`` and hooks
 #: given ``state``. Policies of versions 1-3 load and run unchanged.
 CONTRACT_VERSION = 4
+
+#: What :meth:`Scheduler.report` returns: plain numbers by name, or one level of numbers
+#: keyed by a label (a tenant, a priority level, an MLFQ queue, a request id).
+PolicyReport: TypeAlias = dict[str, float | dict[str, float]]
 
 
 class Scheduler:
@@ -64,6 +68,14 @@ class Scheduler:
 
     def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
         """A step finished (after the next one was scheduled); called only when overridden."""
+
+    def report(self) -> PolicyReport:
+        """What the policy thinks now, as plain numbers it chooses (VTC's counters per
+        tenant, MLFQ's level occupancy, predicted remaining lengths, EDF's slack). Read by
+        the live page, ``/metrics`` and the simulator's report between steps; it must not
+        change the policy's state. A value keyed by tenant is labelled by the server's one
+        tenant-label rule (``aioserve/server/tenant_labels.py``). Default: nothing."""
+        return {}
 
     def close(self) -> None:
         """The engine shut down, the simulator's run ended or the policy was replaced:
