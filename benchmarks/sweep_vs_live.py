@@ -43,7 +43,7 @@ from aioserve.sim.reports.sweep import format_sweep, simulate_sweep
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import fit_profile
-from aioserve.sim.step_log import read_step_log
+from aioserve.engine.step_log import read_step_log
 
 TRACE = "../shared/traces/azure-llm-2023-conv.csv:start=600,n=200,len_scale=auto,max_len=512"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
 
 
-class ScriptedRunner:
+class ScriptedRunner(ModelRunner):
     """Each request's n-th sampled token is ``script(request_id)[n]``; past the end of
     the script it repeats the last token.
 
@@ -62,6 +62,3 @@ class ScriptedRunner:
             script = self._script(request_id)
             tokens.append(script[min(produced, len(script) - 1)] if sample else -1)
         return RunnerOutput(token_ids=tokens)
-
-    def close(self) -> None:
-        """Nothing to release."""

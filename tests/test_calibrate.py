@@ -14,7 +14,7 @@ async def test_calibrate_fits_its_rounds_and_the_also_workloads_not_the_warm_up(
     spread = [WorkloadRequest(f"s{i}", 0.02 * i, 8 + i, 6 + i) for i in range(4)]
     async with AsyncEngine(EngineConfig(model=model_dir, max_num_seqs=8)) as engine:
         seen: list[StepFeedback] = []
-        engine._require_core().step_observers.append(seen.append)
+        engine.add_step_observer(seen.append)
         model = await calibrate(engine, burst, rounds=2, also=[spread])
     # The warm-up replays burst[:4]: at least 9 steps (b3 emits 9 tokens), less one that may
     # still be in flight when it ends (its feedback then counts with the next replay).

@@ -74,7 +74,9 @@ def test_tokens_of_a_step_scheduled_before_a_preemption_are_dropped():
 
 
 class OverlappedScripted(ScriptedRunner):
-    """A scripted runner that offers ``submit``, so the engine overlaps its steps."""
+    """A scripted runner that ``overlaps``: the engine schedules one step ahead."""
+
+    overlaps = True
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

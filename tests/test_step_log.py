@@ -12,25 +12,39 @@ from dataclasses import asdict
 
 import aiohttp
 import pytest
+from scripted_runner import ScriptedRunner
 from server_support import base_url, serve
 
-from aioserve import AsyncEngine, EngineConfig
+from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.scheduling import StepFeedback
 from aioserve.server import ServerConfig
 from aioserve.sim.step_cost import StepCostModel, feedback_features
-from aioserve.sim.step_log import StepLog, read_step_log
+from aioserve.engine.step_log import StepLog, read_step_log
 
 STEP = StepFeedback(7, 10.0, 10.0025, ("a", "b"), (12, 1), (0, 40), (1, 1), (False, True), ("b",))
 
 
-def test_steps_are_read_back_as_they_were_written(tmp_path):
-    log = StepLog(tmp_path / "steps.jsonl", {"model": "m", "slots": 8})
-    log.write(STEP)
-    log.write(StepFeedback(8, 10.0025, 10.004, ("a",), (1,), (12,), (1,), (True,), ()))
-    log.close()
-    engine, steps = read_step_log(tmp_path / "steps.jsonl")
-    assert engine == {"model": "m", "slots": 8}
-    assert steps[0] == STEP and steps[1].request_ids == ("a",) and steps[1].finished == ()
+def scripted_engine() -> AsyncEngine:
+    return AsyncEngine(EngineConfig(model="m", max_num_seqs=8), runner=ScriptedRunner([5]))
+
+
+async def tokens(engine: AsyncEngine) -> list[int]:
+    return [t async for out in engine.generate([7, 8], SamplingParams(max_tokens=2))
+            for t in out.token_ids]
+
+
+async def test_steps_are_read_back_as_they_were_written(tmp_path):
+    async with scripted_engine() as engine:
+        log = StepLog(engine, tmp_path / "steps.jsonl")
+        log.attach()
+        log.write(STEP)
+        log.write(StepFeedback(8, 10.0025, 10.004, ("a",), (1,), (12,), (1,), (True,), ()))
+        log.detach()
+        assert await tokens(engine) == [5, 5]  # detached: not logged
+    described, steps = read_step_log(tmp_path / "steps.jsonl")
+    assert described["model"] == "m" and described["slots"] == 8
+    assert len(steps) == 2 and steps[0] == STEP
+    assert steps[1].request_ids == ("a",) and steps[1].finished == ()
 
 
 def line(**changes: object) -> str:
@@ -103,10 +117,13 @@ async def test_a_served_engine_logs_its_steps_and_they_fit_a_profile(model_dir, 
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
-def test_a_log_that_cannot_be_written_stops_logging_not_the_engine(tmp_path, caplog):
+async def test_a_log_that_cannot_be_written_stops_logging_not_the_engine(tmp_path, caplog):
     """/dev/full fails every write (ENOSPC): the step is dropped with one warning."""
-    log = StepLog("/dev/full", {"model": "m"})  # line buffered: the header fails at once
-    log.write(STEP)
-    log.write(STEP)
-    assert log._file.closed
+    async with scripted_engine() as engine:
+        log = StepLog(engine, "/dev/full")
+        log.attach()  # line buffered: the header fails at once
+        log.write(STEP)
+        assert await tokens(engine) == [5, 5]  # served, its steps dropped
+        log.detach()
+    assert log._file is not None and log._file.closed
     assert sum("cannot write" in r.message for r in caplog.records) == 1

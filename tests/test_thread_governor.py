@@ -16,7 +16,7 @@ import pytest
 
 from aioserve.runners.cpu.threads.cpu_budget import affinity_cpus
 from aioserve.runners.cpu.threads.cpu_load import LoadMeter, LoadReading, LoadWindow
-from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor, threads_in_use
+from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor
 
 
 def window(own: float, idle: float, waited: float = 0.0, wall: float = 0.1,
@@ -212,14 +212,9 @@ def test_tick_applies_a_new_count_through_set_threads_once_a_window_has_passed()
     assert applied == []
     meter.advance(window(own=1.0, idle=0.0, waited=0.5, wall=0.11))
     governor.tick()
-    assert applied == [1] and threads_in_use(type("R", (), {"governor": governor})()) == 1
+    assert applied == [1] and governor.threads == 1
     governor.close()
     assert meter.closed
-
-
-def test_threads_in_use_reads_a_fixed_count_or_nothing():
-    assert threads_in_use(type("R", (), {"num_threads": 3})()) == 3
-    assert threads_in_use(object()) is None
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux /proc")

@@ -10,12 +10,15 @@ from typing import Any
 
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
-from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
 from aioserve.sampling_params import SamplingParams
 
 
-class NullRunner:
-    """Returns ``token_id`` for every sampled row at no cost, yielding once per step."""
+class NullRunner(ModelRunner):
+    """Returns ``token_id`` for every sampled row at no cost, yielding once per step; the
+    engine overlaps its steps as with a real runner."""
+
+    overlaps = True
 
     def __init__(
         self,
@@ -36,13 +39,6 @@ class NullRunner:
         await asyncio.sleep(0)
         token = self._token
         return RunnerOutput(token_ids=[token if s else -1 for s in batch.sample])
-
-    def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
-        """A task, so the engine overlaps steps as with a real runner."""
-        return asyncio.ensure_future(self.step(batch))
-
-    def close(self) -> None:
-        ...
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aioserve.config import EngineConfig
-from aioserve.engine.core import EngineCore
+from aioserve.engine.core import EngineCore, StepObserver
 from aioserve.engine.observation import EngineListener, ListenerHub, StepSnapshot
 from aioserve.engine.output import Delivery, RequestStream
 from aioserve.engine.step_loop import StepLoop
@@ -22,7 +22,7 @@ from aioserve.outputs import RequestOutput
 from aioserve.prompts import encode_prompt
 from aioserve.request import Request
 from aioserve.request_meta import RequestMeta
-from aioserve.runners.base import ModelRunner
+from aioserve.runners.base import ModelRunner, RunnerInfo
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler
 from aioserve.scheduling.registry import load_scheduler
@@ -61,6 +61,7 @@ class AsyncEngine:
         self.core: EngineCore | None = None
         self._delivery = Delivery()
         self.listeners = ListenerHub()
+        self._step_observers: list[StepObserver] = []
         self.step_loop: StepLoop | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
@@ -98,9 +99,10 @@ class AsyncEngine:
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_model_len=runner.max_model_len,
             eos_token_ids=tuple(sorted(eos)),
-            clock=getattr(runner, "clock", time.monotonic),
+            clock=runner.clock,
         )
         self.core.on_finish = self._on_finish
+        self.core.step_observers = self._step_observers  # shared: added later, seen at once
         # What start-up allocated (model, tokenizer, modules) lives as long as the
         # engine: out of the collector's generations, a collection during the step
         # loop scans only what the loop allocates (vLLM freezes its heap likewise).
@@ -189,7 +191,7 @@ class AsyncEngine:
         Raises:
             ValueError: the prompt is empty, not text or ids, or an id is out of range.
         """
-        return encode_prompt(prompt, self.tokenizer, getattr(self.runner, "vocab_size", None))
+        return encode_prompt(prompt, self.tokenizer, self.runner.vocab_size if self.runner is not None else None)
 
     def add_request(
         self,
@@ -307,6 +309,22 @@ class AsyncEngine:
             "prefix_cache_queries": core.prefix_cache_queries,
             "prefix_cache_hits": core.prefix_cache_hits,
         }
+
+    def runner_info(self) -> RunnerInfo:
+        """What the runner reports about itself (empty before :meth:`start` loads one)."""
+        return self.runner.describe() if self.runner is not None else RunnerInfo()
+
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call ``observer`` with each step's :class:`~aioserve.scheduling.StepFeedback`
+        as the step ends, in the step loop (it must not block). Works before or after
+        :meth:`start`."""
+        if observer not in self._step_observers:
+            self._step_observers.append(observer)
+
+    def remove_step_observer(self, observer: StepObserver) -> None:
+        """Stop calling ``observer``; unknown observers are ignored."""
+        if observer in self._step_observers:
+            self._step_observers.remove(observer)
 
     def add_listener(self, listener: EngineListener, *, step_interval: float | None = 0.0) -> None:
         """Call ``listener.on_finish`` for every request that ends and, unless

@@ -37,10 +37,10 @@ class StepLoop:
         self.idle = asyncio.Event()
 
     async def run(self) -> None:
-        """The loop; overlapped with a runner that has ``submit`` (vLLM's async scheduling):
+        """The loop; overlapped with a runner that ``overlaps`` (vLLM's async scheduling):
         while step N runs, N+1 is scheduled and submitted, decoding from N's tokens."""
         core = self.core
-        overlap = hasattr(self.runner, "submit")
+        overlap = self.runner.overlaps
         in_flight: deque[StepInFlight] = deque()
         while True:
             if not in_flight:
@@ -85,8 +85,8 @@ class StepLoop:
                 self.start_step(in_flight)
 
     async def wait_for_work(self) -> None:
-        """Wait for :attr:`wakeup`, at most the runner's ``idle_poll_s`` if it has one."""
-        poll = getattr(self.runner, "idle_poll_s", None)
+        """Wait for :attr:`wakeup`, at most the runner's ``idle_poll_s`` if it sets one."""
+        poll = self.runner.idle_poll_s
         if poll is None:
             await self.wakeup.wait()
             return
@@ -96,8 +96,7 @@ class StepLoop:
     def runner_idle(self) -> None:
         """Tell the runner it is idle; if its arithmetic changed (compiled CPU kernels),
         empty the prefix cache, whose blocks the old arithmetic computed."""
-        on_idle = getattr(self.runner, "on_idle", None)
-        if on_idle is not None and on_idle():
+        if self.runner.on_idle():
             self.core.blocks.reset_cache()
 
     def start_step(self, in_flight: deque[StepInFlight]) -> None:
@@ -114,11 +113,7 @@ class StepLoop:
         self.delivery.flush_finished(core)  # requests the schedule ended (KV cache too small)
         if batch is None:
             return
-        submit = getattr(self.runner, "submit", None)
-        if submit is not None:  # starts now, e.g. in the runner's worker thread
-            in_flight.append((batch, submit(batch)))
-        else:
-            in_flight.append((batch, asyncio.ensure_future(self.runner.step(batch))))
+        in_flight.append((batch, self.runner.submit(batch)))  # e.g. in a worker thread
 
     def fan_out(self, output: RunnerOutput, results: list[StepResult]) -> None:
         self.delivery.fan_out(self.core, output, results)

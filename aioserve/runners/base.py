@@ -8,8 +8,10 @@ not the whole state: the runner keeps that between steps.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from aioserve.outputs import TokenLogprob
 from aioserve.sampling_params import SamplingParams
@@ -96,8 +98,33 @@ class RunnerOutput:
     logprobs: list[TokenLogprob | None] | None = None
 
 
-class ModelRunner(Protocol):
-    """What the engine needs of a runner.
+@dataclass(frozen=True, slots=True)
+class RunnerInfo:
+    """What the operator log, the step log and ``/metrics`` report about a runner.
+
+    Attributes:
+        device: where the forward runs (``"cpu"``, ``"cuda:0"``); None: no device.
+        dtype: the weights' and KV cache's dtype (``"float32"``); None: no tensors.
+        forward: which forward runs and why; None: the configuration's ``forward``.
+        kv_block_bytes: device bytes one KV block takes; None: no KV tensors.
+        threads: intra-op CPU threads the forward runs on now; None: unknown.
+        thread_choices: the counts a thread governor switches between (the last is the
+            usable CPUs); empty when the count is fixed.
+        load_times: seconds of each load phase, in the order they ran.
+    """
+
+    device: str | None = None
+    dtype: str | None = None
+    forward: str | None = None
+    kv_block_bytes: int | None = None
+    threads: int | None = None
+    thread_choices: tuple[int, ...] = ()
+    load_times: Mapping[str, float] = field(default_factory=dict)
+
+
+class ModelRunner:
+    """What the engine and the server use of a runner: every runner subclasses this. The
+    attributes are set by the runner; the methods have defaults a runner may keep.
 
     Attributes:
         num_kv_blocks: KV-cache blocks the runner holds tensors for.
@@ -105,6 +132,8 @@ class ModelRunner(Protocol):
         max_model_len: context length in tokens.
         eos_token_ids: the model's end-of-sequence ids (from its generation config).
         vocab_size: token ids accepted in prompts are below this.
+        overlaps: True when :meth:`submit` starts a step and returns at once, so the engine
+            schedules step N+1 while N runs (vLLM's async scheduling); default False.
     """
 
     num_kv_blocks: int
@@ -112,16 +141,38 @@ class ModelRunner(Protocol):
     max_model_len: int
     eos_token_ids: tuple[int, ...]
     vocab_size: int
+    overlaps: bool = False
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
         """Apply the batch's changes, run one forward pass over it and sample. Steps
-        run in the order they are called; a runner may also offer
-        ``submit(batch) -> asyncio.Future[RunnerOutput]``, which starts the step and
-        returns at once, so the engine schedules the next step while this one runs.
-        May raise; the engine then ends the batch's requests with an error and keeps
-        serving."""
-        ...
+        run in the order they are called. May raise; the engine then ends the batch's
+        requests with an error and keeps serving."""
+        raise NotImplementedError
+
+    def submit(self, batch: ScheduledBatch) -> Awaitable[RunnerOutput]:
+        """Start the step on ``batch``; the awaitable gives its output. Default: a task
+        running :meth:`step`."""
+        return asyncio.ensure_future(self.step(batch))
+
+    def clock(self) -> float:
+        """Seconds on the clock the engine times requests by: monotonic by default; the
+        simulator's virtual clock."""
+        return time.monotonic()
+
+    @property
+    def idle_poll_s(self) -> float | None:
+        """While idle, look at the runner again after this many seconds (to call
+        :meth:`on_idle`); None (default): only when work arrives."""
+        return None
+
+    def on_idle(self) -> bool:
+        """The engine is idle; True when the runner's arithmetic changed (then the
+        prefix cache, computed by the old arithmetic, is emptied). Default: False."""
+        return False
+
+    def describe(self) -> RunnerInfo:
+        """What the runner reports about itself; default: nothing known."""
+        return RunnerInfo()
 
     def close(self) -> None:
-        """Release threads and memory."""
-        ...
+        """Release threads and memory; default: nothing to release."""

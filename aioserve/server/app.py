@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
 from aioserve.engine import AsyncEngine
+from aioserve.engine.step_log import StepLog
 from aioserve.server import access, openapi
 from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
@@ -31,7 +32,6 @@ from aioserve.server.state import (
     served_model_name,
 )
 from aioserve.server.ws import outbox, stats_feed, websocket
-from aioserve.sim.step_log import StepLog, describe
 
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
 
@@ -124,15 +124,15 @@ def create_app(
         await engine.start()
         metrics.attach()
         feed.attach()
-        steps = StepLog(config.step_log, describe(engine)) if config.step_log else None
+        steps = StepLog(engine, config.step_log) if config.step_log else None
         if steps is not None:
-            engine._require_core().step_observers.append(steps.write)
+            steps.attach()
         yield
         feed.detach()
         metrics.detach()
         await engine.shutdown()
         if steps is not None:
-            steps.close()
+            steps.detach()
 
     app.cleanup_ctx.append(engine_lifetime)
     app.on_shutdown.append(outbox.close_all)

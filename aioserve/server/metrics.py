@@ -17,7 +17,6 @@ from prometheus_client.registry import Collector
 from aioserve.engine import AsyncEngine
 from aioserve.engine.observation import StepSnapshot
 from aioserve.request import Request, RequestMetrics
-from aioserve.runners.cpu.threads.thread_governor import threads_in_use
 from aioserve.server.tenant_labels import BoundedLabels, TenantLabels
 
 PREFIX = "aioserve:"
@@ -104,7 +103,7 @@ class _EngineCollector(Collector):
         )
         for name, doc, value in gauges:
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
-        threads = threads_in_use(engine.runner)
+        threads = engine.runner_info().threads
         if threads is not None:
             yield GaugeMetricFamily(
                 PREFIX + "cpu_threads", "Intra-op CPU threads the model's forward runs on "

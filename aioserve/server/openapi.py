@@ -172,4 +172,4 @@ async def handle(request: web.Request) -> web.Response:
     max_len = engine.core.max_model_len if engine.core is not None else None
     chat = ChatTemplate(engine.tokenizer, request.app[CONFIG_KEY].chat_template).available
     return web.json_response(openapi_spec(served_model_name(request.app), max_len,
-                                          getattr(engine.runner, "vocab_size", None), chat))
+                                          engine.runner.vocab_size if engine.runner is not None else None, chat))

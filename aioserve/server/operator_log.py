@@ -9,7 +9,7 @@ from aioserve.engine import AsyncEngine
 from aioserve.engine.observation import StepSnapshot, scheduler_name
 from aioserve.errors import EngineNotRunningError
 from aioserve.request import Request
-from aioserve.runners.cpu.threads.thread_governor import ThreadGovernor, threads_in_use
+from aioserve.runners.base import ModelRunner, RunnerInfo
 from aioserve.scheduling.parameters import configuration_text, policy_configuration
 from aioserve.startup_clock import PhaseClock, describe
 
@@ -30,23 +30,24 @@ def startup_summary(engine: AsyncEngine, served_name: str | None = None) -> str:
     core = engine.core
     if core is None or not engine.is_running:
         raise EngineNotRunningError("start the engine before summarising it")
-    runner, config = engine.runner, engine.config
+    config = engine.config
+    info = engine.runner_info()
     blocks, block_size = core.blocks.num_blocks, core.blocks.block_size
-    block_bytes = getattr(runner, "kv_block_bytes", None)
+    block_bytes = info.kv_block_bytes
     memory = f", {format_bytes(blocks * block_bytes)}" if block_bytes else ""
     budget = (f"{config.kv_cache_memory_fraction:.0%} of free memory"
               if config.kv_cache_memory_fraction is not None
               else format_bytes(config.kv_cache_memory_bytes))
     if config.num_kv_blocks is not None:
         budget = "--num-kv-blocks"
-    forward = getattr(runner, "forward_note", None) or config.forward
+    forward = info.forward or config.forward
     policy = configuration_text(policy_configuration(core.scheduler, config.scheduler_config))
     served = (("served as", f"{served_name}  (the \"model\" clients send)"),) if served_name else ()
     rows = (
         ("model", config.model),
         *served,
-        ("device", str(getattr(runner, "device", "n/a"))),
-        ("dtype", str(getattr(runner, "dtype", "n/a")).removeprefix("torch.")),
+        ("device", info.device or "n/a"),
+        ("dtype", info.dtype or "n/a"),
         ("context length", f"{core.max_model_len} tokens"),
         ("slots", f"{core.max_num_seqs} (max_num_seqs), "
                   f"{core.max_num_batched_tokens} tokens per step"),
@@ -54,29 +55,29 @@ def startup_summary(engine: AsyncEngine, served_name: str | None = None) -> str:
                      f"{memory} (budget: {budget})"),
         ("scheduler", f"{scheduler_name(core.scheduler)} {policy}"),
         ("forward", forward),
-        ("threads", thread_line(runner)),
+        ("threads", thread_line(info)),
     )
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
 
-def thread_line(runner: object) -> str:
+def thread_line(info: RunnerInfo) -> str:
     """The summary's threads line: the count in use and how it is chosen."""
-    threads = threads_in_use(runner)
-    governor = getattr(runner, "governor", None)
-    if isinstance(governor, ThreadGovernor):
-        counts = ", ".join(map(str, governor.counts))
-        return (f"{threads} intra-op thread(s), of {governor.counts[-1]} usable CPU(s); "
+    threads, choices = info.threads, info.thread_choices
+    if choices:
+        counts = ", ".join(map(str, choices))
+        return (f"{threads} intra-op thread(s), of {choices[-1]} usable CPU(s); "
                 f"fewer while other processes take the CPUs (may use {counts})")
     if threads is None:
         return "torch's default"
     return f"{threads} intra-op thread(s), fixed"
 
 
-def startup_line(process_s: float | None, clock: PhaseClock, runner: object) -> str:
+def startup_line(process_s: float | None, clock: PhaseClock, runner: ModelRunner | None,
+                 ) -> str:
     """Seconds from the process's start to ready, and their parts."""
     parts = dict(clock.parts)
-    load_times = getattr(runner, "load_times", None) or {}
+    load_times = runner.describe().load_times if runner is not None else {}
     if "engine start" in parts and load_times:
         parts["tokenizer, engine"] = max(0.0, parts.pop("engine start") - sum(load_times.values()))
         parts.update(load_times)

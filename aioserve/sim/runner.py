@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
 from aioserve.sim.step_cost import StepCostModel
 
 #: Nanoseconds per second and per millisecond; the clock counts integer nanoseconds so
@@ -18,7 +18,7 @@ NS_PER_MS = 1_000_000
 FIRST_WORD_ID = 3
 
 
-class SimulatedRunner:
+class SimulatedRunner(ModelRunner):
     """A runner with a virtual clock and scripted output lengths.
 
     A request's n-th token is EOS once ``n + 1`` reaches its scripted length (requests
@@ -108,13 +108,12 @@ class SimulatedRunner:
         await asyncio.sleep(0)
         return self.outputs(batch)
 
-    def close(self) -> None:
-        """Nothing to release."""
-
 
 class OverlappedRunner(SimulatedRunner):
     """A simulated runner the engine schedules one step ahead of, as the TorchRunner: a
     submitted step starts when the one before it ends."""
+
+    overlaps = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

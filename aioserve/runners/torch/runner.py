@@ -16,7 +16,7 @@ from aioserve.outputs import TokenLogprob
 from aioserve.runners.attention import layer_rules
 from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.registry import backend_for, backend_serves
-from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.runners.base import ModelRunner, RunnerInfo, RunnerOutput, ScheduledBatch
 from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu import malloc as cpu_malloc
 from aioserve.runners.cpu import native_kernels
@@ -78,7 +78,7 @@ class PendingOutput:
         return RunnerOutput(token_ids=tokens, logprobs=logprobs)
 
 
-class TorchRunner:
+class TorchRunner(ModelRunner):
     """Runs a transformers causal LM over packed batches with a paged KV cache.
 
     Each layer's KV shape comes from its rules, found by one recording forward at load;
@@ -91,6 +91,8 @@ class TorchRunner:
         OSError: the model cannot be loaded.
         UnsupportedModelError: the model cannot be served exactly.
         ValueError: the KV budget holds no block, or an unknown or unfit attention backend."""
+
+    overlaps = True
 
     def __init__(self, config: EngineConfig) -> None:
         # One thread does all the compute: load, load checks and every step (one OpenMP
@@ -192,6 +194,15 @@ class TorchRunner:
     def idle_poll_s(self) -> float | None:
         """1 while the compiled kernels build in the background, else None."""
         return 1.0 if self._kernels.pending else None
+
+    def describe(self) -> RunnerInfo:
+        """Device, dtype, forward, KV block bytes, threads now and load phases."""
+        governor = self.governor
+        threads = governor.threads if governor is not None else self.num_threads
+        return RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."),
+                          self.forward_note, self.kv_block_bytes, threads,
+                          tuple(governor.counts) if governor is not None else (),
+                          self.load_times)
 
     def kv_bytes_per_block(self) -> int:
         return model_loader.kv_bytes_per_token(self.layer_rules, self.dtype) * self.block_size

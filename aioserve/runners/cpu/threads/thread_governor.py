@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from aioserve.runners.cpu.threads.cpu_load import LoadMeter, LoadReading, LoadWindow
 
-__all__ = ["ThreadGovernor", "threads_in_use"]
+__all__ = ["ThreadGovernor"]
 
 logger = logging.getLogger("aioserve.threads")
 
@@ -171,11 +171,3 @@ class ThreadGovernor:
             self.meter.close()
         self._reading = None
 
-
-def threads_in_use(runner: object) -> int | None:
-    """``runner``'s thread count now: its governor's, else its fixed one (None: unknown)."""
-    governor = getattr(runner, "governor", None)
-    if isinstance(governor, ThreadGovernor):
-        return governor.threads
-    threads = getattr(runner, "num_threads", None)
-    return threads if isinstance(threads, int) else None

@@ -1,6 +1,6 @@
-"""The step log: a served engine's steps as JSON lines, to fit the simulator's step cost on
-the server that runs (``aioserve serve --step-log``, then ``aioserve simulate --calibrate
---from-steps``).
+"""The step log: an engine observer writing each step as a JSON line, to fit the simulator's
+step cost on the server that runs (``aioserve serve --step-log``, then ``aioserve simulate
+--calibrate --from-steps``, which reads it with :func:`read_step_log`).
 
 Line 1 is ``{"engine": {...}}`` (what :func:`describe` records: model, device, threads,
 slots, KV blocks, ...); every other line is one
@@ -21,13 +21,11 @@ import os
 import platform
 from dataclasses import fields
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import aioserve
+from aioserve.engine.async_engine import AsyncEngine
 from aioserve.scheduling import StepFeedback
-
-if TYPE_CHECKING:
-    from aioserve.engine import AsyncEngine
 
 logger = logging.getLogger("aioserve.step_log")
 
@@ -62,14 +60,15 @@ def describe(engine: AsyncEngine) -> dict[str, Any]:
     """What a profile was measured on: model, device, threads, engine settings, machine."""
     config = engine.config
     core = engine._require_core()
+    info = engine.runner_info()
     return {
         "model": config.model,
-        "device": str(getattr(engine.runner, "device", None) or config.device),
-        "forward": getattr(engine.runner, "forward_note", None) or config.forward,
-        "dtype": str(getattr(engine.runner, "dtype", None) or config.dtype),
+        "device": info.device or config.device,
+        "forward": info.forward or config.forward,
+        "dtype": info.dtype or config.dtype,
         "threads": os.environ.get("AIOSERVE_NUM_THREADS", "default"),
-        "torch_threads": getattr(engine.runner, "num_threads", None),
-        "thread_governor": getattr(engine.runner, "governor", None) is not None,
+        "torch_threads": info.threads,
+        "thread_governor": bool(info.thread_choices),
         "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
         "block_size": core.blocks.block_size,
         "max_num_batched_tokens": core.max_num_batched_tokens,
@@ -82,14 +81,25 @@ def describe(engine: AsyncEngine) -> dict[str, Any]:
 
 
 class StepLog:
-    """Writes each step of an engine to ``path`` (overwritten), one line as it ends (line
-    buffered: readable while the server runs; about 180 bytes a step and 56 a row, most of
-    it request ids)."""
+    """An engine observer: once attached, writes the engine's description and then each of
+    its steps to ``path`` (overwritten), one line as it ends (line buffered: readable while
+    the server runs; about 180 bytes a step and 56 a row, most of it request ids)."""
 
-    def __init__(self, path: str | Path, engine: dict[str, Any]) -> None:
+    def __init__(self, engine: AsyncEngine, path: str | Path) -> None:
+        self.engine = engine
         self.path = Path(path)
-        self._file: IO[str] = self.path.open("w", buffering=1)
-        self._line({"engine": engine})
+        self._file: IO[str] | None = None
+
+    def attach(self) -> None:
+        """Open the file (OSError: it cannot be), write the engine line, log from now on."""
+        self._file = self.path.open("w", buffering=1)
+        self._line({"engine": describe(self.engine)})
+        self.engine.add_step_observer(self.write)
+
+    def detach(self) -> None:
+        """Stop logging and close the file."""
+        self.engine.remove_step_observer(self.write)
+        self.close()
 
     def write(self, step: StepFeedback) -> None:
         """One step's line."""
@@ -97,7 +107,7 @@ class StepLog:
 
     def _line(self, record: dict[str, Any]) -> None:
         """A failed write (a full disk) stops the log with a warning, never the engine."""
-        if self._file.closed:
+        if self._file is None or self._file.closed:
             return
         try:
             self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
@@ -108,8 +118,9 @@ class StepLog:
 
     def close(self) -> None:
         """Close the file (again: nothing); a failed final flush is ignored."""
-        with contextlib.suppress(OSError):
-            self._file.close()
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
 
 
 def read_step_log(path: str | Path) -> tuple[dict[str, Any], list[StepFeedback]]:
