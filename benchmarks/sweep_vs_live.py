@@ -34,6 +34,7 @@ from aioserve.bench.online.serving import run_serving
 from aioserve.bench.online.sweep import live_sweep
 from aioserve.bench.online.workload_file import workload_requests
 from aioserve.bench.server_process import ServerProcess
+from aioserve.engine.step_log import read_step_log
 from aioserve.sim.calibrate import calibrate, match_throughput
 from aioserve.sim.capacity import Curve
 from aioserve.sim.fit_report import format_fit, held_out_drift
@@ -43,7 +44,6 @@ from aioserve.sim.reports.sweep import format_sweep, simulate_sweep
 from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import fit_profile
-from aioserve.engine.step_log import read_step_log
 
 TRACE = "../shared/traces/azure-llm-2023-conv.csv:start=600,n=200,len_scale=auto,max_len=512"
 

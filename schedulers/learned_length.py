@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aioserve.scheduling import RequestView
+from schedulers.length_predictor import LengthPredictor
 
 #: Format of a saved state (``state_path``).
 STATE_VERSION = 1
@@ -50,7 +51,7 @@ class LengthDistribution:
         return self.sorted[min(int(q * len(self.sorted)), len(self.sorted) - 1)]
 
 
-class LearnedLengthPredictor:
+class LearnedLengthPredictor(LengthPredictor):
     """Learns output lengths as the engine serves, with no second model.
 
     A request's classes, coarse to fine: all requests; its tenant; tenant and
@@ -148,9 +149,6 @@ class LearnedLengthPredictor:
                 break
             best = dist
         return tuple(best.quantile(q) if best is not None else self.prior_length for q in qs)
-
-    def observe(self, request: RequestView) -> None:
-        """A request arrived (nothing to learn yet)."""
 
     def on_finish(self, request: RequestView, output_len: int) -> None:
         """Learn a finished request's true output length."""

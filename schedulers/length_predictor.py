@@ -3,41 +3,59 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 from aioserve.scheduling import RequestView
 from aioserve.scheduling.registry import instantiate, load_object
-from schedulers.learned_length import LearnedLengthPredictor
 
 
-class LengthPredictor(Protocol):
-    """Predicts how many output tokens a request will generate in all (>= 0).
-
-    Optional, called when defined: ``remaining(request) -> int`` (tokens still to come;
-    else ``predict - num_output_tokens``), ``observe(request)`` when it arrives,
-    ``on_finish(request, output_len)`` with its true length when it ends by a stop or its
-    cap (not when aborted or shed), ``close()`` when the policy is closed (engine shutdown,
-    the simulator's run ended: save what it learnt). A policy calls them from its own hooks,
-    so a predictor that raises is contained as the policy is (``PolicyGuard``: the request
-    is served, the failure counted and logged)."""
+class LengthPredictor:
+    """Predicts how many output tokens a request will generate in all (>= 0): subclass it
+    and define :meth:`predict`; the other hooks do nothing unless overridden. A policy calls
+    them from its own hooks, so a predictor that raises is contained as the policy is
+    (``PolicyGuard``: the request is served, the failure counted and logged)."""
 
     def predict(self, request: RequestView) -> int:
         """Predicted total output tokens of ``request`` (not just the ones left)."""
-        ...
+        raise NotImplementedError
+
+    def remaining(self, request: RequestView) -> int:
+        """Output tokens still to come (>= 0); default ``predict - num_output_tokens``."""
+        return max(self.predict(request) - request.num_output_tokens, 0)
+
+    def observe(self, request: RequestView) -> None:
+        """``request`` arrived."""
+
+    def on_finish(self, request: RequestView, output_len: int) -> None:
+        """``request`` ended by a stop or its cap, after ``output_len`` tokens (its true
+        length)."""
+
+    def forget(self, request: RequestView) -> None:
+        """``request`` ended without a length worth learning (aborted or shed)."""
+
+    def close(self) -> None:
+        """The policy is closed (engine shutdown, a simulated run's end): save what it
+        learnt."""
+
+    def ended(self, request: RequestView) -> None:
+        """``request`` ended: :meth:`on_finish` with its length after a stop or its cap,
+        else :meth:`forget`."""
+        if request.finish_reason in ("stop", "length"):
+            self.on_finish(request, request.num_output_tokens)
+        else:
+            self.forget(request)
 
 
-class HintPredictor:
+class HintPredictor(LengthPredictor):
     """``hint``: the request's ``length_hint`` when the client gives one, else its
     ``max_tokens`` (a cap, so a request without a hint is treated as long)."""
-
-    upper_bound: ClassVar[bool] = False
 
     def predict(self, request: RequestView) -> int:
         hint = request.params.length_hint
         return hint if hint is not None else request.params.max_tokens
 
 
-class CapPredictor:
+class CapPredictor(LengthPredictor):
     """``cap``: the request's ``max_tokens``, what a server reserves without a predictor."""
 
     def predict(self, request: RequestView) -> int:
@@ -45,18 +63,21 @@ class CapPredictor:
 
 
 class OraclePredictor(HintPredictor):
-    """``oracle``, for upper-bound studies: the ``length_hint``, which ``simulate`` (and
-    ``simulate --real``) fill with each request's true length for a policy using this
-    predictor, and label that policy an upper bound in its reports; on a server, the hint
-    the client chose to send."""
+    """``oracle``, for upper-bound studies: the request's true length where its workload
+    knows it (``RequestMeta.true_output_len``, set by the simulator and the lab's replays),
+    else as ``hint``. Reports label a policy using it an upper bound."""
 
-    upper_bound: ClassVar[bool] = True
+    def predict(self, request: RequestView) -> int:
+        true = request.meta.true_output_len
+        return true if true is not None else super().predict(request)
 
 
 #: The predictors ``make_predictor`` knows by name.
-PREDICTORS: dict[str, type[Any]] = {
-    "hint": HintPredictor, "cap": CapPredictor, "oracle": OraclePredictor,
-    "learned": LearnedLengthPredictor,
+PREDICTORS: dict[str, str] = {
+    "hint": "schedulers.length_predictor:HintPredictor",
+    "cap": "schedulers.length_predictor:CapPredictor",
+    "oracle": "schedulers.length_predictor:OraclePredictor",
+    "learned": "schedulers.learned_length:LearnedLengthPredictor",
 }
 
 
@@ -66,17 +87,17 @@ def make_predictor(spec: LengthPredictor | str | None,
     (made with ``config`` as keyword arguments) or None (``hint``).
 
     Raises:
-        ValueError: the spec cannot be loaded or has no ``predict``; a ``config`` key the
-            predictor does not take, or a value it refuses (named)."""
+        ValueError: the spec cannot be loaded or is not a :class:`LengthPredictor`; a
+            ``config`` key the predictor does not take, or a value it refuses (named)."""
     if spec is None:
         spec = "hint"
     if isinstance(spec, str):
         if spec not in PREDICTORS and ":" not in spec:
             raise ValueError(f"predictor {spec!r}: not one of {', '.join(PREDICTORS)}, nor a "
                              "'package.module:Class'")
-        cls = PREDICTORS.get(spec) or load_object(spec)
-        if not callable(cls):
-            raise ValueError(f"predictor {spec!r} is not a class")
+        cls = load_object(PREDICTORS.get(spec, spec))
+        if not (isinstance(cls, type) and issubclass(cls, LengthPredictor)):
+            raise ValueError(f"predictor {spec!r} is not a LengthPredictor subclass")
         try:
             return instantiate(spec, cls, config, "predictor",  # type: ignore[no-any-return]
                                "predict(request)")
@@ -84,42 +105,7 @@ def make_predictor(spec: LengthPredictor | str | None,
             raise ValueError(f"predictor_config: {exc}") from None
     if config:
         raise ValueError("predictor_config needs a predictor name, not an instance")
-    if not callable(getattr(spec, "predict", None)):
-        raise ValueError(f"predictor {spec!r} has no predict(request) method")
+    if not isinstance(spec, LengthPredictor):
+        raise ValueError(f"predictor {spec!r} is not a LengthPredictor")
     return spec
 
-
-def predicted_remaining(predictor: LengthPredictor, request: RequestView) -> int:
-    """Output tokens the request is predicted to still generate (>= 0)."""
-    remaining = getattr(predictor, "remaining", None)
-    if remaining is not None:
-        return max(int(remaining(request)), 0)
-    return max(predictor.predict(request) - request.num_output_tokens, 0)
-
-
-def is_upper_bound(predictor: object) -> bool:
-    """Whether the predictor reads true lengths (reports label its policy an upper bound)."""
-    return bool(getattr(predictor, "upper_bound", False))
-
-
-def tell_arrival(predictor: LengthPredictor, request: RequestView) -> None:
-    """Its ``observe(request)``, if it has one."""
-    observe = getattr(predictor, "observe", None)
-    if observe is not None:
-        observe(request)
-
-
-def tell_finish(predictor: LengthPredictor, request: RequestView) -> None:
-    """Its ``on_finish(request, output_len)`` for a request that ended by a stop or its cap
-    (``forget(request)`` for one aborted or shed), if it has them."""
-    learnt = request.finish_reason in ("stop", "length")
-    hook = getattr(predictor, "on_finish" if learnt else "forget", None)
-    if hook is not None:
-        hook(request, request.num_output_tokens) if learnt else hook(request)
-
-
-def tell_close(predictor: LengthPredictor) -> None:
-    """Its ``close()``, if it has one (the policy's :meth:`~Scheduler.close` calls this)."""
-    close = getattr(predictor, "close", None)
-    if close is not None:
-        close()

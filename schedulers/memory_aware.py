@@ -5,13 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from aioserve.scheduling import RequestView, Scheduler, SchedulerOutput, SchedulerState
-from schedulers.length_predictor import (
-    LengthPredictor,
-    make_predictor,
-    tell_arrival,
-    tell_close,
-    tell_finish,
-)
+from schedulers.length_predictor import LengthPredictor, make_predictor
 
 
 class MemoryAwareScheduler(Scheduler):
@@ -56,14 +50,14 @@ class MemoryAwareScheduler(Scheduler):
         self.preemptions = 0
 
     def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
-        tell_arrival(self.predictor, request)
+        self.predictor.observe(request)
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
-        tell_finish(self.predictor, request)
+        self.predictor.ended(request)
 
     def close(self) -> None:
         """Close the predictor (``learned`` saves its state at ``state_path``)."""
-        tell_close(self.predictor)
+        self.predictor.close()
 
     def projected_blocks(self, state: SchedulerState, request: RequestView) -> int:
         """KV blocks the request is projected to hold when it finishes."""

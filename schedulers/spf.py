@@ -6,14 +6,7 @@ from collections import deque
 from typing import Any, ClassVar
 
 from aioserve.scheduling import OrderedScheduler, RequestView, SchedulerState
-from schedulers.length_predictor import (
-    LengthPredictor,
-    make_predictor,
-    predicted_remaining,
-    tell_arrival,
-    tell_close,
-    tell_finish,
-)
+from schedulers.length_predictor import LengthPredictor, make_predictor
 
 #: Finished requests whose (predicted, true) lengths a policy keeps for reports.
 OUTCOMES_KEPT = 65536
@@ -69,7 +62,7 @@ class SPFScheduler(OrderedScheduler):
 
     def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
         """Tell the predictor; keep its prediction at arrival for the report."""
-        tell_arrival(self.predictor, request)
+        self.predictor.observe(request)
         self.predicted[request.request_id] = self.predictor.predict(request)
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
@@ -77,14 +70,14 @@ class SPFScheduler(OrderedScheduler):
         predicted = self.predicted.pop(request.request_id, None)
         if predicted is not None and request.finish_reason in ("stop", "length"):
             self.outcomes.append((request.request_id, predicted, request.num_output_tokens))
-        tell_finish(self.predictor, request)
+        self.predictor.ended(request)
 
     def close(self) -> None:
         """Close the predictor (``learned`` saves its state at ``state_path``)."""
-        tell_close(self.predictor)
+        self.predictor.close()
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[int, float]:
         """Aged requests first, by arrival; then by predicted remaining output."""
         if state.now - request.arrival_time >= self.max_wait_s:
             return (0, request.arrival_time)
-        return (1, predicted_remaining(self.predictor, request))
+        return (1, self.predictor.remaining(request))

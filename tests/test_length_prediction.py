@@ -25,6 +25,7 @@ from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest
 from schedulers.fcfs import FCFSScheduler
 from schedulers.learned_length import LearnedLengthPredictor
+from schedulers.length_predictor import LengthPredictor
 from schedulers.spf import SPFScheduler
 
 CONFIG = SimConfig(slots=8, step_ms=20, max_model_len=2048)
@@ -134,7 +135,7 @@ def test_kendall_tau_and_mae():
     assert mean_absolute_error([1, 5], [2, 2]) == 2.0
 
 
-class Raising:
+class Raising(LengthPredictor):
     def predict(self, request: RequestView) -> int:
         raise RuntimeError("predictor down")
 

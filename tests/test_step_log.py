@@ -16,10 +16,10 @@ from scripted_runner import ScriptedRunner
 from server_support import base_url, serve
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
+from aioserve.engine.step_log import StepLog, read_step_log
 from aioserve.scheduling import StepFeedback
 from aioserve.server import ServerConfig
 from aioserve.sim.step_cost import StepCostModel, feedback_features
-from aioserve.engine.step_log import StepLog, read_step_log
 
 STEP = StepFeedback(7, 10.0, 10.0025, ("a", "b"), (12, 1), (0, 40), (1, 1), (False, True), ("b",))
 

@@ -129,9 +129,9 @@ def _save(model: StepCostModel, path: str) -> Path:
 
 
 def _calibrate_from_steps(args: argparse.Namespace) -> int:
+    from aioserve.engine.step_log import read_step_log
     from aioserve.sim.fit_report import format_fit
     from aioserve.sim.step_cost import fit_profile
-    from aioserve.engine.step_log import read_step_log
 
     try:
         engine, steps = read_step_log(args.from_steps)

@@ -191,7 +191,8 @@ class AsyncEngine:
         Raises:
             ValueError: the prompt is empty, not text or ids, or an id is out of range.
         """
-        return encode_prompt(prompt, self.tokenizer, self.runner.vocab_size if self.runner is not None else None)
+        vocab_size = self.runner.vocab_size if self.runner is not None else None
+        return encode_prompt(prompt, self.tokenizer, vocab_size)
 
     def add_request(
         self,

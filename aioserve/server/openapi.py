@@ -171,5 +171,6 @@ async def handle(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     max_len = engine.core.max_model_len if engine.core is not None else None
     chat = ChatTemplate(engine.tokenizer, request.app[CONFIG_KEY].chat_template).available
-    return web.json_response(openapi_spec(served_model_name(request.app), max_len,
-                                          engine.runner.vocab_size if engine.runner is not None else None, chat))
+    vocab_size = engine.runner.vocab_size if engine.runner is not None else None
+    return web.json_response(openapi_spec(served_model_name(request.app), max_len, vocab_size,
+                                          chat))

@@ -7,10 +7,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from aioserve.engine import AsyncEngine
+from aioserve.engine.step_log import describe
 from aioserve.sim.real import replay
 from aioserve.sim.simulator import SimConfig
 from aioserve.sim.step_cost import StepCostModel, fit_profile
-from aioserve.engine.step_log import describe
 from aioserve.sim.workloads import WorkloadRequest
 
 

@@ -29,9 +29,7 @@ from aioserve.sim.simulator import (
     _Arrivals,
     _replica,
     _SimStepLoop,
-    oracle_hints,
     precedes,
-    reads_true_lengths,
 )
 from aioserve.sim.workloads import WorkloadRequest
 
@@ -214,8 +212,6 @@ async def simulate_cluster(
         results.append(result)
         arrivals.append(queue)
         loops.append(loop)
-    if reads_true_lengths(results[0].policy):  # an oracle reads the true lengths, as alone
-        workload = oracle_hints(workload)
     pending.extend(sorted(workload, key=lambda r: (r.arrival_ns, r.after_start)))
     name = router if isinstance(router, str) else getattr(chooser, "name", type(chooser).__name__)
     cluster = ClusterResult(name, results[0].scheduler, config, list(workload), results)

@@ -21,8 +21,7 @@ from aioserve.sim.simulator import (
     SimConfig,
     SimResult,
     StepRecord,
-    oracle_hints,
-    reads_true_lengths,
+    upper_bound,
 )
 from aioserve.sim.workloads import WorkloadRequest
 
@@ -103,8 +102,7 @@ async def replay(
     policy = load_scheduler(scheduler, scheduler_params)
     core.set_policy(policy)
     name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
-    if reads_true_lengths(policy):
-        workload = oracle_hints(workload)
+    if upper_bound(scheduler_params):
         name += " (oracle: upper bound)"
     engine.reset_prefix_cache()
     recorder = _Recorder()

@@ -201,7 +201,7 @@ def _submit(result: SimResult, item: WorkloadRequest, prompt: list[int] | None =
     if prompt is None:
         prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
     request = Request(item.id, prompt, params, item.arrival_s)
-    request.meta = item.meta
+    request.meta = item.meta_from()  # the oracle's true length: the workload's, not a policy's
     request.deadline = item.deadline_s
     try:
         core.add(request)
@@ -209,15 +209,9 @@ def _submit(result: SimResult, item: WorkloadRequest, prompt: list[int] | None =
         result.rejected[item.id] = str(exc)
 
 
-def reads_true_lengths(policy: object) -> bool:
-    """Whether the policy's length predictor is an oracle (``upper_bound``)."""
-    return bool(getattr(getattr(policy, "predictor", None), "upper_bound", False))
-
-
-def oracle_hints(workload: list[WorkloadRequest]) -> list[WorkloadRequest]:
-    """The workload with each request's true length as its ``length_hint`` (unless set)."""
-    return [r if r.length_hint is not None else replace(r, length_hint=r.output_len)
-            for r in workload]
+def upper_bound(scheduler_params: Mapping[str, Any] | None) -> bool:
+    """Whether the run asked for the ``oracle`` predictor (reports label it an upper bound)."""
+    return scheduler_params is not None and scheduler_params.get("predictor") == "oracle"
 
 
 class _SimStepLoop(StepLoop):
@@ -346,8 +340,7 @@ def _replica(
     """One simulated engine sized for ``workload``, its result filled as it runs."""
     policy = load_scheduler(scheduler, scheduler_params)
     name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
-    if reads_true_lengths(policy):
-        workload = oracle_hints(workload)
+    if upper_bound(scheduler_params):
         name += " (oracle: upper bound)"
     core, runner = _make_core(workload, policy, config, runner_kind)
     result = SimResult(name, config, list(workload), core, runner, policy=policy)

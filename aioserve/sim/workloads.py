@@ -89,11 +89,13 @@ class WorkloadRequest:
         return self.max_tokens if self.max_tokens is not None else max(
             max_model_len - self.prompt_len, 1)
 
-    def meta_from(self, unix_epoch: float) -> RequestMeta:
-        """Its meta with the deadline in Unix seconds, for a run whose zero is ``unix_epoch``."""
-        if self.deadline_s is None:
-            return self.meta
-        return replace(self.meta, deadline=unix_epoch + self.deadline_s)
+    def meta_from(self, unix_epoch: float | None = None) -> RequestMeta:
+        """Its meta with its true output length (the ``oracle`` predictor reads it) and,
+        for a run whose zero is ``unix_epoch``, the deadline in Unix seconds."""
+        meta = replace(self.meta, true_output_len=self.output_len)
+        if self.deadline_s is None or unix_epoch is None:
+            return meta
+        return replace(meta, deadline=unix_epoch + self.deadline_s)
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
         """Its group's shared prefix (or prefix blocks), then tokens of its own (ids in
