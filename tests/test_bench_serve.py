@@ -95,7 +95,7 @@ async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint)
             super().__init__()
             self.views = []
 
-        def on_arrival(self, request):
+        def on_arrival(self, request, state):
             self.views.append(request)
 
     items = [WorkloadRequest("a", 0.0, 6, 4, deadline_s=30.0, meta=RequestMeta(

@@ -44,7 +44,7 @@ class Recorder(FCFSScheduler):
         super().__init__()
         self.seen: dict[str, tuple[RequestMeta, float | None, float]] = {}
 
-    def on_arrival(self, request) -> None:
+    def on_arrival(self, request, state) -> None:
         self.seen[request.request_id] = (request.meta, request.deadline, request.arrival_time)
 
     def only(self, prefix: str) -> tuple[RequestMeta, float | None, float]:

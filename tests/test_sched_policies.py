@@ -37,7 +37,7 @@ def test_priority_victims_are_the_lowest_priority_then_the_latest():
     state = SchedulerState((), tuple(RequestView(r) for r in reqs), 0, 8, 4, 4, 4096, 1.0, 0)
     assert [r.request_id for r in PriorityScheduler().victims(state)] == ["c", "b", "d", "a"]
     guard = PolicyGuard(PriorityScheduler(), lambda: state)  # the engine's mid-step choice
-    assert guard.choose_victim(RequestView(reqs[0]), [RequestView(r) for r in reqs[::-1]]) == 1
+    assert guard.victim([RequestView(r) for r in reqs[::-1]]) == 1
 
 
 async def test_high_priority_preempts_lower_priority_at_max_num_seqs():

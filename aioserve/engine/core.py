@@ -253,7 +253,7 @@ class EngineCore:
 
     def _reserve(self, request: Request, count: int, scheduled: list[str]) -> bool:
         """Give ``request`` the blocks for ``count`` more tokens, preempting unscheduled
-        running requests (``choose_victim``; by default the newest) if needed. A request
+        running requests (the policy's ``victims``; by default the newest) if needed. A request
         alone that cannot grow ends with ``length``."""
         need = self.blocks.blocks_for_tokens(request.num_computed_tokens + count)
         need -= len(request.block_ids)
@@ -271,8 +271,7 @@ class EngineCore:
             index = 0
             if len(candidates) > 1:
                 view_of = self.views
-                index = self.guard.choose_victim(
-                    view_of[request.request_id], [view_of[r.request_id] for r in candidates])
+                index = self.guard.victim([view_of[r.request_id] for r in candidates])
             victim = candidates[index]
             self.preempt(victim)
             if victim is request:

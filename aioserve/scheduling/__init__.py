@@ -1,4 +1,4 @@
-"""The scheduler plugin contract (version 4, docs/schedulers.md)."""
+"""The scheduler plugin contract (1.0, docs/schedulers.md)."""
 
 from aioserve.scheduling.decision import NO_DECISION, SchedulerOutput
 from aioserve.scheduling.feedback import StepFeedback

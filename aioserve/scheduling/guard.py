@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from aioserve.scheduling.decision import SchedulerOutput
 from aioserve.scheduling.feedback import StepFeedback
@@ -13,6 +13,8 @@ from aioserve.scheduling.state import SchedulerState
 from aioserve.scheduling.view import RequestView
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 #: The policy's hooks the guard calls.
@@ -27,19 +29,6 @@ def _overrides(policy: object, name: str) -> bool:
     """Whether the policy's class defines ``name`` other than the base's."""
     hook = getattr(type(policy), name, None)
     return hook is not None and hook is not getattr(OrderedScheduler, name, None)
-
-
-def _takes_state(policy: object, name: str) -> bool:
-    """Whether hook ``name`` takes the snapshot (version 3 on; 1 and 2 take only the event)."""
-    hook = getattr(policy, name, None)
-    if hook is None:
-        return False
-    try:
-        parameters = list(inspect.signature(hook).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
 def _ids(values: object) -> bool:
@@ -83,11 +72,9 @@ class PolicyGuard:
         self._logged: set[str] = set()
         self._closed = False
         self._overrides = {name: _overrides(policy, name) for name in HOOKS}
-        self._takes_state = {name: _takes_state(policy, name) for name in HOOKS}
         self.wants_steps = self._overrides["on_step"]
-        self._victims: Callable[[SchedulerState], Iterable[RequestView]] | None = None
-        if isinstance(policy, OrderedScheduler) and _overrides(policy, "victims"):
-            self._victims = policy.victims
+        self._victims = (policy.victims if isinstance(policy, OrderedScheduler)
+                         and _overrides(policy, "victims") else None)
 
     def _failed(self, method: str, error: str, exc: BaseException | None = None) -> None:
         self.failures += 1
@@ -109,64 +96,45 @@ class PolicyGuard:
             return self.fallback.schedule(state)
         return decision
 
-    def _call(self, method: str, event: object) -> None:
-        hook = getattr(self.policy, method, None)
-        if hook is None:
+    def _call(self, method: str, hook: Callable[[T, SchedulerState], None], event: T) -> None:
+        if not self._overrides[method]:
             return
         try:
-            if self._takes_state[method]:
-                hook(event, self.snapshot())
-            else:
-                hook(event)
+            hook(event, self.snapshot())
         except Exception as exc:
             self._failed(method, f"{type(exc).__name__}: {exc}", exc)
 
     def on_arrival(self, request: RequestView) -> None:
-        if self._overrides["on_arrival"]:
-            self._call("on_arrival", request)
+        self._call("on_arrival", self.policy.on_arrival, request)
 
     def on_finish(self, request: RequestView) -> None:
-        if self._overrides["on_finish"]:
-            self._call("on_finish", request)
+        self._call("on_finish", self.policy.on_finish, request)
 
     def on_preempt(self, request: RequestView) -> None:
-        if self._overrides["on_preempt"]:
-            self._call("on_preempt", request)
+        self._call("on_preempt", self.policy.on_preempt, request)
 
     def on_step(self, feedback: StepFeedback) -> None:
-        self._call("on_step", feedback)
+        self._call("on_step", self.policy.on_step, feedback)
 
     def close(self) -> None:
-        """The policy's ``close()``, once (a policy without one is left alone)."""
+        """The policy's ``close()``, once."""
         if self._closed:
             return
         self._closed = True
-        close = getattr(self.policy, "close", None)
-        if close is None:
-            return
         try:
-            close()
+            self.policy.close()
         except Exception as exc:
             self._failed("close", f"{type(exc).__name__}: {exc}", exc)
 
-    def choose_victim(self, requester: RequestView, candidates: Sequence[RequestView]) -> int:
+    def victim(self, candidates: Sequence[RequestView]) -> int:
         """Index into ``candidates`` (newest first) of the request the engine evicts: the
-        first of the policy's ``victims`` among them (a version 1-3 ``choose_victim``
-        answers instead, when the policy has one); 0 when it names none."""
-        choose, victims = getattr(self.policy, "choose_victim", None), self._victims
-        if choose is None and victims is None:
+        first of the policy's ``victims`` among them; 0 when it names none."""
+        if self._victims is None:
             return 0
         index = {c.request_id: i for i, c in enumerate(candidates)}
         try:
-            if choose is not None:
-                chosen = choose(requester, candidates)
-                if chosen is not None and chosen not in index:
-                    self._failed("choose_victim", f"{chosen!r} is not one of the candidates")
-                return index.get(chosen, 0)
-            if victims is not None:
-                order = victims(self.snapshot())
-                return next((index[v.request_id] for v in order if v.request_id in index), 0)
+            order = self._victims(self.snapshot())
+            return next((index[v.request_id] for v in order if v.request_id in index), 0)
         except Exception as exc:
-            method = "victims" if choose is None else "choose_victim"
-            self._failed(method, f"{type(exc).__name__}: {exc}", exc)
+            self._failed("victims", f"{type(exc).__name__}: {exc}", exc)
         return 0

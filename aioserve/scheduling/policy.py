@@ -10,10 +10,8 @@ from aioserve.scheduling.feedback import StepFeedback
 from aioserve.scheduling.state import SchedulerState
 from aioserve.scheduling.view import RequestView
 
-#: The contract's version (docs/schedulers.md). 4: one eviction order,
-#: ``OrderedScheduler.victims``, replaces ``choose_victim``; 3: ``on_preempt`` and hooks
-#: given ``state``. Policies of versions 1-3 load and run unchanged.
-CONTRACT_VERSION = 4
+#: The contract's version (docs/schedulers.md); 1.0 on, a change keeps what it declared.
+CONTRACT_VERSION = "1.0"
 
 #: What :meth:`Scheduler.report` returns: plain numbers by name, or one level of numbers
 #: keyed by a label (a tenant, a priority level, an MLFQ queue, a request id).
@@ -21,7 +19,7 @@ PolicyReport: TypeAlias = dict[str, float | dict[str, float]]
 
 
 class Scheduler:
-    """Base class of scheduling policies (contract version 4).
+    """Base class of scheduling policies (contract 1.0): every policy subclasses it.
 
     A policy decides; the engine owns every queue and block and checks every decision.
     Subclasses set ``name`` and implement :meth:`schedule`; everything else is optional.
@@ -38,8 +36,7 @@ class Scheduler:
 
     Every hook receives ``state``: a snapshot taken when the hook is called, after its
     event (the request is already waiting, gone, or back at the head of the waiting
-    queue): what the next :meth:`schedule` sees unless other events come first. A hook
-    written without ``state`` (versions 1 and 2) is called without it.
+    queue): what the next :meth:`schedule` sees unless other events come first.
 
     Timing: the engine schedules one step ahead, so :meth:`schedule` for step N+1 runs
     before step N's :meth:`on_step`. Charge what an admission costs when you admit it
@@ -49,7 +46,7 @@ class Scheduler:
     """
 
     name: ClassVar[str] = ""
-    contract_version: ClassVar[int] = CONTRACT_VERSION
+    contract_version: ClassVar[str] = CONTRACT_VERSION
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         """Decide the next step from ``state`` (a frozen snapshot); the engine applies what is

@@ -171,10 +171,12 @@ def load_scheduler(spec: str | Scheduler, params: Mapping[str, Any] | None = Non
     if not isinstance(spec, str):
         if params:
             raise ValueError("scheduler parameters need a scheduler name, not an instance")
+        if not isinstance(spec, Scheduler):
+            raise ValueError(f"scheduler {spec!r} is not a Scheduler (aioserve.scheduling)")
         return spec
     cls = _load_class(spec)
-    if not callable(cls):
-        raise ValueError(f"scheduler {spec!r} is not a class")
+    if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
+        raise ValueError(f"scheduler {spec!r} is not a Scheduler subclass (aioserve.scheduling)")
     return instantiate(spec, cls, params, "scheduler", "schedule(state)")  # type: ignore[no-any-return]
 
 
