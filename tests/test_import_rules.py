@@ -264,6 +264,36 @@ def test_what_a_package_never_loads_at_module_level():
     assert wrong == []
 
 
+def _read_behind(name: str, kinds: tuple[str, ...], subject: str) -> list[str]:
+    """``getattr``/``hasattr`` calls of ``kinds`` in module ``name`` on an object whose
+    expression names ``subject`` (``self.runner``, ``engine.runner``, ``runner``)."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in kinds and node.args
+                and subject in ast.unparse(node.args[0]).lower()):
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_runner_member_is_declared_on_the_boundary():
+    """What the engine, the server and the lab use of a runner is declared on
+    ``runners.base.ModelRunner``: no ``getattr``/``hasattr`` on a runner anywhere else."""
+    wrong = [hit for name in MODULES if name != "aioserve.runners.base"
+             for hit in _read_behind(name, ("getattr", "hasattr"), "runner")]
+    assert wrong == []
+
+
+def test_the_policy_contract_keeps_no_old_version_alive():
+    """Contract 1.0: nothing in scheduling/ inspects a hook's signature or asks for a
+    method that earlier versions had."""
+    wrong = [f"{name}: {word}" for name, path in MODULES.items()
+             if name.startswith("aioserve.scheduling")
+             for word in ("choose_victim", "_takes_state", "inspect.signature(hook")
+             if word in path.read_text()]
+    assert wrong == []
+
+
 def test_the_checker_sees_what_it_checks():
     """The rule's parts, on the real graph: function-level imports count, TYPE_CHECKING
     ones are seen apart, module-level loading is followed through other modules."""

@@ -47,6 +47,10 @@ class Scheduler:
 
     name: ClassVar[str] = ""
     contract_version: ClassVar[str] = CONTRACT_VERSION
+    #: A policy that predicts output lengths: ``(request id, tokens predicted at arrival,
+    #: true tokens)`` of requests that ended by a stop or their cap, the newest last (read by
+    #: ``/metrics`` and the reports); empty for any other.
+    outcomes: Sequence[tuple[str, int, int]] = ()
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         """Decide the next step from ``state`` (a frozen snapshot); the engine applies what is

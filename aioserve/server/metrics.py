@@ -205,10 +205,10 @@ class ServerMetrics:
                 self.itl.observe(lat.time_per_output_token)
 
     def record_prediction(self, request: Request) -> None:
-        """Observe the policy's predicted and the true length, where it predicted one (a
-        policy's ``outcomes``: (id, predicted, true), the newest last, as ``spf``'s)."""
+        """Observe the policy's predicted and the true length, where it predicted one (its
+        declared ``Scheduler.outcomes``)."""
         core = self.engine.core
-        outcomes = getattr(core.guard.policy, "outcomes", None) if core is not None else None
+        outcomes = core.scheduler.outcomes if core is not None else ()
         if not outcomes:
             return
         for request_id, predicted, true in itertools.islice(reversed(outcomes), 8):

@@ -111,7 +111,7 @@ async def replay(
     preemptions_before = core.num_preemptions
     preempted_tokens_before = core.num_preempted_tokens
     rejected: dict[str, str] = {}
-    vocab = getattr(engine.runner, "vocab_size", 512)
+    vocab = engine.runner.vocab_size if engine.runner is not None else 512
     try:
         loop = asyncio.get_running_loop()
         at, unix_zero = loop.time() + 0.05, time.time() + 0.05
