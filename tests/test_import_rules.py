@@ -294,6 +294,21 @@ def test_the_policy_contract_keeps_no_old_version_alive():
     assert wrong == []
 
 
+def _room(package: str) -> str:
+    """The room of a package: ``engine`` for ``aioserve.engine.x``, ``aioserve`` for the
+    top-level modules, ``schedulers`` for the built-in policies."""
+    parts = package.split(".")
+    return parts[1] if parts[0] == "aioserve" and len(parts) > 1 else parts[0]
+
+
+def test_the_architecture_doc_names_every_room():
+    """docs/ARCHITECTURE.md's table of rooms names each room of the code, and no other."""
+    table = (REPO / "docs" / "ARCHITECTURE.md").read_text().split("## The rooms", 1)[1]
+    rows = [line for line in table.split("\n## ", 1)[0].splitlines() if line.startswith("| `")]
+    named = {row.split("`")[1].strip("/") for row in rows}
+    assert named == {_room(p) for p in RULES} | {_room(package_of(n)) for n in MODULES}
+
+
 def test_the_checker_sees_what_it_checks():
     """The rule's parts, on the real graph: function-level imports count, TYPE_CHECKING
     ones are seen apart, module-level loading is followed through other modules."""
