@@ -8,6 +8,7 @@ import math
 from aioserve.scheduling import RequestView
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest, article_example
+from schedulers.length_predictor import LengthPredictor
 from schedulers.spf import SPFScheduler
 
 STEP_S = 0.05
@@ -45,7 +46,7 @@ async def test_without_aging_the_long_job_starves():
     assert long.first_scheduled_time == last_short  # it ran only once no short job was left
 
 
-class ReversePredictor:
+class ReversePredictor(LengthPredictor):
     """Predicts long jobs short and short jobs long (a pluggable, deliberately bad one)."""
 
     def predict(self, request: RequestView) -> int:
