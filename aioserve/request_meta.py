@@ -65,9 +65,8 @@ class RequestMeta:
         metadata: free string pairs (the OpenAI ``metadata`` field), passed to policies
             untouched; at most 16 pairs, keys of 1-64 and values of 0-512 characters.
             Stored read-only.
-        true_output_len: the output tokens the request will generate, known only where
-            its workload is simulated or replayed (for the ``oracle`` length predictor's
-            upper-bound studies); None on a server.
+        true_output_len: the output tokens it will generate, known where its workload is
+            simulated or replayed (the ``oracle`` length predictor's); None on a server.
 
     Raises:
         ValueError: a field is out of range; the message starts with the field's name.

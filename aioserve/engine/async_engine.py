@@ -316,9 +316,8 @@ class AsyncEngine:
         return self.runner.describe() if self.runner is not None else RunnerInfo()
 
     def add_step_observer(self, observer: StepObserver) -> None:
-        """Call ``observer`` with each step's :class:`~aioserve.scheduling.StepFeedback`
-        as the step ends, in the step loop (it must not block). Works before or after
-        :meth:`start`."""
+        """Call ``observer(feedback)`` as each step ends, in the step loop (it must not
+        block). Works before or after :meth:`start`."""
         if observer not in self._step_observers:
             self._step_observers.append(observer)
 

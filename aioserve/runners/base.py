@@ -155,8 +155,7 @@ class ModelRunner:
         return asyncio.ensure_future(self.step(batch))
 
     def clock(self) -> float:
-        """Seconds on the clock the engine times requests by: monotonic by default; the
-        simulator's virtual clock."""
+        """Seconds on the engine's clock: monotonic by default, the simulator's virtual one."""
         return time.monotonic()
 
     @property

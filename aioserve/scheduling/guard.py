@@ -21,14 +21,9 @@ T = TypeVar("T")
 HOOKS = ("on_arrival", "on_finish", "on_preempt", "on_step")
 
 
-def _no_snapshot() -> SchedulerState:
-    raise RuntimeError("this engine gives its policy's hooks no state snapshot")
-
-
-def _overrides(policy: object, name: str) -> bool:
+def _overrides(policy: Scheduler, name: str) -> bool:
     """Whether the policy's class defines ``name`` other than the base's."""
-    hook = getattr(type(policy), name, None)
-    return hook is not None and hook is not getattr(OrderedScheduler, name, None)
+    return getattr(type(policy), name, None) not in (None, getattr(OrderedScheduler, name, None))
 
 
 def _ids(values: object) -> bool:
@@ -60,13 +55,12 @@ class PolicyGuard:
     malformed is replaced, for that step, by the FCFS decision; any other method that
     raises is skipped. Each failure is logged (the traceback once per method) and
     counted in ``failures`` (``aioserve:scheduler_failures_total``). ``snapshot`` makes
-    the state handed to hooks that take one; ``wants_steps`` says whether the policy
+    the state handed to the hooks and ``victims``; ``wants_steps`` says whether the policy
     overrides ``on_step`` (feedback is built only then)."""
 
-    def __init__(self, policy: Scheduler,
-                 snapshot: Callable[[], SchedulerState] | None = None) -> None:
+    def __init__(self, policy: Scheduler, snapshot: Callable[[], SchedulerState]) -> None:
         self.policy = policy
-        self.snapshot = snapshot or _no_snapshot
+        self.snapshot = snapshot
         self.fallback = OrderedScheduler()
         self.failures = 0
         self._logged: set[str] = set()

@@ -46,7 +46,6 @@ class Scheduler:
     """
 
     name: ClassVar[str] = ""
-    contract_version: ClassVar[str] = CONTRACT_VERSION
     #: A policy that predicts output lengths: ``(request id, tokens predicted at arrival,
     #: true tokens)`` of requests that ended by a stop or their cap, the newest last (read by
     #: ``/metrics`` and the reports); empty for any other.

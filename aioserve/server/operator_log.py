@@ -73,8 +73,7 @@ def thread_line(info: RunnerInfo) -> str:
     return f"{threads} intra-op thread(s), fixed"
 
 
-def startup_line(process_s: float | None, clock: PhaseClock, runner: ModelRunner | None,
-                 ) -> str:
+def startup_line(process_s: float | None, clock: PhaseClock, runner: ModelRunner | None) -> str:
     """Seconds from the process's start to ready, and their parts."""
     parts = dict(clock.parts)
     load_times = runner.describe().load_times if runner is not None else {}

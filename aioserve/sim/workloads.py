@@ -92,10 +92,9 @@ class WorkloadRequest:
     def meta_from(self, unix_epoch: float | None = None) -> RequestMeta:
         """Its meta with its true output length (the ``oracle`` predictor reads it) and,
         for a run whose zero is ``unix_epoch``, the deadline in Unix seconds."""
-        meta = replace(self.meta, true_output_len=self.output_len)
-        if self.deadline_s is None or unix_epoch is None:
-            return meta
-        return replace(meta, deadline=unix_epoch + self.deadline_s)
+        at = self.meta.deadline if self.deadline_s is None or unix_epoch is None else (
+            unix_epoch + self.deadline_s)
+        return replace(self.meta, true_output_len=self.output_len, deadline=at)
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
         """Its group's shared prefix (or prefix blocks), then tokens of its own (ids in
