@@ -7,6 +7,7 @@ of docs/MODEL_FAMILIES.md).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import tempfile
@@ -41,4 +42,7 @@ def main(names: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_type", nargs="*",
+                        help=f"architectures (default: all {len(tiny_models.ARCHITECTURES)})")
+    sys.exit(main(parser.parse_args().model_type))
