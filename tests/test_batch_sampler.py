@@ -12,7 +12,6 @@ from transformers import RepetitionPenaltyLogitsProcessor
 from aioserve.runners.torch import sampling_ops as ops
 from aioserve.runners.torch.batch_sampler import BatchSampler
 from aioserve.sampling_params import SamplingParams
-from benchmarks.per_row_sampler import filter_top_k_top_p  # the former sampler: reference
 
 CUDA = pytest.param(
     "cuda",
@@ -28,6 +27,22 @@ PROMPT = [3, 17, 17, 200, 511, 42]
 X = SamplingParams(
     temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.3, seed=1234, logprobs=3
 )
+
+
+def filter_top_k_top_p(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The reference, the per-row sampler's filter (before BatchSampler): a copy of ``row``
+    with logits outside top-k and top-p at -inf."""
+    if top_k > 0 and top_k < row.numel():
+        kth = torch.topk(row, top_k).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop = mass_before >= top_p
+        drop[0] = False
+        row = row.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return row
 
 
 def step_logits(step: int, rows: int = 1, vocab: int = V) -> torch.Tensor:
@@ -197,7 +212,7 @@ def test_different_seeds_draw_different_tokens(device):
 
 @DEVICES
 def test_filter_is_the_current_samplers(device):
-    """Row by row against ``filter_top_k_top_p`` of the per-row sampler."""
+    """Row by row against the per-row sampler's ``filter_top_k_top_p``."""
     gen = torch.Generator().manual_seed(11)
     scaled = (torch.randn(40, V, generator=gen) * 2).to(device)
     ks = torch.randint(0, 60, (40,), generator=gen).tolist()

@@ -1,10 +1,11 @@
-"""vLLM CPU and aioserve on a real-shape random model, timed passes taken in turn.
+"""How fast is the engine against vLLM CPU on a real-shape model, on a shared machine? vLLM
+CPU and aioserve on a real-shape random model, timed passes taken in turn.
 
 Both engines load once and stay loaded; timed passes alternate (vLLM first in even rounds) so a
 shared box's drift cancels. Workload and settings are ``peers_real_shape.py``'s; an idle engine
 polls a file, taking no core.
 
-python3 benchmarks/interleaved_real_shape.py --rounds 4 --aioserve-forward lean-llama"""
+python3 benchmarks/serving/interleaved_real_shape.py --rounds 4 --aioserve-forward lean-llama"""
 
 from __future__ import annotations
 
@@ -122,7 +123,7 @@ def start_workers(a: argparse.Namespace, peers: Any, job_path: Path, control: Pa
     """Both workers, warmed up; RuntimeError (naming the log) if one exits first."""
     this = str(Path(__file__).resolve())
     vllm_env = peers.vllm_env(a.vllm_bind, a.vllm_kv_gib) | {"VLLM_SLEEP_WHEN_IDLE": "1"}
-    ours_env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    ours_env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
     procs = []
     for name, cmd, env in (
         ("vllm", [a.vllm_python, this, "--_vllm", str(job_path), str(control)], vllm_env),
@@ -162,7 +163,7 @@ def main() -> None:
             return vllm_worker(job, control)
         return aioserve_worker(job, control, sys.argv[4])
     peers = peers_module()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--random-model", default="smollm2-135m", help="shape name or config.json")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--input-len", type=peers.range_arg, default=(8, 128))

@@ -1,12 +1,13 @@
-"""A busy machine: one workload, quiet and with K busy co-tenants, for the default thread count
-and each fixed count, in one run.
+"""Does the engine keep its speed on a busy machine, and which thread count is best there? One
+workload, quiet and with K busy co-tenants, for the default thread count and each fixed count,
+in one run.
 
 One ``aioserve serve`` per setting, 32 streamed requests x 64 tokens to each in turn, settings
 rotating per round. Prints output tokens/s and ITL p99 per setting and load, medians, and the
 floors' ratios: default / best fixed count (loaded, >= 0.8) and default / ``--baseline-tree``'s
 default (quiet, >= 0.95).
 
-    python benchmarks/contention.py --model ../shared/models/stories260K-hf \\
+    python3 benchmarks/serving/contention.py --model ../shared/models/stories260K-hf \\
         [--baseline-tree /tmp/base] [--rounds 3] [--cotenants K] [--json]"""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's aioserve
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's aioserve
 
 from aioserve.bench.cotenants import CoTenants  # noqa: E402
 from aioserve.bench.online.metrics import percentile  # noqa: E402
@@ -35,7 +36,7 @@ LOADS = ("quiet", "loaded")
 
 def settings(cpus: int, baseline: Path | None) -> dict[str, tuple[Path | None, dict, list]]:
     """name -> (source tree, environment, extra serve options)."""
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     out: dict[str, tuple[Path | None, dict, list]] = {
         "default": (here, {"AIOSERVE_NUM_THREADS": None}, [])}
     for n in range(1, cpus + 1):
@@ -182,7 +183,7 @@ def print_table(out: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(Path(__file__).resolve().parents[2]
+    parser.add_argument("--model", default=str(Path(__file__).resolve().parents[3]
                                                / "shared" / "models" / "stories260K-hf"))
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=16)

@@ -1,11 +1,11 @@
-"""Start-up time: seconds from ``aioserve serve`` to ``GET /health`` 200, warm (kernels built)
-and fresh (an empty ``TORCH_EXTENSIONS_DIR``), for this checkout and ``--baseline-tree``, starts
-alternating.
+"""How long does the server take to start? Seconds from ``aioserve serve`` to ``GET /health``
+200, warm (kernels built) and fresh (an empty ``TORCH_EXTENSIONS_DIR``), for this checkout and
+``--baseline-tree``, starts alternating.
 
 Prints every start, the medians, the floors (warm <= 3 s, fresh <= 10 s) and the server's own
 ``ready in`` line.
 
-    python benchmarks/cold_start.py --model ../shared/models/stories260K-hf \\
+    python3 benchmarks/serving/cold_start.py --model ../shared/models/stories260K-hf \\
         [--baseline-tree /tmp/base] [--runs 3] [--no-baseline-fresh]"""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's aioserve
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's aioserve
 
 from aioserve.bench.server_process import ServerProcess, source_tree  # noqa: E402
 
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 
 
 def end_builders(cache: Path, wait_s: float = 60.0) -> None:

@@ -1,10 +1,11 @@
-"""GPU anchor: aioserve vs transformers continuous batching on a Qwen3-0.6B-shaped model.
+"""How fast is the engine on a GPU against transformers' continuous batching? aioserve vs
+transformers CB on a Qwen3-0.6B-shaped model.
 
 Random bf16 weights, prompts U[64,512], outputs U[32,512], all at t=0; prints both tokens/s.
 ``--tiny`` runs a tiny config on a CPU in seconds (as the tests do).
 
-    python benchmarks/gpu_anchor.py                 # on an H200: the issue's anchor
-    python benchmarks/gpu_anchor.py --tiny --json   # anywhere"""
+    python3 benchmarks/serving/gpu_anchor.py                 # on an H200: the issue's anchor
+    python3 benchmarks/serving/gpu_anchor.py --tiny --json   # anywhere"""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def run_transformers_cb(directory: str, requests: list[BenchRequest], device: st
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny config and workload (CPU)")
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--slots", type=int, default=256, help="aioserve max_num_seqs")

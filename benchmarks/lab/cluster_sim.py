@@ -1,10 +1,11 @@
-"""Cluster simulation: routers on the shared-prefix scenario, and simulator speed on the
-Azure chat trace (issue 32, item 3). Figures are the virtual clock's (deterministic); wall
-times are this machine's, printed with the load average.
+"""How fast is the cluster simulator, and how do the routers compare in it? Simulator wall
+time on the Azure chat trace (``speed``), and the routers on the shared-prefix scenario
+(``routers``). Figures are the virtual clock's (deterministic); wall times are this
+machine's, printed with the load average.
 
-    python benchmarks/cluster_sim.py routers
-    python benchmarks/cluster_sim.py speed --trace ../shared/traces/azure-llm-2023-conv.csv
-    python benchmarks/cluster_sim.py speed --count 5000 --router prefix"""
+    python3 benchmarks/lab/cluster_sim.py routers
+    python3 benchmarks/lab/cluster_sim.py speed --trace ../shared/traces/azure-llm-2023-conv.csv
+    python3 benchmarks/lab/cluster_sim.py speed --count 5000 --router prefix"""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def speed(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     one = sub.add_parser("routers")
     one.add_argument("--workload", default="shared-prefix:n=400,rate=12,prompts=16,hot=0.3")

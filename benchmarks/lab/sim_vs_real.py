@@ -2,12 +2,12 @@
 on the engine and in the simulator, and print TTFT, E2E and preemptions side by side with whether
 the policies rank the same.
 
-python3 benchmarks/sim_vs_real.py --model ../shared/models/stories260K-hf --repeats 5
+python3 benchmarks/lab/sim_vs_real.py --model ../shared/models/stories260K-hf --repeats 5
 
 Trace windows at multiples of the real engine's capacity (issue 32's replay floor): each
 ``--trace`` spec is first run on the engine with every request at t=0 under fcfs; capacity =
 requests / makespan; then replayed at ``--loads`` x that rate (the spec's ``rate=``):
-python3 benchmarks/sim_vs_real.py --policies fcfs,spf,vtc,priority --repeats 3 --loads 0.9,1.2 \
+python3 benchmarks/lab/sim_vs_real.py --policies fcfs,spf,vtc,priority --repeats 3 --loads 0.9,1.2 \
     --trace ../shared/traces/azure-llm-2023-conv.csv:start=600,n=200,len_scale=auto,max_len=512
 (``--calibrate-on next-window``: the simulator's profile fitted on the trace's next window,
 all at t=0; ``next-window-at-loads``: that and the same window replayed at each load)

@@ -9,9 +9,10 @@ handed a value of generation g is of generation g + 1; a value that wraps what a
 made returned comes after it. The trace ends when the stream ``add_request`` returned is
 back in the handler's module. Prints, for the completion and chat routes and the
 websocket, the modules, the number of stays (runs of calls in one module) and the forms
-by generation; asserts nothing.
+by generation; asserts nothing (``tests/test_request_path.py`` asserts the bounds).
 
-Usage (from the repository root): ``python3 -m benchmarks.request_path [--model PATH]``
+Alone (from the repository root): ``PYTHONPATH=. python3 tests/request_path_support.py
+[--model PATH]``
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
-"""The architecture table: is each tiny random decoder served exactly (exact / refused / WRONG)?
+"""Which model architectures does the engine serve exactly? Each of the 30 tiny random
+decoders, greedy, token for token against ``generate()``: exact / refused / WRONG (the table
+of docs/MODEL_FAMILIES.md).
 
-    python3 -m benchmarks.arch_coverage [model_type ...]
+    python3 -m benchmarks.kernels.arch_coverage [model_type ...]
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import tempfile
@@ -15,7 +18,7 @@ import transformers
 
 from aioserve.bench.models import coverage, tiny_models
 
-TOKENIZER = str(Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K-hf")
+TOKENIZER = str(Path(__file__).resolve().parents[3] / "shared" / "models" / "stories260K-hf")
 
 
 def main(names: list[str]) -> int:
@@ -39,4 +42,7 @@ def main(names: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_type", nargs="*",
+                        help=f"architectures (default: all {len(tiny_models.ARCHITECTURES)})")
+    sys.exit(main(parser.parse_args().model_type))

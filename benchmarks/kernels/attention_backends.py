@@ -1,11 +1,13 @@
-"""ReferenceBackend vs FlexBackend: time of one layer's ``attend()`` on a decode batch.
+"""Which attention backend is faster for a decode batch on this device? ReferenceBackend vs
+FlexBackend: time of one layer's ``attend()``.
 
 Per (batch, context): a paged GQA cache (16/8 heads, width 128, random blocks), metadata built
 once, median ms per call and the ratio reference / flex. On the CPU flex runs unfused over the
 whole cache, so large configurations are skipped (``--max-unfused-gib``, ``--max-cache-gib``);
 CPU figures say nothing about the GPU.
 
-Usage (from the repository root): ``python3 -m benchmarks.attention_backends [--device cuda]``"""
+Usage (from the repository root): ``python3 -m benchmarks.kernels.attention_backends
+[--device cuda]``"""
 
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def run_config(batch: int, context: int, dtype: torch.dtype, device: torch.devic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto")
     parser.add_argument("--dtype", default="auto", help="bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 256])
