@@ -101,7 +101,7 @@ class Connection:
     async def on_text(self, data: str) -> None:
         """Handle one client message; any fault is answered with an error message."""
         try:
-            message = decode(data)
+            message = decode(data, "the websocket message")
         except ApiError as exc:
             await self.error(_client_id(data), exc.message, exc.param, exc.code or "")
             return
