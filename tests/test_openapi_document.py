@@ -40,8 +40,11 @@ def test_every_request_field_is_in_the_document():
         assert documented >= NEW
         assert documented == set(model.model_fields) - {"best_of"}  # best_of: 1 or n only
     for path in ("/v1/completions", "/v1/chat/completions"):
-        params = spec["paths"][path]["post"]["parameters"]
+        operation = spec["paths"][path]["post"]
+        assert "parameters" not in operation  # any header accepted: none declared as a set
+        params = operation["x-aioserve-headers"]
         assert [p["name"] for p in params] == ["X-Tenant", "X-Stop-After"]
+        assert "X-Tenant: the tenant" in operation["description"]
         stop = params[1]
         assert stop["schema"] == {"type": "integer", "minimum": 1}
         assert stop["description"].startswith("Benchmarking aid")
