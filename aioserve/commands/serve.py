@@ -73,6 +73,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
                         "--calibrate --from-steps FILE fits the simulator on this server's "
                         "own steps")
     add_ray_options(parser)
+    parser.set_defaults(exit_when_done=True)  # the console command exits at once once stopped
     return parser
 
 
