@@ -45,6 +45,9 @@ def test_every_request_field_is_in_the_document():
         params = operation["x-aioserve-headers"]
         assert [p["name"] for p in params] == ["X-Tenant", "X-Stop-After"]
         assert "X-Tenant: the tenant" in operation["description"]
+    for name in ("CompletionRequest", "ChatCompletionRequest"):  # the rule no schema states
+        n = schemas[name]["properties"]["n"]
+        assert "n times the number of prompts must be at most 256" in n["description"], n
         stop = params[1]
         assert stop["schema"] == {"type": "integer", "minimum": 1}
         assert stop["description"].startswith("Benchmarking aid")
