@@ -105,19 +105,22 @@ def check_chat_template(args: argparse.Namespace) -> None:
                          f"line {exc.lineno}: {exc.message}") from None
 
 
-#: ``serve`` options that only ``--ray`` reads, and their defaults.
-RAY_ONLY = {
-    "num_replicas": 1, "autoscaling": None, "ingress_replicas": 1, "ray_address": None,
-    "ray_num_cpus": None, "replica_num_cpus": 1.0, "replica_num_gpus": 0.0, "router": "pow2",
-    "router_config": None, "stream_interval": 0.02,
-}
+def ray_only_defaults() -> dict[str, Any]:
+    """The options ``serve`` reads only with ``--ray`` (``serve_ray.add_ray_options``'s, the
+    one place they are declared), and their defaults."""
+    from aioserve.commands.serve_ray import add_ray_options
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_ray_options(parser)
+    return {action.dest: action.default for action in parser._actions if action.dest != "ray"}
 
 
 def check_ray_only(args: argparse.Namespace) -> None:
     """Options of ``serve --ray`` given without ``--ray`` (they would be ignored)."""
     if args.ray:
         return
-    given = [name for name, default in RAY_ONLY.items() if getattr(args, name) != default]
+    given = [name for name, default in ray_only_defaults().items()
+             if getattr(args, name) != default]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(f"{flags}: only with --ray (one process serves one engine; add "
