@@ -40,8 +40,8 @@ def test_max_model_len_beyond_the_model_is_refused(model_dir):
     result = run_cli("generate", "hi", "--model", model_dir, "--max-model-len", "4096")
     assert result.returncode == 2
     lines = error_lines(result.stderr)
-    assert lines == ["aioserve: error: max_model_len: 4096 exceeds the model's context of 512 "
-                     "tokens (max_position_embeddings)"]
+    assert lines == ["aioserve: error: --max-model-len 4096: beyond the model's context of 512 "
+                     "tokens (max_position_embeddings in its config.json)"]
 
 
 def test_version(capsys):

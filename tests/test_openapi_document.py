@@ -1,5 +1,5 @@
 """``/openapi.json`` is generated from the models that validate the requests: every
-request field is in it (and in the README's field list), bounds are JSON Schema's own
+request field is in it (and in docs/serving.md's field list), bounds are JSON Schema's own
 words, the served values are filled in, chat is left out of a model that cannot chat,
 and real responses match their response models."""
 
@@ -17,7 +17,7 @@ from aioserve.server.openapi import openapi_spec
 from aioserve.server.schema import ChatCompletionRequest, CompletionRequest, WsGenerate
 from aioserve.server.schema import responses as out
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+SERVING = Path(__file__).resolve().parents[1] / "docs" / "serving.md"
 NEW = {"priority", "user", "ttft_slo_ms", "tpot_slo_ms", "deadline", "metadata", "length_hint"}
 
 
@@ -40,8 +40,14 @@ def test_every_request_field_is_in_the_document():
         assert documented >= NEW
         assert documented == set(model.model_fields) - {"best_of"}  # best_of: 1 or n only
     for path in ("/v1/completions", "/v1/chat/completions"):
-        params = spec["paths"][path]["post"]["parameters"]
+        operation = spec["paths"][path]["post"]
+        assert "parameters" not in operation  # any header accepted: none declared as a set
+        params = operation["x-aioserve-headers"]
         assert [p["name"] for p in params] == ["X-Tenant", "X-Stop-After"]
+        assert "X-Tenant: the tenant" in operation["description"]
+    for name in ("CompletionRequest", "ChatCompletionRequest"):  # the rule no schema states
+        n = schemas[name]["properties"]["n"]
+        assert "n times the number of prompts must be at most 256" in n["description"], n
         stop = params[1]
         assert stop["schema"] == {"type": "integer", "minimum": 1}
         assert stop["description"].startswith("Benchmarking aid")
@@ -61,8 +67,8 @@ def test_the_served_values_are_filled_in():
     assert "maximum" not in fields["stop_token_ids"]["anyOf"][0]["items"]  # any id stops
 
 
-def test_the_readme_lists_every_request_field():
-    paragraph = README.read_text().split("Request fields:", 1)[1].split("\n\n", 1)[0]
+def test_the_serving_docs_list_every_request_field():
+    paragraph = SERVING.read_text().split("Request fields:", 1)[1].split("\n\n", 1)[0]
     named = set(re.findall(r"`([a-z_]+)", paragraph))
     fields = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
     assert fields - named == {"prompt", "messages"}  # in the table of routes above it

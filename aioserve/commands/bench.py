@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from aioserve.bench.workloads import (
     BenchRequest,
-    parse_range,
     prefix_repetition_requests,
     random_requests,
 )
@@ -27,7 +26,9 @@ from aioserve.commands.common import (
     non_negative_float,
     positive_float,
     positive_int,
+    token_range,
 )
+from aioserve.commands.preflight import BENCH_SERVE, preflight
 from aioserve.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -36,9 +37,9 @@ if TYPE_CHECKING:
 
 def _workload_options(parser: argparse.ArgumentParser, prompts: int) -> None:
     parser.add_argument("--num-prompts", type=positive_int, default=prompts, help="requests")
-    parser.add_argument("--input-len", type=parse_range, default=(8, 128),
+    parser.add_argument("--input-len", type=token_range, default=(8, 128),
                         help="prompt tokens LO:HI, uniform, BOS included")
-    parser.add_argument("--output-len", type=parse_range, default=(16, 256),
+    parser.add_argument("--output-len", type=token_range, default=(16, 256),
                         help="output tokens LO:HI, uniform, EOS ignored")
     parser.add_argument("--dataset", choices=["random", "prefix-repetition"], default="random",
                         help="random prompts, or groups sharing a prefix (vLLM's "
@@ -253,6 +254,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError("--api-key is empty (an unset variable?): give the key, or leave "
                          "the option out")
     check_output(args.plot, "--plot")
+    preflight(args, BENCH_SERVE)
     args.base_url = args.base_url.rstrip("/").removesuffix("/v1")  # the OpenAI client's form
     if args.sweep_rate is not None:
         return _serve_sweep(args, api_key or None)
@@ -268,7 +270,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"aioserve bench serve: authentication failed: {exc}", file=sys.stderr)
         return 1
     except aiohttp.ClientError as exc:
-        print(f"aioserve bench serve: cannot reach {args.base_url}: {exc}", file=sys.stderr)
+        print(f"aioserve bench serve: cannot reach the server at {args.base_url} "
+              f"(--base-url): {exc}", file=sys.stderr)
         return 1
     result = summarize(records, duration, endpoint, slo_ttft_ms=args.slo_ttft_ms,
                        slo_tpot_ms=args.slo_tpot_ms)

@@ -78,6 +78,16 @@ def check_output(path: str | None, flag: str) -> None:
         raise ValueError(f"{flag}: cannot write {path!r} (permission denied)")
 
 
+def token_range(text: str) -> tuple[int, int]:
+    """An argparse type: ``LO:HI`` or ``N`` token counts (argparse then names the flag)."""
+    from aioserve.bench.workloads import parse_range
+
+    try:
+        return parse_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def check_device(device: str) -> None:
     """ValueError naming ``--device`` when it asks for CUDA and the installed torch is a CPU
     build (read from its version, without importing torch: under a second)."""
@@ -144,6 +154,9 @@ def json_object(text: str | None, flag: str, example: str) -> dict[str, Any] | N
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
+        if text.lstrip().startswith(("/", "./", "../", "~")) or text.endswith(".json"):
+            raise ValueError(f"{flag}: takes the JSON text itself, not a file path ({text!r}); "
+                             f"e.g. {flag} \"$(cat {text})\" or {flag} {example}") from None
         raise ValueError(f"{flag}: not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{flag}: must be a JSON object, e.g. {example}")
@@ -160,11 +173,15 @@ def flag_error(exc: ValueError, args: argparse.Namespace) -> ValueError:
 
 
 def check_scheduler(name: str, params: dict[str, Any] | None) -> None:
-    """Make the policy once, so a bad name or parameter is refused before torch loads."""
+    """Make the policy once, so a bad name or parameter is refused before torch loads (and a
+    file it would write, in a folder that is missing)."""
+    from aioserve.commands.preflight import check_policy_paths
+
     try:
         load_scheduler(name, params)
     except ValueError as exc:
         raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
+    check_policy_paths(params, "--scheduler-config")
 
 
 def check_model(spec: str) -> None:
@@ -224,8 +241,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         budget = parse_memory(args.kv_cache_memory)
     except ValueError as exc:
         raise ValueError(f"--kv-cache-memory: {exc}") from None
+    given = scheduler_params(args.scheduler_config)  # its refusals name the flag
     try:  # one object of parameters, or keyed by the policy's spec or name
-        params = params_by_policy([args.scheduler], scheduler_params(args.scheduler_config))
+        params = params_by_policy([args.scheduler], given)
     except ValueError as exc:  # an unknown policy
         raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
     check_scheduler(args.scheduler, params[args.scheduler])

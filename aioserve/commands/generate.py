@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from aioserve.commands.common import add_engine_options, engine_config, flag_error
+from aioserve.commands.preflight import GENERATE, preflight
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
 from aioserve.sampling_params import SamplingParams
@@ -77,4 +78,5 @@ async def _generate(args: argparse.Namespace, config: EngineConfig,
 def run(args: argparse.Namespace) -> int:
     """Stream the continuation to stdout; options are checked before torch loads."""
     config, params = engine_config(args), sampling_params(args)
+    preflight(args, GENERATE)
     return asyncio.run(_generate(args, config, params))

@@ -17,13 +17,13 @@ from aiohttp import web
 
 from aioserve.commands.common import (
     add_engine_options,
-    check_output,
     engine_config,
     flag_error,
     non_negative_float,
     positive_int,
     quiet_loading,
 )
+from aioserve.commands.preflight import SERVE, preflight
 from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_line, startup_summary
@@ -73,6 +73,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
                         "--calibrate --from-steps FILE fits the simulator on this server's "
                         "own steps")
     add_ray_options(parser)
+    parser.set_defaults(exit_when_done=True)  # the console command exits at once once stopped
     return parser
 
 
@@ -84,11 +85,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise ValueError("--api-key (or $AIOSERVE_API_KEY) is empty: an unset variable? The "
                          "server would be open to anyone; give a key, or leave both out to "
                          "serve without one")
-    if args.step_log is not None:
-        if getattr(args, "ray", False):
-            raise ValueError("--step-log: not with --ray (its replicas are separate engines; "
-                             "log one with aioserve serve)")
-        check_output(args.step_log, "--step-log")
     if args.chat_template is not None:
         try:
             template = Path(args.chat_template).read_text(encoding="utf-8")
@@ -213,8 +209,9 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; options are checked before torch loads."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    settings = server_config(args)
     config = engine_config(args)  # every refusal that needs no model, before torch loads
+    preflight(args, SERVE)
+    settings = server_config(args)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_loading(args.log_level == "debug")

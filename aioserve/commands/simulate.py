@@ -207,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
     check_combinations(args)
     routers = check_cluster(args) if wants_cluster(args) else None
     names = _policy_names(args.scheduler)
+    params = policy_params(args.scheduler_config, names)
+    for name in names:  # every policy refusal (and a state_path's folder) before any run
+        check_scheduler(name, params[name])
     if args.sweep_rate is not None:
         return _sweep(args, names)
     if args.from_steps is not None:
@@ -220,10 +223,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"workload: {describe(workload)}", file=sys.stderr)
     if routers is not None:
         return run_cluster(args, workload, names, sim_config(args, workload), *routers)
-    if real is not None:  # every refusal before torch loads
-        params = policy_params(args.scheduler_config, names)
-        for name in names:
-            check_scheduler(name, params[name])
+    if real is not None:
         real = with_model(args, real)
     results, recorders = asyncio.run(_run_all(args, workload, names, real))
     kind = "real engine" if args.real else "simulated"

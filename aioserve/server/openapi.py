@@ -97,12 +97,21 @@ _HEADERS = [
 ]
 
 
+def _header_text() -> str:
+    """The optional headers in words: HTTP accepts headers an operation does not name, so
+    they are described, not declared as ``parameters`` (which fuzzers such as schemathesis
+    read as the closed set of headers a request may carry)."""
+    return "Optional headers (others are accepted and ignored): " + "; ".join(
+        f"{h['name']}: {h['description']}" for h in _HEADERS)
+
+
 def _generation(summary: str, request: str, response: str, chunk: str) -> dict[str, Any]:
     ok = _json(response, "a JSON response, or with stream: true Server-Sent Events")
     ok["content"]["text/event-stream"] = {"schema": _event(chunk)}
     return {"post": {
         "summary": summary,
-        "parameters": _HEADERS,
+        "description": _header_text(),
+        "x-aioserve-headers": _HEADERS,
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{request}"}}}},
         "responses": {

@@ -34,33 +34,34 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     return decode(raw)
 
 
-def decode(raw: bytes | str) -> dict[str, Any]:
-    """A body (or websocket message) as a JSON object: ApiError 400 ``invalid_json`` when
-    it is empty, not JSON or not an object; ``invalid_encoding`` when not UTF-8 text."""
+def decode(raw: bytes | str, what: str = "the request body") -> dict[str, Any]:
+    """A body (or websocket message: ``what`` names it in the refusals) as a JSON object:
+    ApiError 400 ``invalid_json`` when it is empty, not JSON or not an object;
+    ``invalid_encoding`` when not UTF-8 text."""
     if not raw:
-        raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
+        raise bad_request(f"{what} is empty; send a JSON object", code="invalid_json")
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
         raise bad_request(
-            f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_encoding"
+            f"{what} is not valid UTF-8 (byte {exc.start})", code="invalid_encoding"
         ) from None
     try:
         body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise bad_request(
-            f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} "
+            f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} "
             f"column {exc.colno}",
             code="invalid_json",
         ) from None
     except RecursionError:
-        raise bad_request("the request body nests too deeply", code="invalid_json") from None
+        raise bad_request(f"{what} nests too deeply", code="invalid_json") from None
     except ValueError as exc:  # e.g. an integer literal with more than 4300 digits
-        raise bad_request(f"the request body is not acceptable JSON: {exc}",
+        raise bad_request(f"{what} is not acceptable JSON: {exc}",
                           code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request(
-            f"the request body must be a JSON object, got {type(body).__name__}",
+            f"{what} must be a JSON object, got {type(body).__name__}",
             code="invalid_json",
         )
     check_text(body)

@@ -395,7 +395,10 @@ class CallFields(Unsupported, MetaFields, SamplingFields):
 
     RULES: ClassVar[tuple[Needs, ...]] = (Needs("stream_options", "stream", "include_usage"),)
 
-    n: Integer | None = Field(None, ge=1, le=MAX_SEQUENCES_PER_CALL)
+    n: Integer | None = Field(
+        None, ge=1, le=MAX_SEQUENCES_PER_CALL,
+        description=f"samples per prompt (default 1); n times the number of prompts must "
+        f"be at most {MAX_SEQUENCES_PER_CALL}, else 400 naming n")
     best_of: SkipJsonSchema[Any] = None  # only 1 or n: a rule JSON Schema cannot state
     stream: Boolean | None = None
     stream_options: StreamOptions | None = None
@@ -428,7 +431,10 @@ class CallFields(Unsupported, MetaFields, SamplingFields):
 class CompletionRequest(CallFields):
     """``POST /v1/completions``."""
 
-    prompt: Annotated[Any, PlainValidator(check_prompt, json_schema_input_type=PromptSchema)]
+    prompt: Annotated[Any, PlainValidator(check_prompt, json_schema_input_type=PromptSchema),
+                      Field(description=f"a string, a list of strings, token ids, or a list of "
+                            f"token-id lists; n times the number of prompts must be at most "
+                            f"{MAX_SEQUENCES_PER_CALL}")]
     max_tokens: Integer | None = Field(None, ge=1, json_schema_extra={"default": 16},
                                        description="prompt + max_tokens must fit the context")
     logprobs: Integer | None = Field(None, ge=0, le=20, description="top log-probabilities "

@@ -1,5 +1,5 @@
 """``GET /ws``: one client runs many streamed generations on a websocket (the protocol is
-in the README). Each generate ends exactly once, with ``done`` or ``error``; its engine
+in docs/serving.md). Each generate ends exactly once, with ``done`` or ``error``; its engine
 request is named by socket, sequence number and id, so nothing late of an ended one
 touches one that reuses the id. One anyio task group per socket owns its writer and
 pumps: a socket that closes, stalls or loses a task cancels them all."""
@@ -101,7 +101,7 @@ class Connection:
     async def on_text(self, data: str) -> None:
         """Handle one client message; any fault is answered with an error message."""
         try:
-            message = decode(data)
+            message = decode(data, "the websocket message")
         except ApiError as exc:
             await self.error(_client_id(data), exc.message, exc.param, exc.code or "")
             return
