@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from aioserve.bench.workloads import BenchRequest, random_requests
+from aioserve.workloads.synthetic import BenchRequest, random_requests
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
 from aioserve.runners.torch.runner import TorchRunner

@@ -24,10 +24,10 @@ from aioserve.request import FinishReason
 from aioserve.scheduling import StepFeedback
 from aioserve.sim.calibrate import calibrate
 from aioserve.sim.real import replay, sim_config_of
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.scenarios import heavy_tail, priority_mix, slo_mix, two_tenants
+from aioserve.reports.figures import policy_figures
+from aioserve.workloads.scenarios import heavy_tail, priority_mix, slo_mix, two_tenants
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 from schedulers.edf import EDFScheduler
 from schedulers.mlfq import MLFQScheduler
 from schedulers.priority import PriorityScheduler

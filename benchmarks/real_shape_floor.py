@@ -27,8 +27,8 @@ from aioserve.commands.simulate import real_engine
 from aioserve.config import EngineConfig
 from aioserve.sim.fit_report import format_residuals, held_out_drift, held_out_residuals
 from aioserve.sim.real import replay, sim_config_of
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.scenarios import load_workload
+from aioserve.reports.figures import policy_figures
+from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import simulate
 from aioserve.sim.step_cost import StepCostModel
 

@@ -36,8 +36,8 @@ from aioserve.scheduling.registry import available_schedulers, load_scheduler
 from aioserve.sim.calibrate import calibrate
 from aioserve.sim.fit_report import format_fit, held_out_drift
 from aioserve.sim.real import replay, sim_config_of
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.scenarios import load_workload
+from aioserve.reports.figures import policy_figures
+from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimResult, simulate
 
 WORKLOADS = {

@@ -19,8 +19,8 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.scenarios import routes
+from aioserve.reports.figures import policy_figures
+from aioserve.workloads.scenarios import routes
 from aioserve.sim.simulator import SimConfig, simulate, timing_line
 from aioserve.sim.step_cost import StepCostModel
 

@@ -14,14 +14,14 @@ import json
 import os
 from pathlib import Path
 
-from aioserve.bench.online.metrics import summarize
+from aioserve.reports.serving import summarize
 from aioserve.bench.online.serving import run_serving
 from aioserve.bench.online.sweep import live_sweep
-from aioserve.bench.online.workload_file import workload_requests
+from aioserve.workloads.body import workload_requests
 from aioserve.bench.server_process import ServerProcess
 from aioserve.sim.capacity import parse_rates
-from aioserve.sim.reports.sweep import format_sweep, plot_sweep, simulate_sweep
-from aioserve.sim.scenarios import load_workload
+from aioserve.reports.sweep import format_sweep, plot_sweep, simulate_sweep
+from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import StepCostModel
 

@@ -11,15 +11,15 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from aioserve import AsyncEngine, EngineConfig, RequestMeta
-from aioserve.bench.online.metrics import percentile, summarize
-from aioserve.bench.online.plots import plot_serving
+from aioserve.reports.serving import percentile, summarize
+from aioserve.reports.serving_plots import plot_serving
 from aioserve.bench.online.serving import (
     AuthenticationError,
     RequestRecord,
     arrival_gaps,
     run_serving,
 )
-from aioserve.bench.workloads import prefix_repetition_requests, random_requests
+from aioserve.workloads.synthetic import prefix_repetition_requests, random_requests
 from aioserve.server import ServerConfig, create_app
 
 
@@ -86,9 +86,9 @@ async def test_serve_benchmark_reports_prefix_cache_hits(model_dir):
 async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint):
     """The file ``aioserve simulate`` reads replays against a live server: arrival times,
     lengths, and every field a policy reads (tenant sent as ``user``)."""
-    from aioserve.bench.online.workload_file import workload_requests
+    from aioserve.workloads.body import workload_requests
     from aioserve.scheduling import OrderedScheduler
-    from aioserve.sim.workloads import WorkloadRequest, dump_jsonl
+    from aioserve.workloads.request import WorkloadRequest, dump_jsonl
 
     class Seen(OrderedScheduler):
         def __init__(self):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from aioserve.bench.workloads import parse_range, prefix_repetition_requests, random_requests
+from aioserve.workloads.synthetic import parse_range, prefix_repetition_requests, random_requests
 from aioserve.cli import build_parser, main
 from aioserve.commands.common import engine_config
 

@@ -20,7 +20,7 @@ from aioserve.sim.capacity import (
     sweep_spec,
     t975,
 )
-from aioserve.sim.reports.sweep import format_sweep, simulate_sweep, write_sweep_html
+from aioserve.reports.sweep import format_sweep, simulate_sweep, write_sweep_html
 from aioserve.sim.simulator import SimConfig
 
 

@@ -9,7 +9,7 @@ from scripted_runner import ScriptedRunner
 
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.sampling_params import SamplingParams
-from aioserve.sim.scenarios import routes
+from aioserve.workloads.scenarios import routes
 from aioserve.sim.simulator import SimConfig, simulate
 from schedulers.fcfs import FCFSScheduler
 

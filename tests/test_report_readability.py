@@ -12,20 +12,20 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from aioserve.bench.online.plots import run_title, serving_figure
+from aioserve.reports.serving_plots import run_title, serving_figure
 from aioserve.bench.online.serving import RequestRecord, send_completion, sse_reads
-from aioserve.bench.workloads import BenchRequest
-from aioserve.sim.reports.compare import (
+from aioserve.workloads.synthetic import BenchRequest
+from aioserve.reports.compare import (
     COLUMNS,
     comparison_figure,
     comparison_tables,
     format_comparison,
     write_comparison_html,
 )
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.reports.plots import timeline_figure
-from aioserve.sim.reports.report import format_report, summarize
-from aioserve.sim.scenarios import load_workload
+from aioserve.reports.figures import policy_figures
+from aioserve.reports.plots import timeline_figure
+from aioserve.reports.report import format_report, summarize
+from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 
 #: Headers without a unit: names, a percentage, an index (0-1) and counts.

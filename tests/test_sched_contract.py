@@ -18,7 +18,7 @@ from aioserve.runners.base import ScheduledBatch
 from aioserve.scheduling.registry import available_schedulers, load_scheduler
 from aioserve.sim.runner import SimulatedRunner
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE_SPEC = "custom_scheduler:FairShareScheduler"

@@ -22,7 +22,7 @@ from aioserve.scheduling import (
 from aioserve.scheduling.registry import load_scheduler
 from aioserve.sim.runner import OverlappedRunner, SimulatedRunner
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 
 class Recorder(OrderedScheduler):

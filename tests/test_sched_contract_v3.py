@@ -17,7 +17,7 @@ from aioserve.scheduling import (
 )
 from aioserve.scheduling.registry import params_by_policy
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 
 class Witness(OrderedScheduler):

@@ -15,7 +15,7 @@ from aioserve.scheduling import (
     SchedulerState,
 )
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 
 class OldestFirst(OrderedScheduler):

@@ -11,10 +11,10 @@ from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import RequestView, SchedulerState, StepFeedback
 from aioserve.scheduling.guard import PolicyGuard
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.scenarios import slo_mix
+from aioserve.reports.figures import policy_figures
+from aioserve.workloads.scenarios import slo_mix
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 from schedulers.edf import EDFScheduler
 from schedulers.mlfq import MLFQScheduler
 from schedulers.priority import PriorityScheduler

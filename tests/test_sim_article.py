@@ -11,9 +11,9 @@ import pytest
 
 from aioserve import cli
 from aioserve.commands import simulate as simulate_command
-from aioserve.sim.reports.report import summarize
+from aioserve.reports.report import summarize
 from aioserve.sim.simulator import simulate
-from aioserve.sim.workloads import article_example, article_mix
+from aioserve.workloads.request import article_example, article_mix
 
 
 def run_simulate(argv: list[str]) -> int:

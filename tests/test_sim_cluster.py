@@ -11,10 +11,10 @@ from aioserve.cli import main
 from aioserve.routing.balance import LeastOutstanding
 from aioserve.routing.prefix import PrefixAffinity
 from aioserve.sim.cluster import simulate_cluster
-from aioserve.sim.reports.cluster import cluster_figures
-from aioserve.sim.scenarios import load_workload
+from aioserve.reports.cluster import cluster_figures
+from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
-from aioserve.sim.workloads import WorkloadRequest, article_example
+from aioserve.workloads.request import WorkloadRequest, article_example
 
 
 def trace(result: SimResult):
@@ -179,8 +179,8 @@ async def test_loads_count_what_was_sent_and_has_not_ended():
 
 async def test_fewest_replicas_meets_the_target_and_one_fewer_does_not():
     from aioserve.sim.capacity import run_point
-    from aioserve.sim.reports.replica_search import fewest_replicas
-    from aioserve.sim.reports.sweep import outcomes
+    from aioserve.reports.replica_search import fewest_replicas
+    from aioserve.reports.sweep import outcomes
 
     workload = load_workload("poisson:n=300,rate=10,seed=1")
     config = SimConfig(slots=4, step_ms=20)
@@ -198,7 +198,7 @@ async def test_fewest_replicas_meets_the_target_and_one_fewer_does_not():
 
 
 async def test_fewest_replicas_says_when_none_within_the_bound():
-    from aioserve.sim.reports.replica_search import fewest_replicas, format_replica_search
+    from aioserve.reports.replica_search import fewest_replicas, format_replica_search
 
     workload = load_workload("poisson:n=200,rate=40,seed=1")
     search = await fewest_replicas(workload, "fcfs", "round_robin",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from aioserve.cli import main
-from aioserve.sim.reports.replay import FrameRecorder
-from aioserve.sim.scenarios import load_workload
+from aioserve.reports.replay import FrameRecorder
+from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 
 

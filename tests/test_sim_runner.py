@@ -9,9 +9,9 @@ import pytest
 from aioserve.dashboard.frames import percentile
 from aioserve.runners.base import ScheduledBatch
 from aioserve.sim.runner import SimulatedRunner
-from aioserve.sim.scenarios import load_workload
+from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest, load_jsonl, poisson
+from aioserve.workloads.request import WorkloadRequest, load_jsonl, poisson
 
 
 def batch(tokens: list[list[int]], produced: list[int]) -> ScheduledBatch:

@@ -7,7 +7,7 @@ import math
 
 from aioserve.scheduling import RequestView
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest, article_example
+from aioserve.workloads.request import WorkloadRequest, article_example
 from schedulers.spf import SPFScheduler
 
 STEP_S = 0.05

@@ -12,9 +12,9 @@ from aiohttp.test_utils import TestServer
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.bench.online.serving import run_serving
 from aioserve.bench.online.sweep import live_sweep
-from aioserve.bench.online.workload_file import workload_requests
+from aioserve.workloads.body import workload_requests
 from aioserve.server import create_app
-from aioserve.sim.scenarios import load_workload
+from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 
 

@@ -11,12 +11,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aioserve.bench.workloads import (
-    BenchRequest,
-    parse_range,
-    prefix_repetition_requests,
-    random_requests,
-)
 from aioserve.commands.common import (
     add_prefix_caching_option,
     add_runner_options,
@@ -29,6 +23,12 @@ from aioserve.commands.common import (
     positive_int,
 )
 from aioserve.config import EngineConfig
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.synthetic import (
+    parse_range,
+    prefix_repetition_requests,
+    random_requests,
+)
 
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
@@ -168,12 +168,12 @@ def _prefix(args: argparse.Namespace) -> tuple[int, int, int] | None:
     return args.prefix_len, args.suffix_len, args.num_prefixes
 
 
-def _requests(args: argparse.Namespace) -> list[BenchRequest]:
+def _requests(args: argparse.Namespace) -> list[WorkloadRequest]:
     if getattr(args, "workload", None):
-        from aioserve.bench.online.workload_file import workload_requests
+        from aioserve.workloads.scenarios import load_workload
 
         try:
-            return workload_requests(args.workload, args.vocab_size)
+            return load_workload(args.workload)
         except ValueError as exc:
             raise ValueError(f"--workload: {exc}") from None
     prefix = _prefix(args)
@@ -243,8 +243,8 @@ def _throughput(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import aiohttp
 
-    from aioserve.bench.online.metrics import summarize
     from aioserve.bench.online.serving import AuthenticationError, run_serving
+    from aioserve.reports.serving import summarize
 
     api_key = args.api_key
     if api_key is None:
@@ -259,7 +259,8 @@ def _serve(args: argparse.Namespace) -> int:
     requests = _requests(args)
     try:
         records, duration, endpoint = asyncio.run(run_serving(
-            args.base_url, requests, request_rate=args.request_rate, endpoint=args.endpoint,
+            args.base_url, requests, request_rate=args.request_rate,
+            at_arrivals=bool(args.workload), vocab_size=args.vocab_size, endpoint=args.endpoint,
             model=args.served_model_name, seed=args.seed,
             progress=not args.no_progress and not args.json, api_key=api_key or None,
             burstiness=args.burstiness, max_concurrency=args.max_concurrency,
@@ -273,12 +274,13 @@ def _serve(args: argparse.Namespace) -> int:
     result = summarize(records, duration, endpoint, slo_ttft_ms=args.slo_ttft_ms,
                        slo_tpot_ms=args.slo_tpot_ms)
     if args.plot:
-        from aioserve.bench.online.plots import plot_serving, run_title
         from aioserve.bench.online.serving import send_times
+        from aioserve.reports.serving_plots import plot_serving, run_title
 
         source = (Path(args.workload).name if args.workload else "random prompts" + (
             "" if math.isinf(args.request_rate) else ", Poisson arrivals"))
-        times = send_times(requests, args.request_rate, args.seed, args.burstiness)
+        times = send_times(requests, args.request_rate, args.seed, args.burstiness,
+                           bool(args.workload))
         try:
             plot_serving(records, args.plot, run_title(source, times, endpoint))
         except ImportError as exc:
@@ -294,8 +296,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_sweep(args: argparse.Namespace, api_key: str | None) -> int:
     """``bench serve --sweep-rate``: the server's attainment curve and capacity."""
     from aioserve.bench.online.sweep import live_sweep
+    from aioserve.reports.sweep import format_sweep, plot_sweep
     from aioserve.sim.capacity import parse_rates
-    from aioserve.sim.reports.sweep import format_sweep, plot_sweep
 
     if not args.workload:
         raise ValueError("--sweep-rate: give the --workload to sweep (a trace or a named one)")

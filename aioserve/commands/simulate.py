@@ -27,15 +27,15 @@ from aioserve.commands.simulate_options import (
     with_model,
 )
 from aioserve.config import EngineConfig
+from aioserve.reports.compare import format_comparison, plot_comparison, write_comparison_html
+from aioserve.reports.figures import policy_figures
+from aioserve.reports.replay import FrameRecorder, write_html
+from aioserve.reports.report import format_report, summarize
 from aioserve.scheduling.registry import params_by_policy
-from aioserve.sim.reports.compare import format_comparison, plot_comparison, write_comparison_html
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.reports.replay import FrameRecorder, write_html
-from aioserve.sim.reports.report import format_report, summarize
-from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimResult, simulate, timing_line
-from aioserve.sim.trace_options import describe, split_spec
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import load_workload
+from aioserve.workloads.trace_options import describe, split_spec
 
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
@@ -148,13 +148,13 @@ def _calibrate_from_steps(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace, names: list[str]) -> int:
     """``--sweep-rate``: each policy's attainment and goodput against rate, and its capacity."""
-    from aioserve.sim.capacity import parse_rates
-    from aioserve.sim.reports.sweep import (
+    from aioserve.reports.sweep import (
         format_sweep,
         plot_sweep,
         simulate_sweep,
         write_sweep_html,
     )
+    from aioserve.sim.capacity import parse_rates
 
     if args.real or args.calibrate:
         raise ValueError("--sweep-rate simulates; against the real engine use a server and "
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     print(timing, file=sys.stderr if args.json else sys.stdout)
     summaries = [summarize(result, args.workload) for result in results]
     if args.plot:
-        from aioserve.sim.reports.plots import plot
+        from aioserve.reports.plots import plot
 
         try:
             path = plot(results, summaries, args.plot, f"{kind}: {args.workload}")

@@ -9,13 +9,13 @@ from typing import Any
 
 from aioserve.commands.common import json_object, positive_int, scheduler_params
 from aioserve.commands.simulate_options import slo_title
+from aioserve.reports.cluster import cluster_figures, format_cluster
+from aioserve.reports.replica_search import fewest_replicas, format_replica_search
 from aioserve.routing.registry import BUILTIN_ROUTERS, available_routers, load_router
 from aioserve.scheduling.registry import load_scheduler, params_by_policy
 from aioserve.sim.cluster import simulate_cluster
-from aioserve.sim.reports.cluster import cluster_figures, format_cluster
-from aioserve.sim.reports.replica_search import fewest_replicas, format_replica_search
 from aioserve.sim.simulator import SimConfig
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 #: ``simulate`` options a cluster run does not take.
 _SINGLE_ONLY = ("real", "calibrate", "html", "plot", "report", "sweep_rate", "max_concurrency")

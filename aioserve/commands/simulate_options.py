@@ -19,7 +19,7 @@ from aioserve.commands.common import (
 from aioserve.config import EngineConfig
 from aioserve.sim.simulator import SimConfig
 from aioserve.sim.step_cost import StepCostModel
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aioserve.sim.trace_options import split_spec
+from aioserve.workloads.trace_options import split_spec
 
 #: Fraction of arrivals counted, from the middle of a run.
 MEASURED_FRACTION = 0.8

@@ -16,7 +16,6 @@ from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
 from aioserve.scheduling.registry import load_scheduler
-from aioserve.sim.runner import FIRST_WORD_ID
 from aioserve.sim.simulator import (
     SimConfig,
     SimResult,
@@ -24,7 +23,7 @@ from aioserve.sim.simulator import (
     oracle_hints,
     reads_true_lengths,
 )
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
 
 
 def sim_config_of(engine: AsyncEngine, **overrides: Any) -> SimConfig:

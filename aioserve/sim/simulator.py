@@ -23,9 +23,9 @@ from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
 from aioserve.scheduling.registry import load_scheduler
-from aioserve.sim.runner import FIRST_WORD_ID, NS_PER_S, OverlappedRunner, SimulatedRunner
+from aioserve.sim.runner import OverlappedRunner, SimulatedRunner
 from aioserve.sim.step_cost import StepCostModel
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import FIRST_WORD_ID, NS_PER_S, WorkloadRequest
 
 #: The simulated context length when neither the flags nor a profile give one.
 DEFAULT_MAX_MODEL_LEN = 2048

@@ -1,18 +1,17 @@
-"""The capacity search against a live server (``bench serve --sweep-rate``)."""
+"""The capacity search against a live server (``aioserve capacity --url``)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from aioserve.bench.online.metrics import meets_slo
-from aioserve.bench.online.serving import run_serving, send_times
-from aioserve.bench.online.workload_file import workload_requests
+from aioserve.bench.online.serving import run_serving
+from aioserve.reports.slo import meets_slo
 from aioserve.sim.capacity import Curve, run_point, sweep_spec
+from aioserve.workloads.scenarios import load_workload
 
 
 async def live_sweep(base_url: str, spec: str, rates: list[float], repeats: int, *,
-                     vocab_size: int, slo_ttft_ms: float, slo_tpot_ms: float,
+                     vocab_size: int, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
                      label: str = "server", **serving: Any) -> Curve:
     """The server's curve: ``repeats`` runs at each rate of the workloads
     :func:`~aioserve.sim.capacity.sweep_spec` makes (those a simulated sweep runs), counted
@@ -21,10 +20,10 @@ async def live_sweep(base_url: str, spec: str, rates: list[float], repeats: int,
     for rate in rates:
         points = []
         for repeat in range(repeats):
-            requests = workload_requests(sweep_spec(spec, rate, repeat), vocab_size)
-            records, _, _ = await run_serving(base_url, requests, **serving)
-            times = send_times(requests, math.inf, 0)
-            points.append(run_point(rate, [(t, meets_slo(r, slo_ttft_ms, slo_tpot_ms))
-                                           for t, r in zip(times, records)]))
+            requests = load_workload(sweep_spec(spec, rate, repeat))
+            outcomes, _, _ = await run_serving(base_url, requests, at_arrivals=True,
+                                               vocab_size=vocab_size, **serving)
+            points.append(run_point(rate, [(r.arrival_s, meets_slo(o, slo_ttft_ms, slo_tpot_ms))
+                                           for r, o in zip(requests, outcomes)]))
         curve.runs.append(points)
     return curve

@@ -7,20 +7,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from aioserve.reports.compare import Table, png_of, write_page
+from aioserve.reports.figures import outcomes
+from aioserve.reports.slo import meets_slo
 from aioserve.sim.capacity import Curve, run_point, sweep_spec
-from aioserve.sim.reports.compare import Table, png_of, write_page
-from aioserve.sim.reports.figures import meets
-from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import load_workload
 
 
-def outcomes(result: SimResult, slo_ttft_ms: float | None,
-             slo_tpot_ms: float | None) -> list[tuple[float, bool]]:
+def met(result: SimResult, slo_ttft_ms: float | None,
+        slo_tpot_ms: float | None) -> list[tuple[float, bool]]:
     """(arrival s, met every objective) of each request; rejected ones did not."""
-    return [(w.arrival_s, w.id in result.finished
-             and meets(result.finished[w.id], w, slo_ttft_ms, slo_tpot_ms))
-            for w in result.workload]
+    return [(o.arrival_s, meets_slo(o, slo_ttft_ms, slo_tpot_ms)) for o in outcomes(result)]
 
 
 async def simulate_sweep(
@@ -41,7 +40,7 @@ async def simulate_sweep(
                 workload = workloads[rate, i]
                 result = await simulate(workload, policy, config_for(workload),
                                         scheduler_params=(params or {}).get(policy))
-                points.append(run_point(rate, outcomes(result, slo_ttft_ms, slo_tpot_ms)))
+                points.append(run_point(rate, met(result, slo_ttft_ms, slo_tpot_ms)))
             curve.runs.append(points)
         curves.append(curve)
     return curves

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from aioserve.request_meta import RequestMeta
-from aioserve.sim.trace_options import load_file, split_spec
-from aioserve.sim.workloads import WorkloadRequest, article_example, article_mix, poisson
+from aioserve.workloads.request import WorkloadRequest, article_example, article_mix, poisson
+from aioserve.workloads.trace_options import load_file, split_spec
 
 
 def _arrivals(n: int, rate: float, burst: float, rng: random.Random) -> Iterator[float]:
@@ -147,7 +147,7 @@ def scenario(spec: str) -> list[WorkloadRequest] | None:
 
 def load_workload(spec: str) -> list[WorkloadRequest]:
     """A named workload or scenario (``NAME[:key=value,...]``), or a trace or JSON Lines
-    file (``FILE[:key=value,...]``, see :mod:`aioserve.sim.trace_options`)."""
+    file (``FILE[:key=value,...]``, see :mod:`aioserve.workloads.trace_options`)."""
     if spec == "article-example":
         return article_example()
     if spec == "article-mix":

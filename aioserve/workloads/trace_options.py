@@ -21,8 +21,8 @@ import random
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from aioserve.sim.traces import MOONCAKE_BLOCK_TOKENS, detect, read_trace
-from aioserve.sim.workloads import WorkloadRequest, load_jsonl
+from aioserve.workloads.request import WorkloadRequest, load_jsonl
+from aioserve.workloads.traces import MOONCAKE_BLOCK_TOKENS, detect, read_trace
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """A simulation's JSON summary and readable table (latency: finish - arrival; percentiles
-nearest-rank; throughput: output tokens per second of makespan)."""
+linearly interpolated; throughput: output tokens per second of makespan)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from aioserve.dashboard.frames import percentile
+from aioserve.reports.stats import mean, percentile
 from aioserve.sim.simulator import SimResult
 
 # The article's own figures ("continuous batching: a car-pool whose empty seats are
@@ -32,10 +32,6 @@ MIX_NOTE = (
     "and 20 steps) while the last long requests finish: 360 empty seat-steps = 90 steps "
     "= 4.5 s more, so 2,840 steps = 142.0 s = 77.46 tok/s."
 )
-
-
-def mean(values: list[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
 
 
 def request_rows(result: SimResult) -> list[dict[str, Any]]:
