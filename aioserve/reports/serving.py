@@ -42,6 +42,8 @@ class ServingResult:
             lines.append(f"  {group}: {g['requests']} requests, TTFT mean "
                          f"{g['ttft']['mean_ms']:.1f} p99 {g['ttft']['p99_ms']:.1f} ms, E2E mean "
                          f"{g['e2e']['mean_ms']:.1f} ms")
+        for reason, count in m.get("failures", {}).items():
+            lines.append(f"  failed {count}: {reason}")
         return "\n".join(lines)
 
 
