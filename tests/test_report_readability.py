@@ -12,9 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from aioserve.reports.serving_plots import run_title, serving_figure
 from aioserve.bench.online.serving import RequestRecord, send_completion, sse_reads
-from aioserve.workloads.synthetic import BenchRequest
 from aioserve.reports.compare import (
     COLUMNS,
     comparison_figure,
@@ -23,10 +21,13 @@ from aioserve.reports.compare import (
     write_comparison_html,
 )
 from aioserve.reports.figures import policy_figures
+from aioserve.reports.outcome import Outcome
 from aioserve.reports.plots import timeline_figure
 from aioserve.reports.report import format_report, summarize
-from aioserve.workloads.scenarios import load_workload
+from aioserve.reports.serving_plots import run_title, serving_figure
 from aioserve.sim.simulator import SimConfig, simulate
+from aioserve.workloads.scenarios import load_workload
+from aioserve.workloads.synthetic import token_request
 
 #: Headers without a unit: names, a percentage, an index (0-1) and counts.
 UNITLESS = {"policy", "SLO %", "Jain", "preemptions", "recomputed tok", "length tau",
@@ -101,10 +102,10 @@ def test_slot_timelines_share_one_time_axis_from_zero():
         plt.close(fig)
 
 
-def _record(tenant: str, start: float, ttft: float) -> RequestRecord:
-    times = [start + ttft, start + ttft + 0.1, start + ttft + 0.3]
-    return RequestRecord(4, 3, start=start, chunk_times=times, output_tokens=3, end=times[-1],
-                         group=(tenant, 0))
+def _record(tenant: str, start: float, ttft: float) -> Outcome:
+    times = (start + ttft, start + ttft + 0.1, start + ttft + 0.3)
+    return Outcome(tenant, start, 4, 3, times[0], times[-1], times[-1], tenant=tenant,
+                   token_times=times)
 
 
 def test_serving_plot_titles_the_workload_run_and_splits_tenants():
@@ -155,12 +156,14 @@ async def test_tokens_in_one_read_make_no_zero_ms_gaps():
     try:
         import aiohttp
 
-        record = RequestRecord(4, 3)
+        record = RequestRecord()
+        request = token_request(0, [1, 2, 3, 4], 3)
         async with aiohttp.ClientSession() as session:
             await asyncio.wait_for(send_completion(
-                session, str(server.make_url("")).rstrip("/"), None, record,
-                BenchRequest([1, 2, 3, 4], 3)), 30)
+                session, str(server.make_url("")).rstrip("/"), None, record, request,
+                [1, 2, 3, 4]), 30)
     finally:
         await server.close()
-    assert record.ok and record.output_tokens == 3
-    assert len(record.chunk_times) == 1 and record.itl == []
+    outcome = record.outcome(request, 0.0)
+    assert outcome.ok and outcome.output_tokens == 3
+    assert len(outcome.token_times) == 1 and outcome.itl == []

@@ -180,7 +180,7 @@ async def test_loads_count_what_was_sent_and_has_not_ended():
 async def test_fewest_replicas_meets_the_target_and_one_fewer_does_not():
     from aioserve.sim.capacity import run_point
     from aioserve.reports.replica_search import fewest_replicas
-    from aioserve.reports.sweep import outcomes
+    from aioserve.reports.sweep import met
 
     workload = load_workload("poisson:n=300,rate=10,seed=1")
     config = SimConfig(slots=4, step_ms=20)
@@ -190,7 +190,7 @@ async def test_fewest_replicas_meets_the_target_and_one_fewer_does_not():
 
     async def attainment(count: int) -> float:
         result = await simulate_cluster(workload, count, "least_outstanding", "fcfs", config)
-        found = [o for rep in result.replicas for o in outcomes(rep, 500.0, None)]
+        found = [o for rep in result.replicas for o in met(rep, 500.0, None)]
         return run_point(10.0, found).attainment
 
     assert await attainment(search.replicas) >= 0.9 > await attainment(search.replicas - 1)
