@@ -1,4 +1,5 @@
-"""``aioserve simulate``: compare scheduling policies on a virtual clock, or calibrate."""
+"""``aioserve simulate``: run and compare scheduling policies on a virtual clock (or on the
+real engine), and report."""
 
 from __future__ import annotations
 
@@ -11,19 +12,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aioserve.commands.common import check_scheduler, scheduler_params
-from aioserve.commands.simulate_cluster import (
-    add_cluster_options,
-    check_cluster,
-    run_cluster,
-    wants_cluster,
-)
+from aioserve.commands.common import check_output, check_scheduler, scheduler_params
+from aioserve.commands.simulate_cluster import check_cluster, run_cluster, wants_cluster
 from aioserve.commands.simulate_options import (
+    SIMULATE,
     add_options,
-    check_combinations,
+    check_models,
     engine_config,
+    old_spelling,
+    refuse_foreign,
     sim_config,
-    slo_title,
     with_model,
 )
 from aioserve.config import EngineConfig
@@ -40,19 +38,18 @@ from aioserve.workloads.trace_options import describe, split_spec
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
     from aioserve.engine import AsyncEngine
-    from aioserve.sim.step_cost import StepCostModel
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "simulate",
+        SIMULATE,
         help="run a workload through the engine and schedulers on a virtual clock",
-        description="Reproduce the article's tables, compare policies without a model, "
-        "calibrate the simulator on this machine (--calibrate) or run the same workload on "
-        "the real engine (--real).",
+        description="Reproduce the article's tables, compare policies without a model (on "
+        "one replica or N behind a router), or run the same workload on the real engine "
+        "(--real). Calibrating is aioserve calibrate; capacity is aioserve capacity.",
     )
-    add_options(parser)
-    add_cluster_options(parser)
+    add_options(parser, SIMULATE)
+    parser.add_argument("--calibrate", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -104,118 +101,54 @@ async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], na
     return results, recorders
 
 
-async def _calibrate(args: argparse.Namespace, real: EngineConfig,
-                     workload: list[WorkloadRequest] | None) -> int:
-    from aioserve.sim.calibrate import calibrate
-    from aioserve.sim.fit_report import format_fit
-
-    async with real_engine(real, args.random_model is None) as engine:
-        model = await calibrate(engine, workload, rounds=args.repeats)
-    if args.random_model is not None:
-        model.source["random_model"] = args.random_model
-    path = _save(model, args.profile_out)
-    print(format_fit(model))
-    print(f"forward: {model.source.get('forward')}, device: {model.source.get('device')}")
-    print(f"profile: {path} (use: aioserve simulate --profile {path} ...)")
-    return 0
-
-
-def _save(model: StepCostModel, path: str) -> Path:
-    """``model`` written to ``path``; ValueError naming ``--profile-out`` when it cannot be."""
-    try:
-        return model.save(path)
-    except OSError as exc:
-        raise ValueError(f"--profile-out: cannot write {path}: {exc.strerror or exc}") from None
-
-
-def _calibrate_from_steps(args: argparse.Namespace) -> int:
-    from aioserve.sim.fit_report import format_fit
-    from aioserve.sim.step_cost import fit_profile
-    from aioserve.sim.step_log import read_step_log
-
-    try:
-        engine, steps = read_step_log(args.from_steps)
-        model = fit_profile(steps, source={**engine, "step_log": str(args.from_steps)})
-    except ValueError as exc:
-        raise ValueError(f"--from-steps: {exc}") from None
-    path = _save(model, args.profile_out)
-    print(format_fit(model))
-    print(f"fitted on {len(steps)} served steps of {engine.get('model')} "
-          f"({engine.get('slots')} slots, {engine.get('kv_blocks')} KV blocks)")
-    print(f"profile: {path} (use: aioserve simulate --profile {path} ...)")
-    return 0
-
-
-def _sweep(args: argparse.Namespace, names: list[str]) -> int:
-    """``--sweep-rate``: each policy's attainment and goodput against rate, and its capacity."""
-    from aioserve.reports.sweep import (
-        format_sweep,
-        plot_sweep,
-        simulate_sweep,
-        write_sweep_html,
-    )
-    from aioserve.sim.capacity import parse_rates
-
-    if args.real or args.calibrate:
-        raise ValueError("--sweep-rate simulates; against the real engine use a server and "
-                         "aioserve bench serve --sweep-rate")
-    if not 0 < args.target_attainment <= 1:
-        raise ValueError("--target-attainment: must be in (0, 1]")
-    rates = parse_rates(args.sweep_rate)
-    params = policy_params(args.scheduler_config, names)
-    curves = asyncio.run(simulate_sweep(
-        args.workload, names, rates, args.sweep_repeats, lambda w: sim_config(args, w),
-        args.slo_ttft_ms, args.slo_tpot_ms, params))
-    target = args.target_attainment
-    title = f"simulated: {args.workload}; {slo_title(args)}; {args.sweep_repeats} repeats"
-    if args.profile:
-        title += f"; profile {args.profile}"
-    print(format_sweep(curves, target, title))
-    if args.plot:
-        plot_sweep(curves, target, args.plot, f"simulated: {args.workload}")
-        print(f"plot: {args.plot}", file=sys.stderr)
-    if args.report:
-        path = write_sweep_html(curves, target, args.report, f"aioserve capacity: "
-                                f"{args.workload}", title)
-        print(f"report: {path}", file=sys.stderr)
-    if args.json:
-        for curve in curves:
-            print(json.dumps(curve.to_dict(target)))
-    return 0
-
-
-def _workload(args: argparse.Namespace) -> list[WorkloadRequest]:
+def load(args: argparse.Namespace) -> list[WorkloadRequest]:
     try:
         return load_workload(args.workload)
     except ValueError as exc:
         raise ValueError(f"--workload: {exc}") from None
 
 
-def _policy_names(text: str) -> list[str]:
-    """``--scheduler``'s comma list; ValueError when empty or a policy repeats."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names:
-        raise ValueError("--scheduler: give at least one policy")
-    repeated = next((name for i, name in enumerate(names) if name in names[:i]), None)
-    if repeated is not None:
-        raise ValueError(f"--scheduler: {repeated!r} given twice")
-    return names
+def check(args: argparse.Namespace) -> None:
+    """Every refusal of a simulation, named by its flag, before any model loads."""
+    refuse_foreign(args, SIMULATE)
+    for flag in ("--report", "--plot", "--html"):
+        check_output(getattr(args, flag[2:]), flag)
+    if args.report is not None and not args.compare:
+        raise ValueError("--report: only with --compare (it writes its tables and plots as a "
+                         "page; --html replays the slots)")
+    if isinstance(args.real, str):  # --real MODEL: a directory, else a random shape
+        if args.model or args.random_model is not None:
+            raise ValueError("--real: give the model as --real MODEL, not also --model")
+        if Path(args.real).is_dir():
+            args.model = args.real
+        else:
+            args.random_model = args.real
+    check_models(args)
+    if (args.model or args.random_model is not None) and not args.real:
+        raise ValueError("--model: only with --real (a simulation loads no model; give it the "
+                         "--profile calibrated on one: aioserve calibrate)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``simulate``; ValueError for an unknown scheduler, workload or option."""
-    check_combinations(args)
+    """Run ``simulate``; ValueError for an unknown scheduler, workload or option. The old
+    spellings ``--calibrate``, ``--sweep-rate`` and ``--fewest-replicas`` run the command
+    that replaced them, after a one-line notice."""
+    from aioserve.commands import calibrate, capacity
+
+    if args.calibrate:
+        old_spelling("aioserve simulate --calibrate", "aioserve calibrate")
+        if args.real:
+            raise ValueError("--real: calibrating already runs the real engine")
+        return calibrate.run(args)
+    for dest, flag in (("sweep_rate", "--sweep-rate"), ("fewest_replicas", "--fewest-replicas")):
+        if getattr(args, dest) is not None:
+            old_spelling(f"aioserve simulate {flag}", f"aioserve capacity {flag}")
+            return capacity.run(args)
+    check(args)
     routers = check_cluster(args) if wants_cluster(args) else None
-    names = _policy_names(args.scheduler)
-    if args.sweep_rate is not None:
-        return _sweep(args, names)
-    if args.from_steps is not None:
-        return _calibrate_from_steps(args)
-    real = engine_config(args) if args.calibrate or args.real else None
-    if args.calibrate and real is not None:
-        workload = _workload(args) if args.workload != "article-example" else None
-        return asyncio.run(_calibrate(args, with_model(args, real), workload))
-    workload = _workload(args)
+    names = capacity.policy_names(args.scheduler)
+    real = engine_config(args) if args.real else None
+    workload = load(args)
     if Path(args.workload).exists() or Path(split_spec(args.workload)[0]).exists():
         print(f"workload: {describe(workload)}", file=sys.stderr)
     if routers is not None:
