@@ -294,28 +294,23 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_sweep(args: argparse.Namespace, api_key: str | None) -> int:
-    """``bench serve --sweep-rate``: the server's attainment curve and capacity."""
-    from aioserve.bench.online.sweep import live_sweep
-    from aioserve.reports.sweep import format_sweep, plot_sweep
-    from aioserve.sim.capacity import parse_rates
+    """``bench serve --sweep-rate``: the old spelling of ``aioserve capacity --url``."""
+    from aioserve.commands import capacity
+    from aioserve.commands.simulate_options import CAPACITY, add_options, old_spelling
 
+    old_spelling("aioserve bench serve --sweep-rate", "aioserve capacity --url")
     if not args.workload:
         raise ValueError("--sweep-rate: give the --workload to sweep (a trace or a named one)")
-    if not 0 < args.target_attainment <= 1:
-        raise ValueError("--target-attainment: must be in (0, 1]")
-    rates = parse_rates(args.sweep_rate)
-    curve = asyncio.run(live_sweep(
-        args.base_url, args.workload, rates, args.sweep_repeats, vocab_size=args.vocab_size,
-        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, endpoint=args.endpoint,
-        model=args.served_model_name, api_key=api_key, max_concurrency=args.max_concurrency))
-    target = args.target_attainment
-    print(format_sweep([curve], target, f"server {args.base_url}: {args.workload}; SLO TTFT "
-                       f"{args.slo_ttft_ms} ms, TPOT {args.slo_tpot_ms} ms"))
-    if args.plot:
-        plot_sweep([curve], target, args.plot, f"server: {args.workload}")
-    if args.json:
-        print(json.dumps(curve.to_dict(target)))
-    return 0
+    if api_key:
+        os.environ["AIOSERVE_API_KEY"] = api_key
+    defaults = argparse.ArgumentParser()
+    add_options(defaults, CAPACITY)
+    new = defaults.parse_args([])
+    for name in ("workload", "sweep_rate", "sweep_repeats", "target_attainment", "slo_ttft_ms",
+                 "slo_tpot_ms", "plot", "json", "max_concurrency"):
+        setattr(new, name, getattr(args, name))
+    new.url = args.base_url
+    return capacity.run(new)
 
 
 def _overhead(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from aioserve.commands.simulate_options import (
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
     from aioserve.sim.capacity import Curve
+    from aioserve.sim.step_cost import StepCostModel
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -53,10 +54,11 @@ def check(args: argparse.Namespace) -> list[float]:
             raise ValueError("--url: a live server is swept by rate; give --sweep-rate")
         if args.workload == "article-example":
             raise ValueError("--url: give the --workload to sweep (a trace or a named one)")
-        for flag, value in (("--profile", args.profile), ("--router", args.router),
-                            ("--report", args.report)):
+        for flag, value in (("--router", args.router), ("--report", args.report),
+                            ("--scheduler", args.scheduler != "fcfs")):
             if value:
-                raise ValueError(f"{flag}: not with --url (a simulated run's option)")
+                raise ValueError(f"{flag}: not with --url (a simulated run's option; the "
+                                 "server runs its own policy)")
     return parse_rates(args.sweep_rate) if args.sweep_rate is not None else []
 
 
@@ -92,12 +94,15 @@ def _sweep(args: argparse.Namespace, names: list[str], rates: list[float]) -> in
     """Each policy's attainment and goodput against rate, and its capacity, simulated."""
     from aioserve.commands.simulate import policy_params
     from aioserve.reports.sweep import simulate_sweep
+    from aioserve.sim.capacity import arrivals_note
 
     params = policy_params(args.scheduler_config, names)
+    redraw = args.arrivals == "redraw"
     curves = asyncio.run(simulate_sweep(
         args.workload, names, rates, args.sweep_repeats, lambda w: sim_config(args, w),
-        args.slo_ttft_ms, args.slo_tpot_ms, params))
-    title = f"simulated: {args.workload}; {slo_title(args)}; {args.sweep_repeats} repeats"
+        args.slo_ttft_ms, args.slo_tpot_ms, params, redraw))
+    title = (f"simulated: {args.workload}; {arrivals_note(args.workload, redraw)}; "
+             f"{slo_title(args)}; {args.sweep_repeats} repeats")
     if args.profile:
         title += f"; profile {args.profile}"
     _print_curves(args, curves, title)
@@ -110,22 +115,44 @@ def _live(args: argparse.Namespace, rates: list[float]) -> int:
 
     from aioserve.bench.online.serving import AuthenticationError
     from aioserve.bench.online.sweep import live_sweep
+    from aioserve.sim.capacity import arrivals_note
 
     api_key = os.environ.get("OPENAI_API_KEY") or os.environ.get("AIOSERVE_API_KEY")
     url = args.url.rstrip("/").removesuffix("/v1")
+    profile = sim_config(args, []).cost_model  # read (and refused) before any request
+    redraw = args.arrivals == "redraw"
     try:
-        curve = asyncio.run(live_sweep(
+        curve, tpots = asyncio.run(live_sweep(
             url, args.workload, rates, args.sweep_repeats, vocab_size=512,
             slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, api_key=api_key,
-            max_concurrency=args.max_concurrency))
+            max_concurrency=args.max_concurrency, redraw=redraw))
     except AuthenticationError as exc:
         print(f"aioserve capacity: authentication failed: {exc}", file=sys.stderr)
         return 1
     except aiohttp.ClientError as exc:
         print(f"aioserve capacity: cannot reach {url}: {exc}", file=sys.stderr)
         return 1
-    _print_curves(args, [curve], f"server {url}: {args.workload}; {slo_title(args)}")
+    _print_curves(args, [curve], f"server {url}: {args.workload}; "
+                  f"{arrivals_note(args.workload, redraw)}; {slo_title(args)}")
+    print(speed_line(tpots, rates[0], profile))
     return 0
+
+
+def speed_line(tpots: list[float], rate: float, profile: StepCostModel | None) -> str:
+    """The machine's measured speed (median TPOT at the lowest rate) against the profile's
+    decode step of one request: what a simulated capacity on that profile assumes."""
+    from aioserve.reports.stats import percentile
+
+    measured = percentile(tpots, 50)
+    if measured is None:
+        return "machine speed: no request of the lowest rate had two tokens to time"
+    line = f"machine speed: median TPOT at {rate:g} req/s {measured * 1e3:.2f} ms"
+    if profile is None:
+        return line + " (give --profile to compare with a calibrated one)"
+    step = profile.cost_ms(1, 0, 0)
+    return (line + f"; the profile's decode step of one request {step:.2f} ms: this machine "
+            f"runs at {step / (measured * 1e3):.2f}x the profile's speed (a simulated "
+            "capacity on that profile assumes 1x)")
 
 
 def _fewest(args: argparse.Namespace, names: list[str]) -> int:

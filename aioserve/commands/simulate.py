@@ -26,7 +26,7 @@ from aioserve.commands.simulate_options import (
 )
 from aioserve.config import EngineConfig
 from aioserve.reports.compare import format_comparison, plot_comparison, write_comparison_html
-from aioserve.reports.figures import policy_figures
+from aioserve.reports.figures import outcomes, policy_figures, rejection_warning
 from aioserve.reports.replay import FrameRecorder, write_html
 from aioserve.reports.report import format_report, summarize
 from aioserve.scheduling.registry import params_by_policy
@@ -159,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
             check_scheduler(name, params[name])
         real = with_model(args, real)
     results, recorders = asyncio.run(_run_all(args, workload, names, real))
+    for result in results:
+        warning = rejection_warning(result.scheduler, outcomes(result))
+        if warning is not None:
+            print(warning, file=sys.stderr)
     kind = "real engine" if args.real else "simulated"
     timing = "timing: the real engine" if args.real else timing_line(results[0])
     if args.html and recorders:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from typing import Any
 
 from aioserve.commands.common import json_object, scheduler_params
 from aioserve.reports.cluster import cluster_figures, format_cluster
+from aioserve.reports.figures import outcomes, rejection_warning
 from aioserve.routing.registry import available_routers, load_router
 from aioserve.scheduling.registry import load_scheduler, params_by_policy
 from aioserve.sim.cluster import simulate_cluster
@@ -75,6 +77,10 @@ def run_cluster(args: argparse.Namespace, workload: list[WorkloadRequest], polic
                 workload, args.replicas or 1, router, policy, config, params[router],
                 policy_params[policy]))
             runs.append(cluster_figures(result, args.slo_ttft_ms, args.slo_tpot_ms))
+            warning = rejection_warning(f"{policy} x {router}", [
+                o for replica in result.replicas for o in outcomes(replica)])
+            if warning is not None:
+                print(warning, file=sys.stderr)
     print(format_cluster(runs, f"simulated: {args.workload} on {args.replicas or 1} replicas"))
     if args.json:
         for figures in runs:

@@ -9,6 +9,7 @@ where every tenant had a request waiting (its window: those steps / all steps)."
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -167,7 +168,7 @@ def policy_figures(result: SimResult, slo_ttft_ms: float | None = None,
 
 
 def rejections(every: list[Outcome]) -> dict[str, int]:
-    """How many requests failed, by reason (its words up to the first digit or colon)."""
+    """How many requests failed, by :func:`reason_kind`."""
     counts: dict[str, int] = {}
     for o in every:
         if o.error is not None:
@@ -176,7 +177,21 @@ def rejections(every: list[Outcome]) -> dict[str, int]:
     return counts
 
 
+def rejection_warning(label: str, every: list[Outcome]) -> str | None:
+    """A one-line warning of a run's failed requests, counted by reason with the first
+    reason in full; None when every request finished."""
+    failed = [o for o in every if o.error is not None]
+    if not failed:
+        return None
+    kinds = "; ".join(f"{count} {why}" for why, count in rejections(every).items())
+    return (f"warning: {label}: {len(failed)} of {len(every)} requests not served ({kinds}); "
+            f"first: {failed[0].id}: {failed[0].error}")
+
+
 def reason_kind(reason: str) -> str:
-    """A failure's kind: its leading words, before the first number, colon or parenthesis."""
-    cut = next((i for i, c in enumerate(reason) if c.isdigit() or c in ":("), len(reason))
-    return reason[:cut].strip() or reason
+    """A failure's kind: its words up to the first ": " or ", ", numbers as N (so the
+    engine's reasons, and admission limits yet to come, are counted alike)."""
+    head = reason
+    for stop in (": ", ", "):
+        head = head.split(stop, 1)[0]
+    return re.sub(r"\d+(\.\d+)?", "N", head).strip() or reason

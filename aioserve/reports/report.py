@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from aioserve.reports.figures import outcomes, rejections
 from aioserve.reports.stats import mean, percentile
 from aioserve.sim.simulator import SimResult
 
@@ -81,6 +82,7 @@ def summarize(result: SimResult, workload: str = "") -> dict[str, Any]:
         "preemptions": result.preemptions,
         "finished": len(done),
         "rejected": len(rows) - len(done),
+        "rejected_by_reason": rejections(outcomes(result)),
         "requests": rows,
     }
 
@@ -127,6 +129,9 @@ def format_report(summary: dict[str, Any], max_rows: int = 20) -> str:
         f" | preemptions {summary['preemptions']} | finished {summary['finished']}"
         f" | rejected {summary['rejected']}"
     )
+    reasons = summary.get("rejected_by_reason") or {}
+    if reasons:
+        total += " (" + "; ".join(f"{count}: {why}" for why, count in reasons.items()) + ")"
     if workload == "article-mix" and key:
         span, rate = MIX_FIGURES[key]
         total += f" (article: {span:.1f} s = {rate:.0f} tok/s)"

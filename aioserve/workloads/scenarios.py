@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from aioserve.request_meta import RequestMeta
-from aioserve.workloads.request import WorkloadRequest, article_example, article_mix, poisson
+from aioserve.workloads.request import (
+    MAX_REQUESTS,
+    WorkloadRequest,
+    article_example,
+    article_mix,
+    poisson,
+)
 from aioserve.workloads.trace_options import load_file, split_spec
 
 
@@ -131,7 +138,13 @@ def parse_options(name: str, text: str, allowed: tuple[str, ...]) -> dict[str, A
             number = float(value)
         except ValueError:
             raise ValueError(f"{name} workload: {key} must be a number, got {value!r}") from None
-        options[key] = int(number) if key in ("n", "seed", "prompts", "prefix") else number
+        whole = key in ("n", "seed", "prompts", "prefix")
+        if whole and (not math.isfinite(number) or number != int(number)):
+            raise ValueError(f"{name} workload: {key} must be a whole number, got {value!r}")
+        if key == "n" and not 1 <= number <= MAX_REQUESTS:
+            raise ValueError(f"{name} workload: n must be 1..{MAX_REQUESTS:,} requests, got "
+                             f"{value!r}")
+        options[key] = int(number) if whole else number
     return options
 
 

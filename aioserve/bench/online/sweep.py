@@ -12,18 +12,23 @@ from aioserve.workloads.scenarios import load_workload
 
 async def live_sweep(base_url: str, spec: str, rates: list[float], repeats: int, *,
                      vocab_size: int, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
-                     label: str = "server", **serving: Any) -> Curve:
+                     label: str = "server", redraw: bool = False,
+                     **serving: Any) -> tuple[Curve, list[float]]:
     """The server's curve: ``repeats`` runs at each rate of the workloads
     :func:`~aioserve.sim.capacity.sweep_spec` makes (those a simulated sweep runs), counted
-    by the same rule; ``serving``: :func:`run_serving`'s options."""
+    by the same rule, and the TPOTs (s) of the lowest rate's finished requests (the
+    machine's speed as measured); ``serving``: :func:`run_serving`'s options."""
     curve = Curve(label, rates)
+    tpots: list[float] = []
     for rate in rates:
         points = []
         for repeat in range(repeats):
-            requests = load_workload(sweep_spec(spec, rate, repeat))
+            requests = load_workload(sweep_spec(spec, rate, repeat, redraw))
             outcomes, _, _ = await run_serving(base_url, requests, at_arrivals=True,
                                                vocab_size=vocab_size, **serving)
             points.append(run_point(rate, [(r.arrival_s, meets_slo(o, slo_ttft_ms, slo_tpot_ms))
                                            for r, o in zip(requests, outcomes)]))
+            if rate == rates[0]:
+                tpots += [t for o in outcomes if o.ok and (t := o.tpot) is not None]
         curve.runs.append(points)
-    return curve
+    return curve, tpots
