@@ -92,8 +92,8 @@ def format_sweep(curves: list[Curve], target: float, title: str = "") -> str:
 
 def _bars(figure: list[tuple[float, float, float]], scale: float) -> list[list[float]]:
     """Matplotlib's asymmetric error bars (below, above) of (mean, low, high) figures."""
-    return [[0.0 if math.isnan(lo) else (m - lo) * scale for m, lo, _ in figure],
-            [0.0 if math.isnan(hi) else (hi - m) * scale for m, _, hi in figure]]
+    return [[0.0 if math.isnan(lo) else max(m - lo, 0.0) * scale for m, lo, _ in figure],
+            [0.0 if math.isnan(hi) else max(hi - m, 0.0) * scale for m, _, hi in figure]]
 
 
 def plot_sweep(curves: list[Curve], target: float, path: str | Path | None = None,
