@@ -254,63 +254,6 @@ def test_each_lab_command_lists_at_most_twenty_options():
 
 
 @pytest.mark.parametrize(("text", "reason"), [
-    (None, "cannot read it: No such file or directory"),
-    ('{"a": 1}', "not a step-cost profile: unknown key 'a' (known: intercept_ms, "),
-    ("{", "not a step-cost profile: not JSON ("),
-    ("[1]", "not a step-cost profile: not a JSON object"),
-    ('{"per_seq_ms": 1}', "not a step-cost profile: intercept_ms is required"),
-    ('{"intercept_ms": "2"}', "not a step-cost profile: intercept_ms must be a finite number"),
-])
-def test_a_missing_or_malformed_profile_names_the_option_and_the_path(tmp_path, text, reason):
-    """Not ``StepCostModel.__init__() got an unexpected keyword argument 'a'``."""
-    path = tmp_path / "profile.json"
-    if text is not None:
-        path.write_text(text)
-    line = refuse("simulate", "--profile", str(path))
-    assert line.startswith(f"aioserve: error: --profile {path}: {reason}"), line
-
-
-def test_a_saved_profile_loads_back_as_it_was(tmp_path):
-    from aioserve.sim.step_cost import StepCostModel
-
-    model = StepCostModel(1.5, 0.25, 0.01, 0.001, source={"model": "m"}, fit={"r2": 0.9})
-    assert StepCostModel.load(model.save(tmp_path / "profile.json")) == model
-
-
-# --- simulate --calibrate --random-model (issue 32 item 4) ---
-
-@pytest.mark.parametrize(("options", "start"), [
-    (["--random-model", "smollm2-135m"], "--random-model: only with --calibrate or --real"),
-    (["--calibrate", "--random-model", "smollm2-135m", "--model", "m"],
-     "--random-model: give --model or --random-model, not both"),
-    (["--calibrate", "--random-model", "no-such-shape"],
-     "--random-model 'no-such-shape': no such config file and no shipped shape"),
-    (["--calibrate", "--real", "--random-model", "smollm2-135m"], "--real: --calibrate"),
-    (["--calibrate", "--profile", "p.json", "--random-model", "smollm2-135m"],
-     "--profile: --calibrate writes a profile"),
-    (["--calibrate"], "--model: give the model to run"),
-    (["--calibrate", "--random-model", "smollm2-135m", "--device", "tpu"],
-     "--device: device must be auto, cpu or cuda[:N]"),
-    (["--from-steps", "steps.jsonl"], "--from-steps: only with --calibrate"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl"],
-     "--from-steps: no file '/no/such/steps.jsonl'"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--model", "m"],
-     "--from-steps: the step log names its model"),
-    (["--calibrate", "--from-steps", "/", "--profile-out", "p.json"],
-     "--from-steps: a directory, not a file: '/'"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--real"],
-     "--real: not with --from-steps"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--slots", "4"],
-     "--slots: not with --from-steps"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--forward", "transformers"],
-     "--forward: not with --from-steps"),
-])
-def test_bad_calibration_flags_are_refused_before_any_model_loads(options, start):
-    line = refuse("simulate", *options)
-    assert line.startswith(f"aioserve: error: {start}"), line
-
-
-@pytest.mark.parametrize(("text", "reason"), [
     ("", "no requests (the file is empty)"),
     ("\n\n", "no requests (the file is empty)"),
     ("arrived_at,num_prefill,num_decode_tokens\n1,2,3\n",

@@ -208,8 +208,8 @@ async def test_fewest_replicas_says_when_none_within_the_bound():
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--fewest-replicas", "4", "--replicas", "2"], "--fewest-replicas: searches the replica "
-                                                    "count; not with --replicas"),
+    (["--fewest-replicas", "4", "--replicas", "2"], "--replicas: not an option of aioserve "
+                                                    "capacity; aioserve simulate takes it"),
     (["--fewest-replicas", "4", "--target-attainment", "1.5"], "--target-attainment: must be"),
 ])
 def test_cli_refuses_a_bad_replica_search(argv, message, capsys):
