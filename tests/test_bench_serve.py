@@ -90,8 +90,8 @@ async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint)
     """The file ``aioserve simulate`` reads replays against a live server: arrival times,
     lengths, and every field a policy reads (tenant sent as ``user``)."""
     from aioserve.scheduling import OrderedScheduler
-    from aioserve.workloads.scenarios import load_workload
     from aioserve.workloads.request import WorkloadRequest, dump_jsonl
+    from aioserve.workloads.scenarios import load_workload
 
     class Seen(OrderedScheduler):
         def __init__(self):

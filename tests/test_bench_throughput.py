@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from aioserve.workloads.synthetic import parse_range, prefix_repetition_requests, random_requests
 from aioserve.cli import build_parser, main
 from aioserve.commands.common import engine_config
+from aioserve.workloads.synthetic import parse_range, prefix_repetition_requests, random_requests
 
 
 def test_throughput_json_with_hf_compare_and_exactness_check(model_dir, capsys):

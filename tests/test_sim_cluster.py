@@ -8,13 +8,13 @@ import math
 import pytest
 
 from aioserve.cli import main
+from aioserve.reports.cluster import cluster_figures
 from aioserve.routing.balance import LeastOutstanding
 from aioserve.routing.prefix import PrefixAffinity
 from aioserve.sim.cluster import simulate_cluster
-from aioserve.reports.cluster import cluster_figures
-from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
 from aioserve.workloads.request import WorkloadRequest, article_example
+from aioserve.workloads.scenarios import load_workload
 
 
 def trace(result: SimResult):
@@ -178,9 +178,9 @@ async def test_loads_count_what_was_sent_and_has_not_ended():
 
 
 async def test_fewest_replicas_meets_the_target_and_one_fewer_does_not():
-    from aioserve.sim.capacity import run_point
     from aioserve.reports.replica_search import fewest_replicas
     from aioserve.reports.sweep import met
+    from aioserve.sim.capacity import run_point
 
     workload = load_workload("poisson:n=300,rate=10,seed=1")
     config = SimConfig(slots=4, step_ms=20)

@@ -7,8 +7,8 @@ import json
 
 from aioserve.cli import main
 from aioserve.reports.replay import FrameRecorder
-from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
+from aioserve.workloads.scenarios import load_workload
 
 
 def embedded_runs(page: str) -> dict:

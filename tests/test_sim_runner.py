@@ -8,9 +8,9 @@ import pytest
 
 from aioserve.runners.base import ScheduledBatch
 from aioserve.sim.runner import SimulatedRunner
-from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.workloads.request import WorkloadRequest, load_jsonl, poisson
+from aioserve.workloads.scenarios import load_workload
 
 
 def batch(tokens: list[list[int]], produced: list[int]) -> ScheduledBatch:

@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
+from aioserve.reports.figures import policy_figures
 from aioserve.runners.base import ScheduledBatch
 from aioserve.scheduling import StepFeedback
 from aioserve.sim.calibrate import match_throughput
 from aioserve.sim.fit_report import format_fit, held_out_drift, held_out_residuals
-from aioserve.reports.figures import policy_figures
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import (
     StepCostModel,

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
             for run_figures in runs:
                 print(json.dumps(run_figures))
         return 0
-    print(timing, file=sys.stderr if args.json else sys.stdout)
+    print(textwrap.fill(timing, 100, subsequent_indent="  "),
+          file=sys.stderr if args.json else sys.stdout)
     summaries = [summarize(result, args.workload) for result in results]
     if args.plot:
         from aioserve.reports.plots import plot

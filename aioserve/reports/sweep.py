@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -83,10 +84,14 @@ def sweep_notes(curves: list[Curve], target: float) -> list[str]:
 def format_sweep(curves: list[Curve], target: float, title: str = "") -> str:
     """The sweep as a text table, answer first (cells: mean SLO attainment % / goodput
     req/s), then the capacity's repeats and warnings."""
+    def wrap(text: str) -> str:
+        return textwrap.fill(text, 100, subsequent_indent="  ")
+
     table = format_table(Table("", *sweep_rows(curves, target)))
-    lines = [title] if title else []
-    lines += ["cells: SLO attainment % / goodput req/s (means; intervals in --json and "
-              "--report)", table, *sweep_notes(curves, target), f"intervals {INTERVALS}"]
+    lines = [wrap(title)] if title else []
+    lines += [wrap("cells: SLO attainment % / goodput req/s (means; intervals in --json and "
+                   "--report)"), table, *map(wrap, sweep_notes(curves, target)),
+              wrap(f"intervals {INTERVALS}")]
     return "\n".join(lines)
 
 

@@ -101,7 +101,7 @@ async def replay(
         raise RuntimeError("replay needs an idle engine")
     policy = load_scheduler(scheduler, scheduler_params)
     core.set_policy(policy)
-    name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
+    name = scheduler_name(policy)  # its `name`, as the server labels it
     if reads_true_lengths(policy):
         workload = oracle_hints(workload)
         name += " (oracle: upper bound)"

@@ -345,7 +345,7 @@ def _replica(
 ) -> SimResult:
     """One simulated engine sized for ``workload``, its result filled as it runs."""
     policy = load_scheduler(scheduler, scheduler_params)
-    name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
+    name = scheduler_name(policy)  # its `name`, as the server labels it
     if reads_true_lengths(policy):
         workload = oracle_hints(workload)
         name += " (oracle: upper bound)"
