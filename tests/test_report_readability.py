@@ -54,9 +54,12 @@ def test_every_table_header_carries_its_unit(tenant_runs):
         units = ("(s)", "(ms)", "/s", "(steps)", "(tokens)")
         assert header in UNITLESS or header.endswith(units), header
     text = format_comparison(tenant_runs)
-    for header in ("TTFT p50 (s)", "TPOT mean (ms)", "E2E p99 (s)", "max wait (s)",
-                   "output tok/s", "goodput req/s", "mean TTFT (s) / p99 TTFT (s)"):
+    for header in ("TTFT p50", "TPOT ms", "E2E p99", "tok/s", "goodput/s",
+                   "TTFT, E2E in s", "mean TTFT (s) / p99 TTFT (s)"):
         assert header in text
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["policy", "goodput/s", "SLO"]  # the answer first
+    assert max(map(len, lines[: len(tenant_runs) + 4])) <= 100  # issue 48 item 2
 
 
 def test_html_shows_each_table_once(tenant_runs, tmp_path):

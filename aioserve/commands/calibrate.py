@@ -65,7 +65,7 @@ def check(args: argparse.Namespace) -> None:
 
 async def _calibrate(args: argparse.Namespace, real: EngineConfig,
                      workload: list[WorkloadRequest] | None) -> int:
-    from aioserve.commands.simulate import real_engine
+    from aioserve.commands.simulate_options import real_engine
     from aioserve.sim.calibrate import calibrate
     from aioserve.sim.fit_report import format_fit
 

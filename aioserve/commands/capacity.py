@@ -92,7 +92,7 @@ def _print_curves(args: argparse.Namespace, curves: list[Curve], title: str) -> 
 
 def _sweep(args: argparse.Namespace, names: list[str], rates: list[float]) -> int:
     """Each policy's attainment and goodput against rate, and its capacity, simulated."""
-    from aioserve.commands.simulate import policy_params
+    from aioserve.commands.simulate_options import policy_params
     from aioserve.reports.sweep import simulate_sweep
     from aioserve.sim.capacity import arrivals_note
 
@@ -157,7 +157,7 @@ def speed_line(tpots: list[float], rate: float, profile: StepCostModel | None) -
 
 def _fewest(args: argparse.Namespace, names: list[str]) -> int:
     """The table of each policy x router's fewest replicas."""
-    from aioserve.commands.simulate import load, policy_params
+    from aioserve.commands.simulate_options import load, policy_params
     from aioserve.reports.replica_search import fewest_replicas, format_replica_search
 
     routers, params = check_cluster(args)

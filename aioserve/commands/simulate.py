@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from aioserve.commands.common import check_output, check_scheduler, scheduler_params
+from aioserve.commands.common import check_output, check_scheduler
 from aioserve.commands.simulate_cluster import check_cluster, run_cluster, wants_cluster
 from aioserve.commands.simulate_options import (
     SIMULATE,
     add_options,
     check_models,
     engine_config,
+    load,
     old_spelling,
+    policy_params,
+    real_engine,
     refuse_foreign,
     sim_config,
     with_model,
@@ -30,15 +31,12 @@ from aioserve.reports.compare import format_comparison, plot_comparison, write_c
 from aioserve.reports.figures import outcomes, policy_figures, rejection_warning
 from aioserve.reports.replay import FrameRecorder, write_html
 from aioserve.reports.report import format_report, summarize
-from aioserve.scheduling.registry import params_by_policy
 from aioserve.sim.simulator import SimResult, simulate, timing_line
 from aioserve.workloads.request import WorkloadRequest
-from aioserve.workloads.scenarios import load_workload
 from aioserve.workloads.trace_options import describe, split_spec
 
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
-    from aioserve.engine import AsyncEngine
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -52,29 +50,6 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     add_options(parser, SIMULATE)
     parser.add_argument("--calibrate", action="store_true", help=argparse.SUPPRESS)
     return parser
-
-
-def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """Each policy's parameters from ``--scheduler-config``; ValueError for an unknown key."""
-    return params_by_policy(names, scheduler_params(text))
-
-
-@contextlib.asynccontextmanager
-async def real_engine(config: EngineConfig, tokenizer: bool = True) -> AsyncIterator[AsyncEngine]:
-    """The started engine of ``config``; ``tokenizer=False`` loads none (a random model)."""
-    from aioserve.engine import AsyncEngine
-
-    runner = None
-    if not tokenizer:  # an engine given its runner loads no tokenizer
-        from aioserve.runners.torch.runner import TorchRunner
-
-        runner = await asyncio.to_thread(TorchRunner, config)
-    try:
-        async with AsyncEngine(config, runner=runner) as engine:
-            yield engine
-    finally:
-        if runner is not None:  # also when the engine failed to start
-            runner.close()
 
 
 async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], names: list[str],
@@ -100,13 +75,6 @@ async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], na
         if recorder is not None:
             recorders[result.scheduler] = recorder
     return results, recorders
-
-
-def load(args: argparse.Namespace) -> list[WorkloadRequest]:
-    try:
-        return load_workload(args.workload)
-    except ValueError as exc:
-        raise ValueError(f"--workload: {exc}") from None
 
 
 def check(args: argparse.Namespace) -> None:

@@ -99,8 +99,10 @@ def table_notes(runs: list[dict[str, Any]]) -> list[str]:
         if run.get("jain_weights"):
             weights = ", ".join(f"{t}={w:g}" for t, w in run["jain_weights"].items())
             notes.append(f"{run['scheduler']}: Jain's index of service / weight ({weights})")
-    if any(run.get("jain_window") for run in runs):
-        notes.append("Jain window: the steps where every tenant had a request waiting / all")
+    for run in runs:
+        if run.get("jain_window"):
+            notes.append(f"{run['scheduler']}: Jain over {run['jain_window']} steps (those "
+                         "where every tenant had a request waiting / all)")
     if any(run.get("prediction_tau") is not None for run in runs):
         notes.append("length tau, MAE: the policy's predicted output lengths at arrival "
                      "against the true ones (Kendall's tau-b of the orders)")
