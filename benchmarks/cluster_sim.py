@@ -14,11 +14,11 @@ import csv
 import os
 import time
 
-from aioserve.sim.cluster import simulate_cluster
 from aioserve.reports.cluster import cluster_figures, format_cluster
-from aioserve.workloads.scenarios import load_workload
+from aioserve.sim.cluster import simulate_cluster
 from aioserve.sim.simulator import SimConfig
 from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import load_workload
 
 ROUTERS = "round_robin,least_outstanding,pow2,prefix"
 

@@ -21,18 +21,18 @@ import statistics
 from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
-from aioserve.reports.serving import summarize
 from aioserve.bench.online.serving import run_serving
-from aioserve.workloads.body import workload_requests
 from aioserve.bench.server_process import free_port
+from aioserve.reports.cluster import cluster_figures
+from aioserve.reports.serving import summarize
 from aioserve.routing.registry import load_router
 from aioserve.server import ServerConfig
 from aioserve.sim.calibrate import calibrate, match_throughput
 from aioserve.sim.cluster import ClusterResult, simulate_cluster
 from aioserve.sim.real import sim_config_of
-from aioserve.reports.cluster import cluster_figures
-from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig
+from aioserve.workloads.body import workload_requests
+from aioserve.workloads.scenarios import load_workload
 
 TRACE = ("../shared/traces/mooncake-2025-conversation.jsonl:start=1800,n=200,len_scale=1/32,"
          "max_len=512")

@@ -24,11 +24,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's aioserve
 
 from aioserve.bench.cotenants import CoTenants  # noqa: E402
-from aioserve.reports.serving import percentile  # noqa: E402
 from aioserve.bench.online.serving import run_serving  # noqa: E402
 from aioserve.bench.server_process import ServerProcess, source_tree  # noqa: E402
-from aioserve.workloads.synthetic import BenchRequest, random_requests  # noqa: E402
+from aioserve.reports.serving import percentile  # noqa: E402
 from aioserve.runners.cpu.threads.cpu_budget import usable_cpus  # noqa: E402
+from aioserve.workloads.synthetic import BenchRequest, random_requests  # noqa: E402
 
 LOADS = ("quiet", "loaded")
 

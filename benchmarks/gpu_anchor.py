@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from aioserve.workloads.synthetic import BenchRequest, random_requests
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
 from aioserve.runners.torch.runner import TorchRunner
 from aioserve.sampling_params import SamplingParams
+from aioserve.workloads.synthetic import BenchRequest, random_requests
 
 FULL = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
             num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)

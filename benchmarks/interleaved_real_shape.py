@@ -73,10 +73,10 @@ def vllm_worker(job: dict[str, Any], control: Path) -> None:
 def aioserve_worker(job: dict[str, Any], control: Path, forward: str) -> None:
     """Runs in aioserve's Python: one engine, warmed up, one timed pass per turn."""
     from aioserve.bench.throughput import run_engine
-    from aioserve.workloads.synthetic import BenchRequest
     from aioserve.config import EngineConfig
     from aioserve.engine import AsyncEngine
     from aioserve.runners.torch.runner import TorchRunner
+    from aioserve.workloads.synthetic import BenchRequest
 
     config = EngineConfig(model=job["model"], max_num_seqs=job["max_num_seqs"], forward=forward,
                           enable_prefix_caching=job["prefix_caching"])

@@ -20,14 +20,14 @@ from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.commands.common import add_forward_option
+from aioserve.reports.figures import policy_figures
 from aioserve.request import FinishReason
 from aioserve.scheduling import StepFeedback
 from aioserve.sim.calibrate import calibrate
 from aioserve.sim.real import replay, sim_config_of
-from aioserve.reports.figures import policy_figures
-from aioserve.workloads.scenarios import heavy_tail, priority_mix, slo_mix, two_tenants
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import heavy_tail, priority_mix, slo_mix, two_tenants
 from schedulers.edf import EDFScheduler
 from schedulers.mlfq import MLFQScheduler
 from schedulers.priority import PriorityScheduler

@@ -25,12 +25,12 @@ from typing import Any
 from aioserve.bench.models.random_model import ensure_random_model
 from aioserve.commands.simulate import real_engine
 from aioserve.config import EngineConfig
+from aioserve.reports.figures import policy_figures
 from aioserve.sim.fit_report import format_residuals, held_out_drift, held_out_residuals
 from aioserve.sim.real import replay, sim_config_of
-from aioserve.reports.figures import policy_figures
-from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import simulate
 from aioserve.sim.step_cost import StepCostModel
+from aioserve.workloads.scenarios import load_workload
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-2023-conv.csv"
 FIGURES = ("mean_ttft_s", "p99_ttft_s", "mean_e2e_s")

@@ -20,9 +20,9 @@ from dataclasses import replace
 from typing import Any
 
 from aioserve.reports.figures import policy_figures
-from aioserve.workloads.scenarios import routes
 from aioserve.sim.simulator import SimConfig, simulate, timing_line
 from aioserve.sim.step_cost import StepCostModel
+from aioserve.workloads.scenarios import routes
 
 POLICIES: dict[str, tuple[str, dict[str, Any] | None]] = {
     "fcfs": ("fcfs", None), "learned": ("spf", None),

@@ -29,21 +29,21 @@ from pathlib import Path
 from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
-from aioserve.reports.serving import summarize
 from aioserve.bench.online.serving import run_serving
 from aioserve.bench.online.sweep import live_sweep
-from aioserve.workloads.body import workload_requests
 from aioserve.bench.server_process import ServerProcess
+from aioserve.reports.figures import policy_figures
+from aioserve.reports.serving import summarize
+from aioserve.reports.sweep import format_sweep, simulate_sweep
 from aioserve.sim.calibrate import calibrate, match_throughput
 from aioserve.sim.capacity import Curve
 from aioserve.sim.fit_report import format_fit, held_out_drift
 from aioserve.sim.real import sim_config_of
-from aioserve.reports.figures import policy_figures
-from aioserve.reports.sweep import format_sweep, simulate_sweep
-from aioserve.workloads.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import fit_profile
 from aioserve.sim.step_log import read_step_log
+from aioserve.workloads.body import workload_requests
+from aioserve.workloads.scenarios import load_workload
 
 TRACE = "../shared/traces/azure-llm-2023-conv.csv:start=600,n=200,len_scale=auto,max_len=512"
 

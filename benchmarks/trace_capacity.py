@@ -14,16 +14,16 @@ import json
 import os
 from pathlib import Path
 
-from aioserve.reports.serving import summarize
 from aioserve.bench.online.serving import run_serving
 from aioserve.bench.online.sweep import live_sweep
-from aioserve.workloads.body import workload_requests
 from aioserve.bench.server_process import ServerProcess
-from aioserve.sim.capacity import parse_rates
+from aioserve.reports.serving import summarize
 from aioserve.reports.sweep import format_sweep, plot_sweep, simulate_sweep
-from aioserve.workloads.scenarios import load_workload
+from aioserve.sim.capacity import parse_rates
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import StepCostModel
+from aioserve.workloads.body import workload_requests
+from aioserve.workloads.scenarios import load_workload
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 

@@ -27,9 +27,9 @@ from aioserve import AsyncEngine, EngineConfig  # noqa: E402
 from aioserve.commands.common import positive_floats  # noqa: E402
 from aioserve.scheduling import RequestView, SchedulerOutput, SchedulerState  # noqa: E402
 from aioserve.sim.calibrate import calibrate  # noqa: E402
-from aioserve.workloads.scenarios import two_tenants  # noqa: E402
 from aioserve.sim.simulator import SimConfig, simulate  # noqa: E402
 from aioserve.sim.step_cost import StepCostModel  # noqa: E402
+from aioserve.workloads.scenarios import two_tenants  # noqa: E402
 from schedulers.vtc import VTCScheduler  # noqa: E402
 
 
