@@ -3,13 +3,15 @@ a live capacity that states the machine's measured speed against the profile's (
 
 from __future__ import annotations
 
+import pytest
+
 from aioserve.cli import main
 from aioserve.commands.capacity import speed_line
 from aioserve.reports.figures import reason_kind
 from aioserve.sim.step_cost import StepCostModel
 
 
-def test_rejections_are_counted_by_reason_with_a_warning(capsys):
+def test_rejections_are_counted_by_reason_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--workload", "poisson:n=20", "--kv-blocks", "1"]) == 0
     captured = capsys.readouterr()
     assert "rejected 20 (20: needs N KV blocks for N prompt + N output tokens)" in captured.out
@@ -20,12 +22,12 @@ def test_rejections_are_counted_by_reason_with_a_warning(capsys):
     assert "warning" not in capsys.readouterr().err  # none when every request is served
 
 
-def test_reasons_are_counted_by_kind():
+def test_reasons_are_counted_by_kind() -> None:
     assert reason_kind("max_tokens: prompt (5 tokens) + max_tokens (9)") == "max_tokens"
     assert reason_kind("queue full, 12 waiting") == "queue full"
 
 
-def test_the_live_capacity_states_the_machine_speed_against_the_profile():
+def test_the_live_capacity_states_the_machine_speed_against_the_profile() -> None:
     profile = StepCostModel(10.0)
     line = speed_line([0.020, 0.020, 0.030], 5.0, profile)
     assert "median TPOT at 5 req/s 20.00 ms" in line
