@@ -11,7 +11,8 @@ from aioserve.reports.figures import reason_kind
 from aioserve.sim.step_cost import StepCostModel
 
 
-def test_rejections_are_counted_by_reason_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+def test_rejections_are_counted_by_reason_with_a_warning(
+        capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--workload", "poisson:n=20", "--kv-blocks", "1"]) == 0
     captured = capsys.readouterr()
     assert "rejected 20 (20: needs N KV blocks for N prompt + N output tokens)" in captured.out
