@@ -81,6 +81,6 @@ def format_replica_search(searches: list[ReplicaSearch], title: str = "") -> str
                      "-" if below is None else f"{below[0] * 100:.1f}"])
     target = searches[0].target if searches else 0.0
     table = Table("fewest replicas", [
-        "policy", "router", f"fewest replicas (SLO >= {target * 100:g}%)", "SLO %",
-        "goodput per replica (req/s)", "SLO % one fewer"], rows)
+        "policy", "router", f"replicas (SLO >= {target * 100:g}%)", "SLO %",
+        "goodput/replica (req/s)", "SLO % one fewer"], rows)
     return (f"{title}\n" if title else "") + format_table(table)
