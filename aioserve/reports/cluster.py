@@ -70,19 +70,20 @@ def _cell(value: Any, scale: float = 1.0, digits: int = 2) -> str:
 def format_cluster(runs: list[dict[str, Any]], title: str = "") -> str:
     """One table of the routers, then one of the replicas per router."""
     routers = Table("routers", [
-        "router", "policy", "goodput req/s", "per replica", "SLO %", "TTFT mean (s)",
-        "TTFT p99 (s)", "prefix hit %", "imbalance req", "imbalance busy"],
+        "router", "policy", "goodput/s", "/replica", "SLO %", "TTFT mean", "TTFT p99",
+        "prefix %", "imb. req", "imb. busy"],
         [[r["router"], r["scheduler"], _cell(r["goodput_req_s"]),
           _cell(r["goodput_per_replica_req_s"]), _cell(r["slo_attainment"], 100, 1),
           _cell(r["mean_ttft_s"], digits=3), _cell(r["p99_ttft_s"], digits=3),
           _cell(r["prefix_hit_rate"], 100, 1), _cell(r["imbalance_requests"]),
           _cell(r["imbalance_busy"])] for r in runs])
     blocks = [title] if title else []
-    blocks.append(format_table(routers))
+    blocks += [format_table(routers), "goodput: requests/s meeting their SLO; TTFT in s; imb.: "
+               "max / mean over replicas", "(1: even; every figure: --json)"]
     for run in runs:
         table = Table(f"{run['router']} ({run['scheduler']}): per replica", [
-            "replica", "requests", "prompt tok", "output tok", "busy (s)", "prefix hit %",
-            "goodput req/s", "TTFT mean (s)", "preemptions"],
+            "replica", "requests", "prompt tok", "output tok", "busy (s)", "prefix %",
+            "goodput/s", "TTFT mean", "preempt"],
             [[str(row["replica"]), str(row["requests"]), str(row["prompt_tokens"]),
               str(row["output_tokens"]), _cell(row["busy_s"], digits=1),
               _cell(row["prefix_hit_rate"], 100, 1), _cell(row["goodput_req_s"]),
