@@ -16,6 +16,8 @@ COMMAND_MODULES = (
     "aioserve.commands.generate",
     "aioserve.commands.serve",
     "aioserve.commands.simulate",
+    "aioserve.commands.calibrate",
+    "aioserve.commands.capacity",
     "aioserve.commands.bench",
     "aioserve.commands.policies",
     "aioserve.commands.env",

@@ -44,7 +44,7 @@ if __name__ == "__main__":  # run alone: this policy beside FCFS on a simulated 
 
     from aioserve.request_meta import RequestMeta
     from aioserve.sim.simulator import SimConfig, simulate
-    from aioserve.sim.workloads import WorkloadRequest
+    from aioserve.workloads.request import WorkloadRequest
 
     alice, bob = RequestMeta(tenant="alice"), RequestMeta(tenant="bob")
     burst = [WorkloadRequest(f"alice-{i}", 0.0, 8, 20, meta=alice) for i in range(12)]

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from aioserve.bench.models.random_model import ensure_random_model, read_shape, shape_names
-from aioserve.bench.workloads import random_requests
 from aioserve.cli import main
+from aioserve.workloads.synthetic import random_requests
 
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,

@@ -11,16 +11,17 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from aioserve import AsyncEngine, EngineConfig, RequestMeta
-from aioserve.bench.online.metrics import percentile, summarize
-from aioserve.bench.online.plots import plot_serving
 from aioserve.bench.online.serving import (
     AuthenticationError,
-    RequestRecord,
     arrival_gaps,
     run_serving,
 )
-from aioserve.bench.workloads import prefix_repetition_requests, random_requests
+from aioserve.reports.outcome import Outcome
+from aioserve.reports.serving import summarize
+from aioserve.reports.serving_plots import plot_serving
+from aioserve.reports.stats import percentile
 from aioserve.server import ServerConfig, create_app
+from aioserve.workloads.synthetic import prefix_repetition_requests, random_requests
 
 
 @pytest.mark.parametrize("endpoint", ["auto", "completions", "ws"])
@@ -47,19 +48,21 @@ async def test_serve_benchmark_against_real_server(model_dir, tmp_path, endpoint
 
 
 def test_summary_statistics_and_slo():
-    fast = RequestRecord(4, 3, start=0.0, chunk_times=[0.1, 0.2, 0.3], output_tokens=3, end=0.3)
-    slow = RequestRecord(4, 3, start=0.0, chunk_times=[1.0, 1.5, 2.0], output_tokens=3, end=2.0)
-    failed = RequestRecord(4, 3, error="HTTP 500")
+    fast = Outcome("f", 0.0, 4, 3, 0.1, 0.3, 0.3, token_times=(0.1, 0.2, 0.3))
+    slow = Outcome("s", 0.0, 4, 3, 1.0, 2.0, 2.0, token_times=(1.0, 1.5, 2.0))
+    failed = Outcome("x", 0.0, 4, error="HTTP 500")
     result = summarize([fast, slow, failed], 2.0, "ws", slo_ttft_ms=500, slo_tpot_ms=math.inf)
     assert (result.completed, result.failed) == (2, 1)
     assert result.metrics["ttft"]["mean_ms"] == pytest.approx(550)
     assert result.metrics["tpot"]["median_ms"] == pytest.approx(300)
     assert result.metrics["goodput"] == pytest.approx(0.5)
     assert "TTFT" in result.summary()
+    assert result.metrics["failures"] == {"HTTP 500": 1} and "HTTP 500" in result.summary()
 
 
 def test_percentile_and_arrivals():
     assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 99) == 5
+    assert percentile([1, 2, 3, 4, 10], 99) == pytest.approx(9.76) and percentile([], 50) is None
     assert arrival_gaps(3, math.inf, 0) == [0.0, 0.0, 0.0]
     gaps = arrival_gaps(2000, 10.0, 0)
     assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.1)
@@ -86,9 +89,9 @@ async def test_serve_benchmark_reports_prefix_cache_hits(model_dir):
 async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint):
     """The file ``aioserve simulate`` reads replays against a live server: arrival times,
     lengths, and every field a policy reads (tenant sent as ``user``)."""
-    from aioserve.bench.online.workload_file import workload_requests
     from aioserve.scheduling import OrderedScheduler
-    from aioserve.sim.workloads import WorkloadRequest, dump_jsonl
+    from aioserve.workloads.request import WorkloadRequest, dump_jsonl
+    from aioserve.workloads.scenarios import load_workload
 
     class Seen(OrderedScheduler):
         def __init__(self):
@@ -108,8 +111,8 @@ async def test_serve_replays_a_simulator_workload(model_dir, tmp_path, endpoint)
     await server.start_server()
     try:
         url = str(server.make_url("")).rstrip("/")
-        requests = workload_requests(str(path), 512)
-        records, _, _ = await run_serving(url, requests, endpoint=endpoint)
+        requests = load_workload(str(path))
+        records, _, _ = await run_serving(url, requests, endpoint=endpoint, at_arrivals=True)
         assert engine.core is not None
         context = engine.core.max_model_len
     finally:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from aioserve.bench.workloads import parse_range, prefix_repetition_requests, random_requests
 from aioserve.cli import build_parser, main
 from aioserve.commands.common import engine_config
+from aioserve.workloads.synthetic import parse_range, prefix_repetition_requests, random_requests
 
 
 def test_throughput_json_with_hf_compare_and_exactness_check(model_dir, capsys):
@@ -56,8 +56,8 @@ def test_workload_is_reproducible_and_in_range():
     a = random_requests(20, (8, 128), (16, 256), vocab_size=512, seed=3)
     assert a == random_requests(20, (8, 128), (16, 256), vocab_size=512, seed=3)
     for r in a:
-        assert r.prompt_token_ids[0] == 1 and 8 <= r.prompt_len <= 128
-        assert 16 <= r.output_len <= 256 and all(3 <= t < 512 for t in r.prompt_token_ids[1:])
+        assert r.prompt_ids[0] == 1 and 8 <= r.prompt_len <= 128
+        assert 16 <= r.output_len <= 256 and all(3 <= t < 512 for t in r.prompt_ids[1:])
 
 
 @pytest.mark.parametrize("text", ["0:4", "5:3", "a:b", "1:2:3"])
@@ -88,7 +88,7 @@ def test_prefix_repetition_compared_with_caching_off(model_dir, capsys):
 def test_prefix_repetition_workload_shares_prefixes():
     requests = prefix_repetition_requests(8, 20, 5, 2, (3, 3), vocab_size=512, seed=1)
     assert requests == prefix_repetition_requests(8, 20, 5, 2, (3, 3), vocab_size=512, seed=1)
-    prefixes = {tuple(r.prompt_token_ids[:20]) for r in requests}
+    prefixes = {tuple(r.prompt_ids[:20]) for r in requests}
     assert len(prefixes) == 2 and all(r.prompt_len == 25 for r in requests)
     assert all(p[0] == 1 for p in prefixes)
 

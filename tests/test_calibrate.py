@@ -6,7 +6,7 @@ from __future__ import annotations
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.scheduling import StepFeedback
 from aioserve.sim.calibrate import calibrate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 
 async def test_calibrate_fits_its_rounds_and_the_also_workloads_not_the_warm_up(model_dir):

@@ -4,33 +4,37 @@ capacity, and a sweep that finds a crossing known in advance."""
 from __future__ import annotations
 
 import json
-import statistics
+import math
 
 import pytest
 
 from aioserve.cli import main
+from aioserve.reports.sweep import format_sweep, simulate_sweep, write_sweep_html
 from aioserve.sim.capacity import (
     Curve,
     RunPoint,
+    arrivals_note,
+    bootstrap,
     capacity,
-    mean_ci,
     measured,
     parse_rates,
     run_point,
     sweep_spec,
-    t975,
+    wilson,
 )
-from aioserve.sim.reports.sweep import format_sweep, simulate_sweep, write_sweep_html
 from aioserve.sim.simulator import SimConfig
 
 
-def test_confidence_interval_is_student_t():
-    values = [0.8, 0.9, 1.0]
-    mean, half = mean_ci(values)
-    assert mean == pytest.approx(0.9)
-    assert half == pytest.approx(4.303 * statistics.stdev(values) / 3 ** 0.5)
-    assert t975(1) == 12.706 and t975(200) == 1.96
-    assert mean_ci([0.5])[0] == 0.5 and mean_ci([0.5])[1] != mean_ci([0.5])[1]  # NaN
+def test_intervals_stay_inside_what_the_figure_can_be():
+    """Issue 48 item 7: Wilson's interval for attainment never leaves 0-100% (a t interval
+    on 1.0, 1.0, 0.4 went above 100%); a bootstrap over repeats never goes below zero."""
+    assert wilson(10, 10)[1] == pytest.approx(1.0) and wilson(0, 10)[0] == pytest.approx(0.0)
+    assert wilson(0, 10)[0] >= 0.0 and wilson(10, 10)[1] <= 1.0
+    low, high = wilson(9, 10)
+    assert 0.59 < low < 0.6 and 0.98 < high < 0.99  # the textbook 0.596-0.982
+    low, high = bootstrap([0.0, 0.1, 3.0])
+    assert 0.0 <= low <= high <= 3.0
+    assert all(math.isnan(v) for v in bootstrap([0.5]))  # none with one value
 
 
 def test_counting_rule_drops_the_first_and_last_tenth_of_arrivals():
@@ -75,10 +79,10 @@ async def test_sweep_finds_the_known_crossing(tmp_path):
     curves = await simulate_sweep(f"{path}:n=50", ["fcfs", "spf"], rates, 3,
                                   lambda _w: SimConfig(slots=1), 1000.0, None)
     for curve in curves:
-        attained = [m for m, _ in curve.figure("attainment")]
+        attained = [m for m, _, _ in curve.figure("attainment")]
         assert attained[:3] == [1.0, 1.0, 1.0] and attained[4] < 0.1
         assert 2.0 < curve.capacity(0.9).rate < 2.5
-        assert curve.figure("attainment")[0][1] == 0  # three equal windows: no spread
+        assert curve.figure("goodput")[0][1] == curve.figure("goodput")[0][2]  # no spread
     text = format_sweep(curves, 0.9)
     assert "capacity @ 90%" in text and "fcfs" in text
     back = Curve.from_dict(json.loads(json.dumps(curves[0].to_dict(0.9))))
@@ -90,13 +94,46 @@ async def test_sweep_finds_the_known_crossing(tmp_path):
 def test_repeat_capacities_give_the_capacity_interval():
     curve = Curve("x", [1.0, 2.0], [[RunPoint(1, 1.0, 1, 10), RunPoint(1, 1.0, 1, 10)],
                                     [RunPoint(2, 0.8, 1, 10), RunPoint(2, 0.4, 1, 10)]])
-    mean, half = curve.capacity_ci(0.9)
-    assert mean == pytest.approx((1.5 + 1 + 1 / 6) / 2)  # 1.5 and 1.1667
-    assert half > 0
+    assert [c.rate for c in curve.repeat_capacities(0.9)] == pytest.approx([1.5, 1 + 1 / 6])
+    assert curve.capacity_interval(0.9).startswith("repeats 1.33 [1.17, 1.5]")
 
 
-def test_simulate_sweep_rate_on_the_command_line(capsys, tmp_path):
-    status = main(["simulate", "--workload", "poisson:n=30", "--scheduler", "fcfs,spf",
+def test_a_repeat_that_only_bounds_the_capacity_is_not_averaged():
+    """One repeat met the target at every rate (>= 2), one crossed at 1.5: the answer
+    says so; it is not (1.5 + 2) / 2."""
+    curve = Curve("x", [1.0, 2.0], [[RunPoint(1, 1.0, 1, 10), RunPoint(1, 1.0, 1, 10)],
+                                    [RunPoint(2, 0.8, 1, 10), RunPoint(2, 1.0, 1, 10)]])
+    assert curve.capacity_interval(0.9) == "repeats 1.5, >=2 (bounds: not averaged)"
+    low = Curve("y", [1.0, 2.0], [[RunPoint(1, 0.5, 1, 10)], [RunPoint(2, 0.2, 1, 10)]])
+    text = format_sweep([curve, low], 0.9)
+    assert "y: capacity <1 (a bound: below the lowest rate swept, 1 req/s)" in text
+    assert "Wilson" in text and "bootstrap" in text
+    assert max(len(line) for line in text.splitlines()[:4]) <= 100
+    assert text.splitlines()[1].split()[:2] == ["policy", "capacity"]  # the answer first
+
+
+def test_a_curve_rising_beyond_its_intervals_is_flagged():
+    """Issue 49 defect 9: live 99% at 30, 18% at 35, 92% at 40 req/s is no curve."""
+    points = [[RunPoint(r, a, a * r, 100)] for r, a in ((30, 0.99), (35, 0.18), (40, 0.92))]
+    curve = Curve("server", [30.0, 35.0, 40.0], points)
+    assert not curve.monotonic()
+    assert "not monotonic" in format_sweep([curve], 0.9)
+    assert Curve("ok", [1.0, 2.0], [[RunPoint(1, 1.0, 1, 50)], [RunPoint(2, 0.5, 1, 50)]]
+                 ).monotonic()
+
+
+def test_a_trace_at_a_rate_says_whether_it_scales_or_redraws(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,4,2\n1,4,2\n")
+    assert "own gaps scaled" in arrivals_note(f"{path}:n=2", False)
+    assert "redrawn" in arrivals_note(f"{path}:n=2", True)
+    assert sweep_spec(f"{path}:n=2", 3, 1, redraw=True) == (
+        f"{path}:n=2,window=1,burstiness=1,seed=1,rate=3")
+    assert arrivals_note("poisson:n=5", False) == "arrivals drawn at each rate"
+
+
+def test_capacity_sweep_rate_on_the_command_line(capsys, tmp_path):
+    status = main(["capacity", "--workload", "poisson:n=30", "--scheduler", "fcfs,spf",
                    "--sweep-rate", "0.5:2:2", "--sweep-repeats", "2", "--slo-ttft-ms", "5000",
                    "--json", "--report", str(tmp_path / "c.html")])
     out = capsys.readouterr().out.splitlines()
@@ -108,10 +145,16 @@ def test_simulate_sweep_rate_on_the_command_line(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "error"), [
-    (["simulate", "--sweep-rate", "3:1"], "--sweep-rate: expected LO:HI[:N] with 0 < LO <= HI"),
-    (["simulate", "--sweep-rate", "1:2", "--workload", "article-mix"], "no arrival rate"),
-    (["simulate", "--sweep-rate", "1:2", "--workload", "poisson", "--target-attainment", "2"],
+    (["capacity", "--sweep-rate", "3:1"], "--sweep-rate: expected LO:HI[:N] with 0 < LO <= HI"),
+    (["capacity", "--sweep-rate", "20:60:1"], "N is 1 exactly when LO = HI"),
+    (["capacity", "--sweep-rate", "20:20:3"], "N is 1 exactly when LO = HI"),
+    (["capacity", "--sweep-rate", "1:2", "--workload", "article-mix"], "no arrival rate"),
+    (["capacity", "--sweep-rate", "1:2", "--workload", "poisson", "--target-attainment", "2"],
      "--target-attainment: must be in (0, 1]"),
+    (["capacity", "--sweep-rate", "1:2", "--url", "http://127.0.0.1:9", "--workload",
+      "poisson", "--scheduler", "spf"], "--scheduler: not with --url"),
+    (["simulate", "--workload", "poisson:n=1e12"], "n must be 1..1,000,000 requests"),
+    (["simulate", "--workload", "poisson:n=2.5"], "n must be a whole number, got '2.5'"),
     (["bench", "serve", "--sweep-rate", "1:2"], "--sweep-rate: give the --workload"),
 ])
 def test_sweep_and_arrival_flags_are_refused_by_name(capsys, args, error):

@@ -181,37 +181,76 @@ def test_a_saved_profile_loads_back_as_it_was(tmp_path):
     assert StepCostModel.load(model.save(tmp_path / "profile.json")) == model
 
 
-# --- simulate --calibrate --random-model (issue 32 item 4) ---
+# --- calibrate --random-model (issue 32 item 4), calibrate --from-steps ---
 
 @pytest.mark.parametrize(("options", "start"), [
-    (["--random-model", "smollm2-135m"], "--random-model: only with --calibrate or --real"),
-    (["--calibrate", "--random-model", "smollm2-135m", "--model", "m"],
+    (["--random-model", "smollm2-135m", "--model", "m"],
      "--random-model: give --model or --random-model, not both"),
-    (["--calibrate", "--random-model", "no-such-shape"],
+    (["--random-model", "no-such-shape"],
      "--random-model 'no-such-shape': no such config file and no shipped shape"),
-    (["--calibrate", "--real", "--random-model", "smollm2-135m"], "--real: --calibrate"),
-    (["--calibrate", "--profile", "p.json", "--random-model", "smollm2-135m"],
-     "--profile: --calibrate writes a profile"),
-    (["--calibrate"], "--model: give the model to run"),
-    (["--calibrate", "--random-model", "smollm2-135m", "--device", "tpu"],
+    (["--real", "--random-model", "smollm2-135m"],
+     "--real: not an option of aioserve calibrate; aioserve simulate takes it"),
+    (["--profile", "p.json", "--random-model", "smollm2-135m"],
+     "--profile: not an option of aioserve calibrate; aioserve simulate or aioserve capacity"),
+    ([], "--model: give the model to run"),
+    (["--random-model", "smollm2-135m", "--device", "tpu"],
      "--device: device must be auto, cpu or cuda[:N]"),
-    (["--from-steps", "steps.jsonl"], "--from-steps: only with --calibrate"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl"],
+    (["--from-steps", "/no/such/steps.jsonl"],
      "--from-steps: no file '/no/such/steps.jsonl'"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--model", "m"],
+    (["--from-steps", "/no/such/steps.jsonl", "--model", "m"],
      "--from-steps: the step log names its model"),
-    (["--calibrate", "--from-steps", "/", "--profile-out", "p.json"],
+    (["--from-steps", "/", "--profile-out", "p.json"],
      "--from-steps: a directory, not a file: '/'"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--real"],
-     "--real: not with --from-steps"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--slots", "4"],
+    (["--from-steps", "/no/such/steps.jsonl", "--slots", "4"],
      "--slots: not with --from-steps"),
-    (["--calibrate", "--from-steps", "/no/such/steps.jsonl", "--forward", "transformers"],
+    (["--from-steps", "/no/such/steps.jsonl", "--forward", "transformers"],
      "--forward: not with --from-steps"),
 ])
 def test_bad_calibration_flags_are_refused_before_any_model_loads(options, start):
-    line = refuse("simulate", *options)
+    line = refuse("calibrate", *options)
     assert line.startswith(f"aioserve: error: {start}"), line
+
+
+@pytest.mark.parametrize(("command", "options", "start"), [
+    ("simulate", ["--random-model", "smollm2-135m"], "--model: only with --real"),
+    ("simulate", ["--from-steps", "steps.jsonl"],
+     "--from-steps: not an option of aioserve simulate; aioserve calibrate takes it"),
+    ("simulate", ["--sweep-repeats", "2"],
+     "--sweep-repeats: not an option of aioserve simulate; aioserve capacity takes it"),
+    ("capacity", ["--html", "x.html", "--sweep-rate", "1:2"],
+     "--html: not an option of aioserve capacity; aioserve simulate takes it"),
+    ("capacity", ["--compare", "--sweep-rate", "1:2"],
+     "--compare: not an option of aioserve capacity; aioserve simulate takes it"),
+    ("capacity", ["--workload", "poisson"], "--sweep-rate: give --sweep-rate LO:HI[:N]"),
+    ("calibrate", ["--sweep-rate", "1:2"],
+     "--sweep-rate: not an option of aioserve calibrate; aioserve capacity takes it"),
+])
+def test_an_option_of_another_command_is_refused_naming_it(command, options, start):
+    """Issue 48 item 4: each of the lab's three commands refuses what it does not take."""
+    line = refuse(command, *options)
+    assert line.startswith(f"aioserve: error: {start}"), line
+
+
+@pytest.mark.parametrize(("options", "new"), [
+    (["--calibrate", "--from-steps", "/no/such/steps.jsonl"], "aioserve calibrate"),
+    (["--sweep-rate", "3:1"], "aioserve capacity --sweep-rate"),
+    (["--fewest-replicas", "2", "--replicas", "2"], "aioserve capacity --fewest-replicas"),
+])
+def test_the_old_simulate_spellings_name_the_new_command(options, new):
+    """The old spelling runs the new command after a one-line notice (here to its refusal)."""
+    result = subprocess.run([sys.executable, "-m", "aioserve.cli", "simulate", *options],
+                            capture_output=True, text=True, timeout=120)
+    notice, *rest = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(rest) == 1, result.stderr
+    assert notice.startswith("aioserve: aioserve simulate --") and f"is now {new}" in notice
+
+
+def test_each_lab_command_lists_at_most_twenty_options():
+    for command in ("simulate", "calibrate", "capacity"):
+        result = subprocess.run([sys.executable, "-m", "aioserve.cli", command, "--help"],
+                                capture_output=True, text=True, timeout=120)
+        listed = [line for line in result.stdout.splitlines() if line.startswith("  --")]
+        assert 10 <= len(listed) <= 20, (command, len(listed))
 
 
 @pytest.mark.parametrize(("text", "reason"), [
@@ -257,10 +296,8 @@ def test_bad_bench_serve_options_are_refused_before_any_request(options, flag, r
     (["--plot", "/no/such/dir/p.png"], "--plot", "no directory '/no/such/dir'"),
     (["--compare", "--report", "/no/such/dir/r.html"], "--report", "no directory"),
     (["--html", "."], "--html", "'.' is a directory"),
-    (["--report", "r.html"], "--report", "only with --compare or --sweep-rate"),
+    (["--report", "r.html"], "--report", "only with --compare"),
     (["--scheduler", "fcfs,spf,fcfs"], "--scheduler", "'fcfs' given twice"),
-    (["--sweep-rate", "20:60:1"], "--sweep-rate", "N is 1 exactly when LO = HI"),
-    (["--sweep-rate", "20:20:3"], "--sweep-rate", "N is 1 exactly when LO = HI"),
     (["--scheduler", "edf,mlfq", "--scheduler-config", '{"shed_late": true}'],
      "--scheduler-config", "'mlfq' has no parameter 'shed_late', and one object applies to "
      'every policy of this run (edf, mlfq); key it by policy: {"edf": {"shed_late": true}}'),

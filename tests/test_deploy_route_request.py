@@ -50,3 +50,19 @@ def test_no_route_without_a_prompt_or_a_tokenizer():
     assert route_request(json.dumps({"prompt": "text"}).encode(), None, 4) is None
     ids = route_request(json.dumps({"prompt": [1, 2, 3, 4]}).encode(), None, 4)
     assert ids is not None and len(ids.block_hashes) == 1  # token ids need no tokenizer
+
+
+def test_the_router_sees_on_ray_serve_what_the_cluster_simulator_gives_it():
+    """Issue 48 item 7: a body without ``max_tokens`` routes with the context left (as the
+    cluster simulator's :meth:`WorkloadRequest.cap`), and with its tenant and priority."""
+    from aioserve.request_meta import RequestMeta
+    from aioserve.workloads.body import body_fields
+    from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
+
+    item = WorkloadRequest("r1", 0.0, 5, 3, meta=RequestMeta(2, "acme"))
+    body = {"prompt": item.prompt_token_ids(512, FIRST_WORD_ID), **body_fields(item)}
+    made = route_request(json.dumps(body).encode(), None, 4, "r1", max_model_len=64)
+    assert made is not None and made.max_tokens == item.cap(64) == 59
+    assert (made.meta.tenant, made.meta.priority) == ("acme", 2)
+    unknown = route_request(json.dumps({"prompt": [1, 2]}).encode(), None, 4)
+    assert unknown is not None and unknown.max_tokens == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 from aioserve.request_meta import RequestMeta
 from aioserve.scheduling import OrderedScheduler
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "schedulers.md"
 

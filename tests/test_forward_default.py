@@ -9,8 +9,8 @@ from aioserve.commands import common, simulate_options
 def test_calibrate_and_real_default_to_serves_forward():
     parser = build_parser()
     serve = common.engine_config(parser.parse_args(["serve", "--model", "m"]))
-    for flag in ("--calibrate", "--real"):
-        args = parser.parse_args(["simulate", flag, "--model", "m"])
+    for argv in (["calibrate"], ["simulate", "--real"]):
+        args = parser.parse_args([*argv, "--model", "m"])
         assert simulate_options.engine_config(args).forward == serve.forward == "auto"
 
 

@@ -13,16 +13,16 @@ from scripted_runner import ScriptedRunner
 from server_support import base_url, serve
 
 from aioserve import AsyncEngine, EngineConfig
+from aioserve.reports.figures import policy_figures
+from aioserve.reports.lengths import kendall_tau, mean_absolute_error
 from aioserve.request import Request
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import RequestView, SchedulerState
 from aioserve.scheduling.registry import load_scheduler
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.reports.lengths import kendall_tau, mean_absolute_error
-from aioserve.sim.scenarios import routes
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import routes
 from schedulers.fcfs import FCFSScheduler
 from schedulers.learned_length import LearnedLengthPredictor
 from schedulers.length_predictor import LengthPredictor

@@ -9,8 +9,8 @@ from scripted_runner import ScriptedRunner
 
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.sampling_params import SamplingParams
-from aioserve.sim.scenarios import routes
 from aioserve.sim.simulator import SimConfig, simulate
+from aioserve.workloads.scenarios import routes
 from schedulers.fcfs import FCFSScheduler
 
 

@@ -222,7 +222,7 @@ def test_reset_forgets_every_key():
 
 async def test_the_simulator_charges_prefill_only_for_uncached_tokens():
     from aioserve.sim.simulator import SimConfig, simulate
-    from aioserve.sim.workloads import WorkloadRequest
+    from aioserve.workloads.request import WorkloadRequest
 
     workload = [
         WorkloadRequest(f"r{i}", 0.5 * i, 80, 4, prefix_group="system", prefix_len=64)

@@ -9,12 +9,12 @@ import json
 import pytest
 
 from aioserve.cli import main
+from aioserve.reports.compare import comparison_tables, format_comparison
+from aioserve.reports.figures import backlogged_window, jain, policy_figures
 from aioserve.scheduling.registry import params_by_policy
-from aioserve.sim.reports.compare import comparison_tables, format_comparison
-from aioserve.sim.reports.figures import backlogged_window, jain, policy_figures
-from aioserve.sim.scenarios import two_tenants
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import StepCostModel
+from aioserve.workloads.scenarios import two_tenants
 
 
 def test_jain_weighted():

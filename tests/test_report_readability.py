@@ -12,21 +12,22 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from aioserve.bench.online.plots import run_title, serving_figure
 from aioserve.bench.online.serving import RequestRecord, send_completion, sse_reads
-from aioserve.bench.workloads import BenchRequest
-from aioserve.sim.reports.compare import (
+from aioserve.reports.compare import (
     COLUMNS,
     comparison_figure,
     comparison_tables,
     format_comparison,
     write_comparison_html,
 )
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.reports.plots import timeline_figure
-from aioserve.sim.reports.report import format_report, summarize
-from aioserve.sim.scenarios import load_workload
+from aioserve.reports.figures import policy_figures
+from aioserve.reports.outcome import Outcome
+from aioserve.reports.plots import timeline_figure
+from aioserve.reports.report import format_report, summarize
+from aioserve.reports.serving_plots import run_title, serving_figure
 from aioserve.sim.simulator import SimConfig, simulate
+from aioserve.workloads.scenarios import load_workload
+from aioserve.workloads.synthetic import token_request
 
 #: Headers without a unit: names, a percentage, an index (0-1) and counts.
 UNITLESS = {"policy", "SLO %", "Jain", "preemptions", "recomputed tok", "length tau",
@@ -53,9 +54,12 @@ def test_every_table_header_carries_its_unit(tenant_runs):
         units = ("(s)", "(ms)", "/s", "(steps)", "(tokens)")
         assert header in UNITLESS or header.endswith(units), header
     text = format_comparison(tenant_runs)
-    for header in ("TTFT p50 (s)", "TPOT mean (ms)", "E2E p99 (s)", "max wait (s)",
-                   "output tok/s", "goodput req/s", "mean TTFT (s) / p99 TTFT (s)"):
+    for header in ("TTFT p50", "TPOT ms", "E2E p99", "tok/s", "goodput/s",
+                   "TTFT, E2E in s", "mean TTFT (s) / p99 TTFT (s)"):
         assert header in text
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["policy", "goodput/s", "SLO"]  # the answer first
+    assert max(map(len, lines[: len(tenant_runs) + 4])) <= 100  # issue 48 item 2
 
 
 def test_html_shows_each_table_once(tenant_runs, tmp_path):
@@ -101,10 +105,10 @@ def test_slot_timelines_share_one_time_axis_from_zero():
         plt.close(fig)
 
 
-def _record(tenant: str, start: float, ttft: float) -> RequestRecord:
-    times = [start + ttft, start + ttft + 0.1, start + ttft + 0.3]
-    return RequestRecord(4, 3, start=start, chunk_times=times, output_tokens=3, end=times[-1],
-                         group=(tenant, 0))
+def _record(tenant: str, start: float, ttft: float) -> Outcome:
+    times = (start + ttft, start + ttft + 0.1, start + ttft + 0.3)
+    return Outcome(tenant, start, 4, 3, times[0], times[-1], times[-1], tenant=tenant,
+                   token_times=times)
 
 
 def test_serving_plot_titles_the_workload_run_and_splits_tenants():
@@ -155,12 +159,14 @@ async def test_tokens_in_one_read_make_no_zero_ms_gaps():
     try:
         import aiohttp
 
-        record = RequestRecord(4, 3)
+        record = RequestRecord()
+        request = token_request(0, [1, 2, 3, 4], 3)
         async with aiohttp.ClientSession() as session:
             await asyncio.wait_for(send_completion(
-                session, str(server.make_url("")).rstrip("/"), None, record,
-                BenchRequest([1, 2, 3, 4], 3)), 30)
+                session, str(server.make_url("")).rstrip("/"), None, record, request,
+                [1, 2, 3, 4]), 30)
     finally:
         await server.close()
-    assert record.ok and record.output_tokens == 3
-    assert len(record.chunk_times) == 1 and record.itl == []
+    outcome = record.outcome(request, 0.0)
+    assert outcome.ok and outcome.output_tokens == 3
+    assert len(outcome.token_times) == 1 and outcome.itl == []

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from aioserve import RequestMeta
-from aioserve.sim.workloads import WorkloadRequest, dump_jsonl, load_jsonl
+from aioserve.workloads.request import WorkloadRequest, dump_jsonl, load_jsonl
 
 
 @pytest.mark.parametrize(("field", "value"), [

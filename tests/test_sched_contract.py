@@ -36,7 +36,7 @@ from aioserve.scheduling import (
 from aioserve.scheduling.registry import available_schedulers, load_scheduler, params_by_policy
 from aioserve.sim.runner import OverlappedRunner, SimulatedRunner
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE_SPEC = "custom_scheduler:FairShareScheduler"

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
+from aioserve.reports.figures import policy_figures
 from aioserve.request import FinishReason, Request, RequestStatus
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import RequestView, SchedulerState, StepFeedback
 from aioserve.scheduling.guard import PolicyGuard
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.scenarios import slo_mix
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import slo_mix
 from schedulers.edf import EDFScheduler
 from schedulers.mlfq import MLFQScheduler
 from schedulers.priority import PriorityScheduler

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from aioserve.reports.figures import policy_figures
 from aioserve.request import FinishReason
 from aioserve.request_meta import RequestMeta
 from aioserve.scheduling import StepFeedback
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.scenarios import heavy_tail, priority_mix, slo_mix
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import StepCostModel
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import heavy_tail, priority_mix, slo_mix
 from schedulers.edf import EDFScheduler
 from schedulers.mlfq import MLFQScheduler
 from schedulers.priority import PriorityScheduler

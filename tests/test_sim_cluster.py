@@ -8,13 +8,13 @@ import math
 import pytest
 
 from aioserve.cli import main
+from aioserve.reports.cluster import cluster_figures
 from aioserve.routing.balance import LeastOutstanding
 from aioserve.routing.prefix import PrefixAffinity
 from aioserve.sim.cluster import simulate_cluster
-from aioserve.sim.reports.cluster import cluster_figures
-from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
-from aioserve.sim.workloads import WorkloadRequest, article_example
+from aioserve.workloads.request import WorkloadRequest, article_example
+from aioserve.workloads.scenarios import load_workload
 
 
 def trace(result: SimResult):
@@ -178,9 +178,9 @@ async def test_loads_count_what_was_sent_and_has_not_ended():
 
 
 async def test_fewest_replicas_meets_the_target_and_one_fewer_does_not():
+    from aioserve.reports.replica_search import fewest_replicas
+    from aioserve.reports.sweep import met
     from aioserve.sim.capacity import run_point
-    from aioserve.sim.reports.replica_search import fewest_replicas
-    from aioserve.sim.reports.sweep import outcomes
 
     workload = load_workload("poisson:n=300,rate=10,seed=1")
     config = SimConfig(slots=4, step_ms=20)
@@ -190,7 +190,7 @@ async def test_fewest_replicas_meets_the_target_and_one_fewer_does_not():
 
     async def attainment(count: int) -> float:
         result = await simulate_cluster(workload, count, "least_outstanding", "fcfs", config)
-        found = [o for rep in result.replicas for o in outcomes(rep, 500.0, None)]
+        found = [o for rep in result.replicas for o in met(rep, 500.0, None)]
         return run_point(10.0, found).attainment
 
     assert await attainment(search.replicas) >= 0.9 > await attainment(search.replicas - 1)
@@ -198,7 +198,7 @@ async def test_fewest_replicas_meets_the_target_and_one_fewer_does_not():
 
 
 async def test_fewest_replicas_says_when_none_within_the_bound():
-    from aioserve.sim.reports.replica_search import fewest_replicas, format_replica_search
+    from aioserve.reports.replica_search import fewest_replicas, format_replica_search
 
     workload = load_workload("poisson:n=200,rate=40,seed=1")
     search = await fewest_replicas(workload, "fcfs", "round_robin",
@@ -208,8 +208,8 @@ async def test_fewest_replicas_says_when_none_within_the_bound():
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--fewest-replicas", "4", "--replicas", "2"], "--fewest-replicas: searches the replica "
-                                                    "count; not with --replicas"),
+    (["--fewest-replicas", "4", "--replicas", "2"], "--replicas: not an option of aioserve "
+                                                    "capacity; aioserve simulate takes it"),
     (["--fewest-replicas", "4", "--target-attainment", "1.5"], "--target-attainment: must be"),
 ])
 def test_cli_refuses_a_bad_replica_search(argv, message, capsys):

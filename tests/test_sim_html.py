@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from aioserve.cli import main
-from aioserve.sim.reports.replay import FrameRecorder
-from aioserve.sim.scenarios import load_workload
+from aioserve.reports.replay import FrameRecorder
 from aioserve.sim.simulator import SimConfig, simulate
+from aioserve.workloads.scenarios import load_workload
 
 
 def embedded_runs(page: str) -> dict:

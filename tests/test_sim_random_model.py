@@ -1,4 +1,4 @@
-"""``aioserve simulate --calibrate --random-model`` (issue 32 item 4): a random-weight model of
+"""``aioserve calibrate --random-model`` (issue 32 item 4): a random-weight model of
 a shape is calibrated like a real one, the profile stores its fit and residuals, and a trace
 window replays with it, simulated and (``--real``) on the random model itself."""
 
@@ -21,7 +21,7 @@ def test_calibrate_a_random_model_then_replay_a_trace_window(tmp_path, monkeypat
     config = tmp_path / "tiny-llama.json"
     config.write_text(json.dumps(TINY))
     profile = tmp_path / "tiny.json"
-    assert main(["simulate", "--calibrate", "--random-model", str(config), "--slots", "2",
+    assert main(["calibrate", "--random-model", str(config), "--slots", "2",
                  "--kv-blocks", "64", "--max-model-len", "256", "--repeats", "1",
                  "--profile-out", str(profile)]) == 0
     printed = capsys.readouterr().out

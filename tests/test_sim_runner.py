@@ -6,12 +6,11 @@ import json
 
 import pytest
 
-from aioserve.dashboard.frames import percentile
 from aioserve.runners.base import ScheduledBatch
 from aioserve.sim.runner import SimulatedRunner
-from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest, load_jsonl, poisson
+from aioserve.workloads.request import WorkloadRequest, load_jsonl, poisson
+from aioserve.workloads.scenarios import load_workload
 
 
 def batch(tokens: list[list[int]], produced: list[int]) -> ScheduledBatch:
@@ -73,16 +72,6 @@ def test_poisson_is_bursty_and_deterministic():
     assert arrivals == sorted(arrivals)
     assert len(set(arrivals)) < len(arrivals) / 2  # requests come in bursts
     assert 1.2 < len(items) / arrivals[-1] < 3.3  # about `rate` per second
-
-
-def test_percentile_is_nearest_rank():
-    values = [float(v) for v in range(1, 101)]
-    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (
-        50.0,
-        99.0,
-        100.0,
-    )
-    assert percentile([3.0], 99) == 3.0 and percentile([], 50) is None
 
 
 @pytest.mark.parametrize(("workload", "policy"), [

@@ -7,7 +7,7 @@ import math
 
 from aioserve.scheduling import RequestView
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest, article_example
+from aioserve.workloads.request import WorkloadRequest, article_example
 from schedulers.length_predictor import LengthPredictor
 from schedulers.spf import SPFScheduler
 

@@ -12,7 +12,7 @@ from aioserve import AsyncEngine, EngineConfig
 from aioserve.engine.observation import StepSnapshot
 from aioserve.server.operator_log import StatsLogger
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 
 def snapshot(time: float, step: int, tokens: int, idle_s: float) -> StepSnapshot:

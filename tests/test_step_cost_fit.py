@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
+from aioserve.reports.figures import policy_figures
 from aioserve.runners.base import ScheduledBatch
 from aioserve.scheduling import StepFeedback
 from aioserve.sim.calibrate import match_throughput
 from aioserve.sim.fit_report import format_fit, held_out_drift, held_out_residuals
-from aioserve.sim.reports.figures import policy_figures
 from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.step_cost import (
     StepCostModel,
@@ -24,7 +24,7 @@ from aioserve.sim.step_cost import (
     fit_steps,
     shape_of,
 )
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 TRUE = StepCostModel(3.0, per_seq_ms=0.4, per_prefill_token_ms=0.05,
                      per_context_token_ms=0.002, per_prefill_pair_ms=2e-5)

@@ -1,5 +1,5 @@
 """The step log (``aioserve serve --step-log``): a served engine's steps written as JSON lines,
-read back exactly, and fitted into a profile by ``aioserve simulate --calibrate
+read back exactly, and fitted into a profile by ``aioserve calibrate
 --from-steps``; a bad log is refused naming its line and field."""
 
 from __future__ import annotations
@@ -101,11 +101,11 @@ async def test_a_served_engine_logs_its_steps_and_they_fit_a_profile(model_dir, 
     assert all(s.end_time >= s.start_time for s in steps)
     assert [s.step for s in steps] == sorted(s.step for s in steps)
     profile = tmp_path / "profile.json"
-    result = subprocess.run([sys.executable, "-m", "aioserve.cli", "simulate", "--calibrate",
+    result = subprocess.run([sys.executable, "-m", "aioserve.cli", "calibrate",
                              "--from-steps", str(path), "--profile-out", str(profile)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    refused = subprocess.run([sys.executable, "-m", "aioserve.cli", "simulate", "--calibrate",
+    refused = subprocess.run([sys.executable, "-m", "aioserve.cli", "calibrate",
                               "--from-steps", str(path), "--profile-out",
                               str(tmp_path / "no" / "profile.json")],
                              capture_output=True, text=True, timeout=120)

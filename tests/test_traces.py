@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from aioserve.bench.online.serving import arrival_gaps
-from aioserve.sim.runner import FIRST_WORD_ID
-from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
-from aioserve.sim.trace_formats import AZURE, AZURE_PROCESSED, MOONCAKE
-from aioserve.sim.trace_options import describe, load_file, parse_options
-from aioserve.sim.traces import detect
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
+from aioserve.workloads.scenarios import load_workload
+from aioserve.workloads.trace_formats import AZURE, AZURE_PROCESSED, MOONCAKE
+from aioserve.workloads.trace_options import describe, load_file, parse_options
+from aioserve.workloads.traces import detect
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 AZURE_TRACE = TRACES / "azure-llm-2023-conv.csv"

@@ -12,10 +12,9 @@ from aiohttp.test_utils import TestServer
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.bench.online.serving import run_serving
 from aioserve.bench.online.sweep import live_sweep
-from aioserve.bench.online.workload_file import workload_requests
 from aioserve.server import create_app
-from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig, simulate
+from aioserve.workloads.scenarios import load_workload
 
 
 async def test_mooncake_prefix_hits_on_a_live_server_match_the_simulator(model_dir, tmp_path):
@@ -29,9 +28,9 @@ async def test_mooncake_prefix_hits_on_a_live_server_match_the_simulator(model_d
     await server.start_server()
     try:
         url = str(server.make_url("")).rstrip("/")
-        records, _, _ = await run_serving(url, workload_requests(spec, 512),
+        records, _, _ = await run_serving(url, load_workload(spec), at_arrivals=True,
                                           endpoint="completions")
-        curve = await live_sweep(url, f"{spec},n=4", [4.0], 1, vocab_size=512,
+        curve, _ = await live_sweep(url, f"{spec},n=4", [4.0], 1, vocab_size=512,
                                  slo_ttft_ms=1e9, slo_tpot_ms=1e9, endpoint="completions")
     finally:
         await server.close()

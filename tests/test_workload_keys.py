@@ -8,8 +8,8 @@ import json
 import pytest
 
 from aioserve.request_meta import RequestMeta
-from aioserve.sim.trace_formats import TRACE_FORMATS, first_line_format
-from aioserve.sim.workloads import WorkloadRequest, load_jsonl
+from aioserve.workloads.request import WorkloadRequest, load_jsonl
+from aioserve.workloads.trace_formats import TRACE_FORMATS, first_line_format
 
 REQUEST = {"id": "a", "arrival_s": 0, "prompt_len": 4, "output_len": 3}
 

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from aioserve.bench.throughput import ThroughputResult
-from aioserve.bench.workloads import BenchRequest
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.synthetic import token_request
 
 
 def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,10 +24,10 @@ def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor,
 
 
 def generate_static(
-    model: Any, requests: list[BenchRequest], pad_token_id: int
+    model: Any, requests: list[WorkloadRequest], pad_token_id: int
 ) -> list[list[int]]:
     """One static batch, greedy, EOS ignored: each request's first ``output_len`` generated ids."""
-    ids, mask = left_pad([r.prompt_token_ids for r in requests], pad_token_id)
+    ids, mask = left_pad([list(r.prompt_ids) for r in requests], pad_token_id)
     longest = max(r.output_len for r in requests)
     device = next(model.parameters()).device
     with torch.inference_mode():
@@ -45,7 +46,7 @@ def generate_static(
 
 def run_hf_static(
     model: Any,
-    requests: list[BenchRequest],
+    requests: list[WorkloadRequest],
     *,
     batch_size: int = 32,
     pad_token_id: int = 0,
@@ -56,7 +57,8 @@ def run_hf_static(
     from tqdm import tqdm
 
     if warmup:
-        generate_static(model, [BenchRequest(r.prompt_token_ids, 4) for r in requests[:2]], 0)
+        generate_static(model, [token_request(i, list(r.prompt_ids), 4)
+                  for i, r in enumerate(requests[:2])], 0)
     outputs: list[list[int]] = []
     bar = tqdm(total=len(requests), desc="hf-static", unit="req", disable=not progress)
     start = time.perf_counter()

@@ -11,12 +11,9 @@ from typing import Any
 import torch
 
 from aioserve.bench.throughput import ThroughputResult, run_aioserve
-from aioserve.bench.workloads import (
-    BenchRequest,
-    prefix_repetition_requests,
-    random_requests,
-)
 from aioserve.config import EngineConfig
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.synthetic import prefix_repetition_requests, random_requests
 
 #: ``compare`` choices: the baseline backend each one adds.
 BASELINES = {"hf-static": "hf-static", "no-prefix-caching": "no-caching"}
@@ -70,12 +67,12 @@ def model_vocab(model: str) -> tuple[int, int | None]:
     return int(text.vocab_size), getattr(text, "bos_token_id", None)
 
 
-def check_exact(model: Any, requests: list[BenchRequest], outputs: list[list[int]]) -> int:
+def check_exact(model: Any, requests: list[WorkloadRequest], outputs: list[list[int]]) -> int:
     """How many outputs differ from a solo greedy ``generate()`` of the same request."""
     bad = 0
     device = next(model.parameters()).device
     for request, tokens in zip(requests, outputs):
-        ids = torch.tensor([request.prompt_token_ids], device=device)
+        ids = torch.tensor([list(request.prompt_ids)], device=device)
         with torch.inference_mode():
             out = model.generate(
                 ids, max_new_tokens=request.output_len, min_new_tokens=request.output_len,

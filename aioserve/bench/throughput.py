@@ -7,10 +7,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from aioserve.bench.workloads import BenchRequest
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
 from aioserve.sampling_params import SamplingParams
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.synthetic import token_request
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class ThroughputResult:
 
     @classmethod
     def of(
-        cls, backend: str, requests: list[BenchRequest], elapsed_s: float, **measured: Any
+        cls, backend: str, requests: list[WorkloadRequest], elapsed_s: float, **measured: Any
     ) -> ThroughputResult:
         prompt = sum(r.prompt_len for r in requests)
         output = sum(r.output_len for r in requests)
@@ -72,13 +73,13 @@ class ThroughputResult:
         return line
 
 
-def _greedy(request: BenchRequest) -> SamplingParams:
+def _greedy(request: WorkloadRequest) -> SamplingParams:
     return SamplingParams(max_tokens=request.output_len, temperature=0.0, ignore_eos=True)
 
 
 async def run_engine(
     engine: AsyncEngine,
-    requests: list[BenchRequest],
+    requests: list[WorkloadRequest],
     *,
     progress: bool = False,
     backend: str = "aioserve",
@@ -91,8 +92,8 @@ async def run_engine(
     cached = [0 for _ in requests]
     bar = tqdm(total=len(requests), desc="aioserve", unit="req", disable=not progress)
 
-    async def consume(index: int, request: BenchRequest) -> None:
-        async for out in engine.generate(request.prompt_token_ids, _greedy(request)):
+    async def consume(index: int, request: WorkloadRequest) -> None:
+        async for out in engine.generate(list(request.prompt_ids), _greedy(request)):
             if not outputs[index]:
                 ttft[index] = time.perf_counter() - start
             outputs[index].extend(out.token_ids)
@@ -115,7 +116,7 @@ async def run_engine(
 
 def run_aioserve(
     config: EngineConfig,
-    requests: list[BenchRequest],
+    requests: list[WorkloadRequest],
     *,
     progress: bool = False,
     warmup: bool = True,
@@ -133,7 +134,8 @@ def run_aioserve(
         try:
             async with AsyncEngine(config, runner=runner) as engine:
                 if warmup:
-                    short = [BenchRequest(r.prompt_token_ids, 4) for r in requests[:2]]
+                    short = [token_request(i, list(r.prompt_ids), 4)
+                  for i, r in enumerate(requests[:2])]
                     await run_engine(engine, short)
                     engine.reset_prefix_cache()
                 return await run_engine(engine, requests, progress=progress, backend=backend)

@@ -11,11 +11,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aioserve.bench.workloads import (
-    BenchRequest,
-    prefix_repetition_requests,
-    random_requests,
-)
 from aioserve.commands.common import (
     add_prefix_caching_option,
     add_runner_options,
@@ -30,6 +25,11 @@ from aioserve.commands.common import (
 )
 from aioserve.commands.preflight import BENCH_SERVE, preflight
 from aioserve.config import EngineConfig
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.synthetic import (
+    prefix_repetition_requests,
+    random_requests,
+)
 
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
@@ -169,12 +169,12 @@ def _prefix(args: argparse.Namespace) -> tuple[int, int, int] | None:
     return args.prefix_len, args.suffix_len, args.num_prefixes
 
 
-def _requests(args: argparse.Namespace) -> list[BenchRequest]:
+def _requests(args: argparse.Namespace) -> list[WorkloadRequest]:
     if getattr(args, "workload", None):
-        from aioserve.bench.online.workload_file import workload_requests
+        from aioserve.workloads.scenarios import load_workload
 
         try:
-            return workload_requests(args.workload, args.vocab_size)
+            return load_workload(args.workload)
         except ValueError as exc:
             raise ValueError(f"--workload: {exc}") from None
     prefix = _prefix(args)
@@ -244,8 +244,8 @@ def _throughput(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import aiohttp
 
-    from aioserve.bench.online.metrics import summarize
     from aioserve.bench.online.serving import AuthenticationError, run_serving
+    from aioserve.reports.serving import summarize
 
     api_key = args.api_key
     if api_key is None:
@@ -261,7 +261,8 @@ def _serve(args: argparse.Namespace) -> int:
     requests = _requests(args)
     try:
         records, duration, endpoint = asyncio.run(run_serving(
-            args.base_url, requests, request_rate=args.request_rate, endpoint=args.endpoint,
+            args.base_url, requests, request_rate=args.request_rate,
+            at_arrivals=bool(args.workload), vocab_size=args.vocab_size, endpoint=args.endpoint,
             model=args.served_model_name, seed=args.seed,
             progress=not args.no_progress and not args.json, api_key=api_key or None,
             burstiness=args.burstiness, max_concurrency=args.max_concurrency,
@@ -276,12 +277,13 @@ def _serve(args: argparse.Namespace) -> int:
     result = summarize(records, duration, endpoint, slo_ttft_ms=args.slo_ttft_ms,
                        slo_tpot_ms=args.slo_tpot_ms)
     if args.plot:
-        from aioserve.bench.online.plots import plot_serving, run_title
         from aioserve.bench.online.serving import send_times
+        from aioserve.reports.serving_plots import plot_serving, run_title
 
         source = (Path(args.workload).name if args.workload else "random prompts" + (
             "" if math.isinf(args.request_rate) else ", Poisson arrivals"))
-        times = send_times(requests, args.request_rate, args.seed, args.burstiness)
+        times = send_times(requests, args.request_rate, args.seed, args.burstiness,
+                           bool(args.workload))
         try:
             plot_serving(records, args.plot, run_title(source, times, endpoint))
         except ImportError as exc:
@@ -295,28 +297,23 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_sweep(args: argparse.Namespace, api_key: str | None) -> int:
-    """``bench serve --sweep-rate``: the server's attainment curve and capacity."""
-    from aioserve.bench.online.sweep import live_sweep
-    from aioserve.sim.capacity import parse_rates
-    from aioserve.sim.reports.sweep import format_sweep, plot_sweep
+    """``bench serve --sweep-rate``: the old spelling of ``aioserve capacity --url``."""
+    from aioserve.commands import capacity
+    from aioserve.commands.simulate_options import CAPACITY, add_options, old_spelling
 
+    old_spelling("aioserve bench serve --sweep-rate", "aioserve capacity --url")
     if not args.workload:
         raise ValueError("--sweep-rate: give the --workload to sweep (a trace or a named one)")
-    if not 0 < args.target_attainment <= 1:
-        raise ValueError("--target-attainment: must be in (0, 1]")
-    rates = parse_rates(args.sweep_rate)
-    curve = asyncio.run(live_sweep(
-        args.base_url, args.workload, rates, args.sweep_repeats, vocab_size=args.vocab_size,
-        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, endpoint=args.endpoint,
-        model=args.served_model_name, api_key=api_key, max_concurrency=args.max_concurrency))
-    target = args.target_attainment
-    print(format_sweep([curve], target, f"server {args.base_url}: {args.workload}; SLO TTFT "
-                       f"{args.slo_ttft_ms} ms, TPOT {args.slo_tpot_ms} ms"))
-    if args.plot:
-        plot_sweep([curve], target, args.plot, f"server: {args.workload}")
-    if args.json:
-        print(json.dumps(curve.to_dict(target)))
-    return 0
+    if api_key:
+        os.environ["AIOSERVE_API_KEY"] = api_key
+    defaults = argparse.ArgumentParser()
+    add_options(defaults, CAPACITY)
+    new = defaults.parse_args([])
+    for name in ("workload", "sweep_rate", "sweep_repeats", "target_attainment", "slo_ttft_ms",
+                 "slo_tpot_ms", "plot", "json", "max_concurrency"):
+        setattr(new, name, getattr(args, name))
+    new.url = args.base_url
+    return capacity.run(new)
 
 
 def _overhead(args: argparse.Namespace) -> int:

@@ -80,7 +80,7 @@ def check_output(path: str | None, flag: str) -> None:
 
 def token_range(text: str) -> tuple[int, int]:
     """An argparse type: ``LO:HI`` or ``N`` token counts (argparse then names the flag)."""
-    from aioserve.bench.workloads import parse_range
+    from aioserve.workloads.synthetic import parse_range
 
     try:
         return parse_range(text)

@@ -1,82 +1,55 @@
-"""``aioserve simulate``: compare scheduling policies on a virtual clock, or calibrate."""
+"""``aioserve simulate``: run and compare scheduling policies on a virtual clock (or on the
+real engine), and report."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator
+import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from aioserve.commands.common import check_scheduler, scheduler_params
-from aioserve.commands.simulate_cluster import (
-    add_cluster_options,
-    check_cluster,
-    run_cluster,
-    wants_cluster,
-)
+from aioserve.commands.common import check_output, check_scheduler
+from aioserve.commands.simulate_cluster import check_cluster, run_cluster, wants_cluster
 from aioserve.commands.simulate_options import (
+    SIMULATE,
     add_options,
-    check_combinations,
+    check_models,
     engine_config,
+    load,
+    old_spelling,
+    policy_params,
+    real_engine,
+    refuse_foreign,
     sim_config,
-    slo_title,
     with_model,
 )
 from aioserve.config import EngineConfig
-from aioserve.scheduling.registry import params_by_policy
-from aioserve.sim.reports.compare import format_comparison, plot_comparison, write_comparison_html
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.reports.replay import FrameRecorder, write_html
-from aioserve.sim.reports.report import format_report, summarize
-from aioserve.sim.scenarios import load_workload
+from aioserve.reports.compare import format_comparison, plot_comparison, write_comparison_html
+from aioserve.reports.figures import outcomes, policy_figures, rejection_warning
+from aioserve.reports.replay import FrameRecorder, write_html
+from aioserve.reports.report import format_report, summarize
 from aioserve.sim.simulator import SimResult, simulate, timing_line
-from aioserve.sim.trace_options import describe, split_spec
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.trace_options import describe, split_spec
 
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
-    from aioserve.engine import AsyncEngine
-    from aioserve.sim.step_cost import StepCostModel
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "simulate",
+        SIMULATE,
         help="run a workload through the engine and schedulers on a virtual clock",
-        description="Reproduce the article's tables, compare policies without a model, "
-        "calibrate the simulator on this machine (--calibrate) or run the same workload on "
-        "the real engine (--real).",
+        description="Reproduce the article's tables, compare policies without a model (on "
+        "one replica or N behind a router), or run the same workload on the real engine "
+        "(--real). Calibrating is aioserve calibrate; capacity is aioserve capacity.",
     )
-    add_options(parser)
-    add_cluster_options(parser)
+    add_options(parser, SIMULATE)
+    parser.add_argument("--calibrate", action="store_true", help=argparse.SUPPRESS)
     return parser
-
-
-def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """Each policy's parameters from ``--scheduler-config``; ValueError for an unknown key."""
-    return params_by_policy(names, scheduler_params(text))
-
-
-@contextlib.asynccontextmanager
-async def real_engine(config: EngineConfig, tokenizer: bool = True) -> AsyncIterator[AsyncEngine]:
-    """The started engine of ``config``; ``tokenizer=False`` loads none (a random model)."""
-    from aioserve.engine import AsyncEngine
-
-    runner = None
-    if not tokenizer:  # an engine given its runner loads no tokenizer
-        from aioserve.runners.torch.runner import TorchRunner
-
-        runner = await asyncio.to_thread(TorchRunner, config)
-    try:
-        async with AsyncEngine(config, runner=runner) as engine:
-            yield engine
-    finally:
-        if runner is not None:  # also when the engine failed to start
-            runner.close()
 
 
 async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], names: list[str],
@@ -104,121 +77,50 @@ async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], na
     return results, recorders
 
 
-async def _calibrate(args: argparse.Namespace, real: EngineConfig,
-                     workload: list[WorkloadRequest] | None) -> int:
-    from aioserve.sim.calibrate import calibrate
-    from aioserve.sim.fit_report import format_fit
-
-    async with real_engine(real, args.random_model is None) as engine:
-        model = await calibrate(engine, workload, rounds=args.repeats)
-    if args.random_model is not None:
-        model.source["random_model"] = args.random_model
-    path = _save(model, args.profile_out)
-    print(format_fit(model))
-    print(f"forward: {model.source.get('forward')}, device: {model.source.get('device')}")
-    print(f"profile: {path} (use: aioserve simulate --profile {path} ...)")
-    return 0
-
-
-def _save(model: StepCostModel, path: str) -> Path:
-    """``model`` written to ``path``; ValueError naming ``--profile-out`` when it cannot be."""
-    try:
-        return model.save(path)
-    except OSError as exc:
-        raise ValueError(f"--profile-out: cannot write {path}: {exc.strerror or exc}") from None
-
-
-def _calibrate_from_steps(args: argparse.Namespace) -> int:
-    from aioserve.engine.step_log import read_step_log
-    from aioserve.sim.fit_report import format_fit
-    from aioserve.sim.step_cost import fit_profile
-
-    try:
-        engine, steps = read_step_log(args.from_steps)
-        model = fit_profile(steps, source={**engine, "step_log": str(args.from_steps)})
-    except ValueError as exc:
-        raise ValueError(f"--from-steps: {exc}") from None
-    path = _save(model, args.profile_out)
-    print(format_fit(model))
-    print(f"fitted on {len(steps)} served steps of {engine.get('model')} "
-          f"({engine.get('slots')} slots, {engine.get('kv_blocks')} KV blocks)")
-    print(f"profile: {path} (use: aioserve simulate --profile {path} ...)")
-    return 0
-
-
-def _sweep(args: argparse.Namespace, names: list[str]) -> int:
-    """``--sweep-rate``: each policy's attainment and goodput against rate, and its capacity."""
-    from aioserve.sim.capacity import parse_rates
-    from aioserve.sim.reports.sweep import (
-        format_sweep,
-        plot_sweep,
-        simulate_sweep,
-        write_sweep_html,
-    )
-
-    if args.real or args.calibrate:
-        raise ValueError("--sweep-rate simulates; against the real engine use a server and "
-                         "aioserve bench serve --sweep-rate")
-    if not 0 < args.target_attainment <= 1:
-        raise ValueError("--target-attainment: must be in (0, 1]")
-    rates = parse_rates(args.sweep_rate)
-    params = policy_params(args.scheduler_config, names)
-    curves = asyncio.run(simulate_sweep(
-        args.workload, names, rates, args.sweep_repeats, lambda w: sim_config(args, w),
-        args.slo_ttft_ms, args.slo_tpot_ms, params))
-    target = args.target_attainment
-    title = f"simulated: {args.workload}; {slo_title(args)}; {args.sweep_repeats} repeats"
-    if args.profile:
-        title += f"; profile {args.profile}"
-    print(format_sweep(curves, target, title))
-    if args.plot:
-        plot_sweep(curves, target, args.plot, f"simulated: {args.workload}")
-        print(f"plot: {args.plot}", file=sys.stderr)
-    if args.report:
-        path = write_sweep_html(curves, target, args.report, f"aioserve capacity: "
-                                f"{args.workload}", title)
-        print(f"report: {path}", file=sys.stderr)
-    if args.json:
-        for curve in curves:
-            print(json.dumps(curve.to_dict(target)))
-    return 0
-
-
-def _workload(args: argparse.Namespace) -> list[WorkloadRequest]:
-    try:
-        return load_workload(args.workload)
-    except ValueError as exc:
-        raise ValueError(f"--workload: {exc}") from None
-
-
-def _policy_names(text: str) -> list[str]:
-    """``--scheduler``'s comma list; ValueError when empty or a policy repeats."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names:
-        raise ValueError("--scheduler: give at least one policy")
-    repeated = next((name for i, name in enumerate(names) if name in names[:i]), None)
-    if repeated is not None:
-        raise ValueError(f"--scheduler: {repeated!r} given twice")
-    return names
+def check(args: argparse.Namespace) -> None:
+    """Every refusal of a simulation, named by its flag, before any model loads."""
+    refuse_foreign(args, SIMULATE)
+    for flag in ("--report", "--plot", "--html"):
+        check_output(getattr(args, flag[2:]), flag)
+    if args.report is not None and not args.compare:
+        raise ValueError("--report: only with --compare (it writes its tables and plots as a "
+                         "page; --html replays the slots)")
+    if isinstance(args.real, str):  # --real MODEL: a directory, else a random shape
+        if args.model or args.random_model is not None:
+            raise ValueError("--real: give the model as --real MODEL, not also --model")
+        if Path(args.real).is_dir():
+            args.model = args.real
+        else:
+            args.random_model = args.real
+    check_models(args)
+    if (args.model or args.random_model is not None) and not args.real:
+        raise ValueError("--model: only with --real (a simulation loads no model; give it the "
+                         "--profile calibrated on one: aioserve calibrate)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``simulate``; ValueError for an unknown scheduler, workload or option."""
-    check_combinations(args)
+    """Run ``simulate``; ValueError for an unknown scheduler, workload or option. The old
+    spellings ``--calibrate``, ``--sweep-rate`` and ``--fewest-replicas`` run the command
+    that replaced them, after a one-line notice."""
+    from aioserve.commands import calibrate, capacity
+
+    if args.calibrate:
+        old_spelling("aioserve simulate --calibrate", "aioserve calibrate")
+        if args.real:
+            raise ValueError("--real: calibrating already runs the real engine")
+        return calibrate.run(args)
+    for dest, flag in (("sweep_rate", "--sweep-rate"), ("fewest_replicas", "--fewest-replicas")):
+        if getattr(args, dest) is not None:
+            old_spelling(f"aioserve simulate {flag}", f"aioserve capacity {flag}")
+            return capacity.run(args)
+    check(args)
     routers = check_cluster(args) if wants_cluster(args) else None
-    names = _policy_names(args.scheduler)
+    names = capacity.policy_names(args.scheduler)
     params = policy_params(args.scheduler_config, names)
     for name in names:  # every policy refusal (and a state_path's folder) before any run
         check_scheduler(name, params[name])
-    if args.sweep_rate is not None:
-        return _sweep(args, names)
-    if args.from_steps is not None:
-        return _calibrate_from_steps(args)
-    real = engine_config(args) if args.calibrate or args.real else None
-    if args.calibrate and real is not None:
-        workload = _workload(args) if args.workload != "article-example" else None
-        return asyncio.run(_calibrate(args, with_model(args, real), workload))
-    workload = _workload(args)
+    real = engine_config(args) if args.real else None
+    workload = load(args)
     if Path(args.workload).exists() or Path(split_spec(args.workload)[0]).exists():
         print(f"workload: {describe(workload)}", file=sys.stderr)
     if routers is not None:
@@ -226,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
     if real is not None:
         real = with_model(args, real)
     results, recorders = asyncio.run(_run_all(args, workload, names, real))
+    for result in results:
+        warning = rejection_warning(result.scheduler, outcomes(result))
+        if warning is not None:
+            print(warning, file=sys.stderr)
     kind = "real engine" if args.real else "simulated"
     timing = "timing: the real engine" if args.real else timing_line(results[0])
     if args.html and recorders:
@@ -244,10 +150,11 @@ def run(args: argparse.Namespace) -> int:
             for run_figures in runs:
                 print(json.dumps(run_figures))
         return 0
-    print(timing, file=sys.stderr if args.json else sys.stdout)
+    print(textwrap.fill(timing, 100, subsequent_indent="  "),
+          file=sys.stderr if args.json else sys.stdout)
     summaries = [summarize(result, args.workload) for result in results]
     if args.plot:
-        from aioserve.sim.reports.plots import plot
+        from aioserve.reports.plots import plot
 
         try:
             path = plot(results, summaries, args.plot, f"{kind}: {args.workload}")

@@ -3,108 +3,164 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.common import (
-    add_forward_option,
-    add_scheduler_options,
     check_device,
     check_model,
-    check_output,
     flag_error,
     non_negative_float,
     positive_int,
+    scheduler_params,
 )
 from aioserve.config import EngineConfig
+from aioserve.routing.registry import BUILTIN_ROUTERS
+from aioserve.runners.attention import registry as attention_registry
+from aioserve.scheduling.registry import params_by_policy
 from aioserve.sim.simulator import SimConfig
 from aioserve.sim.step_cost import StepCostModel
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import load_workload
+
+if TYPE_CHECKING:
+    from aioserve.engine import AsyncEngine
+
+#: The lab's commands; every option of the three is known to each, so that one given to the
+#: wrong command is refused naming the command that takes it.
+SIMULATE, CALIBRATE, CAPACITY = "simulate", "calibrate", "capacity"
+#: dest -> the commands that take it (where it is listed in their --help).
+TAKEN_BY: dict[str, tuple[str, ...]] = {}
+#: dest -> the commands that take it without listing it (a --profile usually sets it).
+UNLISTED_IN: dict[str, tuple[str, ...]] = {}
+_LAB = (SIMULATE, CALIBRATE, CAPACITY)
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    add_scheduler_options(parser)
-    parser.set_defaults(scheduler="fcfs")
-    add = parser.add_argument
-    add("--workload", default="article-example",
+def add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Every lab option on ``parser``; those ``command`` does not take are hidden."""
+
+    def add(flag: str, listed: tuple[str, ...], *args: Any, unlisted: tuple[str, ...] = (),
+            **kwargs: Any) -> None:
+        dest = flag[2:].replace("-", "_")
+        TAKEN_BY[dest], UNLISTED_IN[dest] = (*listed, *unlisted), unlisted
+        if command not in listed:
+            kwargs["help"] = argparse.SUPPRESS
+        parser.add_argument(flag, *args, **kwargs)
+
+    sim, cap, cal = (SIMULATE,), (CAPACITY,), (CALIBRATE,)
+    add("--scheduler", (SIMULATE, CAPACITY), default="fcfs",
+        help="comma-separated policies (fcfs, static, spf, memory_aware, priority, vtc, edf, "
+        "mlfq, an entry point or package.module:Class)")
+    add("--scheduler-config", (SIMULATE, CAPACITY), default=None, metavar="JSON",
+        help="the policies' parameters as a JSON object, one for all or keyed by policy")
+    add("--workload", _LAB, default="article-example",
         help="article-example, article-mix, poisson[:n=,rate=,burst=,seed=], two-tenants, "
-        "priority-mix, slo-mix, heavy-tail, routes, shared-prefix (each with :key=value "
-        "options; a bad key lists them), or a trace or "
-        "workload file: FILE[:start=,duration=,n=,window=,rate=|speed=,burstiness=,seed=,"
-        "len_scale=,max_len=] (Azure CSV, Mooncake JSONL or aioserve JSONL; README: Real "
-        "traces)")
-    add("--slots", type=positive_int, default=None,
+        "priority-mix, slo-mix, heavy-tail, routes, shared-prefix (:key=value options), or a "
+        "trace or workload file FILE[:start=,duration=,n=,window=,rate=|speed=,burstiness=,"
+        "seed=,len_scale=,max_len=] (Azure CSV, Mooncake JSONL, aioserve JSONL)")
+    add("--profile", (SIMULATE, CAPACITY), default=None, metavar="FILE.json",
+        help="a calibrated step cost (aioserve calibrate): this engine on this machine, one "
+        "step ahead; its slots and cache unless given")
+    add("--slots", _LAB, type=positive_int, default=None,
         help="slots (default 4, or the profile's)")
-    add("--step-ms", type=non_negative_float, default=50.0,
-        help="cost of one step in ms (default 50, the article's; a --profile replaces it)")
-    add("--prefill-ms-per-token", type=non_negative_float, default=0.0,
-        help="extra cost per prompt or recomputed token in ms (default 0)")
-    add("--kv-blocks", type=positive_int, default=None,
+    add("--kv-blocks", _LAB, type=positive_int, default=None,
         help="KV cache size in blocks (default: a full context per slot, or the profile's)")
-    add("--max-model-len", type=positive_int, default=None,
-        help="context length in tokens (default 2048, or the profile's): a request's "
-        "max_tokens defaults to what is left of it, never to its true length")
-    add("--block-size", type=positive_int, default=None,
+    add("--max-model-len", (SIMULATE, CALIBRATE), type=positive_int, default=None,
+        unlisted=cap, help="context length in tokens (default 2048, or the profile's): "
+        "max_tokens defaults to what is left of it, never to the true length")
+    add("--step-ms", sim, type=non_negative_float, default=50.0, unlisted=cap,
+        help="cost of one step in ms (default 50, the article's; a --profile replaces it)")
+    add("--prefill-ms-per-token", (), type=non_negative_float, default=0.0,
+        unlisted=(SIMULATE, CAPACITY), help="extra cost per prompt or recomputed token, ms")
+    add("--block-size", cal, type=positive_int, default=None, unlisted=(SIMULATE, CAPACITY),
         help="tokens per KV block (default 16, or the profile's)")
-    add("--max-num-batched-tokens", type=positive_int, default=None,
-        help="token budget of one step (default 4096, or the profile's)")
-    add("--enable-prefix-caching", action="store_true",
-        help="share cached prompt prefixes (workload prefix_group/prefix_len; default off)")
-    add("--profile", default=None, metavar="FILE.json",
-        help="a calibrated step cost (from --calibrate): simulate this engine on this machine "
-        "(one step ahead, as the engine schedules; its slots and cache unless given)")
-    add("--overlap", action=argparse.BooleanOptionalAction, default=None,
-        help="schedule one step ahead as the engine does (default: on with --profile)")
-    add("--calibrate", action="store_true",
-        help="run a short workload on the real engine (--model) and fit the step cost; "
-        "writes --profile-out")
-    add("--from-steps", default=None, metavar="FILE.jsonl",
-        help="--calibrate: fit on a served engine's steps (aioserve serve --step-log FILE) "
-        "instead of running --model here")
-    add("--profile-out", default="profile.json", metavar="FILE.json",
-        help="where --calibrate writes the profile (default profile.json)")
-    add("--real", action="store_true",
-        help="run the workload on the real engine (--model) instead of simulating it")
-    add("--repeats", type=positive_int, default=2, help="--calibrate: passes to fit on (2)")
-    add("--model", default=None, help="model directory, for --real and --calibrate")
-    add("--random-model", default=None, metavar="CONFIG",
-        help="instead of --model: random weights of a real shape, as bench throughput's "
-        "(a transformers config.json or a shipped shape: smollm2-135m, qwen3-0.6b)")
-    add_forward_option(parser, "; --real and --calibrate: the engine's, as serve's")
-    add("--device", default="auto", help="the engine's device (--real, --calibrate)")
-    add("--compare", action="store_true",
-        help="print the policy comparison: throughput, goodput, TTFT/TPOT/E2E, per-tenant "
-        "service and Jain's index, max wait, preemptions, recomputed tokens")
-    add("--slo-ttft-ms", type=non_negative_float, default=None,
-        help="--compare, --sweep-rate: TTFT objective of requests that carry none")
-    add("--slo-tpot-ms", type=non_negative_float, default=None,
-        help="--compare, --sweep-rate: TPOT objective of requests that carry none")
-    _add_sweep_options(parser)
-    add("--report", default=None, metavar="FILE.html",
-        help="--compare, --sweep-rate: also write the comparison as a self-contained HTML page")
-    add("--json", action="store_true",
-        help="print one JSON object per scheduler as the last line(s)")
-    add("--plot", default=None, metavar="FILE.png",
-        help="slot timeline per scheduler and a latency CDF (with --compare: the comparison)")
-    add("--html", default=None, metavar="FILE.html",
-        help="a self-contained page replaying each run's slots step by step "
-        "(time slider; a policy selector when comparing several)")
+    add("--max-num-batched-tokens", cal, type=positive_int, default=None,
+        unlisted=(SIMULATE, CAPACITY), help="token budget of one step (default 4096)")
+    add("--enable-prefix-caching", (SIMULATE, CALIBRATE), action="store_true", unlisted=cap,
+        help="share cached prompt prefixes (default off)")
+    add("--overlap", (), action=argparse.BooleanOptionalAction, default=None,
+        unlisted=(SIMULATE, CAPACITY), help="schedule one step ahead (default: with --profile)")
+    add("--max-concurrency", cap, type=positive_int, default=None, unlisted=sim,
+        help="most requests in the engine at once; later arrivals wait for one to finish, as "
+        "vLLM bench's --max-concurrency (default: no limit)")
+    add("--real", sim, nargs="?", const=True, default=False, metavar="MODEL",
+        help="run the workload on the real engine instead: a model directory, or random "
+        "weights of a shape (smollm2-135m, qwen3-0.6b or a config.json)")
+    add("--model", cal, default=None, unlisted=sim,
+        help="the model directory to calibrate on")
+    add("--random-model", cal, default=None, metavar="CONFIG", unlisted=sim,
+        help="instead of --model: random weights of a real shape (a transformers config.json "
+        "or smollm2-135m, qwen3-0.6b)")
+    add("--forward", cal, default=EngineConfig.forward,
+        choices=["auto", *attention_registry.FORWARDS], unlisted=sim,
+        help="the engine's forward, as serve's")
+    add("--device", cal, default="auto", unlisted=sim, help="the engine's device")
+    add("--from-steps", cal, default=None, metavar="FILE.jsonl",
+        help="fit on a served engine's steps (aioserve serve --step-log FILE) instead of "
+        "running --model here")
+    add("--profile-out", cal, default="profile.json", metavar="FILE.json",
+        help="where the profile is written")
+    add("--repeats", cal, type=positive_int, default=2, help="passes to fit on")
+    add("--replicas", sim, type=positive_int, default=None,
+        help="simulate N replicas behind a router (a table per router)")
+    add("--router", (SIMULATE, CAPACITY), default=None,
+        help=f"comma-separated routers ({', '.join(BUILTIN_ROUTERS)}, an entry point or "
+        "package.module:Class; default round_robin)")
+    add("--router-config", (SIMULATE, CAPACITY), default=None, metavar="JSON",
+        help="router parameters, one object for all or keyed by router")
+    add("--compare", sim, action="store_true",
+        help="print the policy comparison: throughput, goodput, SLO, TTFT/TPOT/E2E, fairness")
+    add("--slo-ttft-ms", (SIMULATE, CAPACITY), type=non_negative_float, default=None,
+        help="TTFT objective of requests that carry none")
+    add("--slo-tpot-ms", (SIMULATE, CAPACITY), type=non_negative_float, default=None,
+        help="TPOT objective of requests that carry none")
+    add("--sweep-rate", cap, default=None, metavar="LO:HI[:N]",
+        help="run the workload at N rates (default 5) from LO to HI req/s: SLO attainment, "
+        "goodput and the highest rate meeting --target-attainment")
+    add("--sweep-repeats", cap, type=positive_int, default=3,
+        help="runs per rate: other seeds or a file's next windows")
+    add("--arrivals", cap, choices=["scale", "redraw"], default=None,
+        help="a trace at a rate: scale its own gaps in time, or redraw Poisson arrivals at "
+        "that rate (default: scale; the answer names which)")
+    add("--target-attainment", cap, type=non_negative_float, default=0.9,
+        help="the SLO attainment to meet, 0-1")
+    add("--fewest-replicas", cap, type=positive_int, default=None, metavar="MAX",
+        help="instead of a rate: the fewest replicas (1..MAX) meeting --target-attainment at "
+        "the workload's rate, per policy and router")
+    add("--url", cap, default=None,
+        help="sweep a running server instead (its key from $OPENAI_API_KEY or "
+        "$AIOSERVE_API_KEY)")
+    add("--report", (SIMULATE, CAPACITY), default=None, metavar="FILE.html",
+        help="also write the tables and plots as a self-contained HTML page")
+    add("--json", (SIMULATE, CAPACITY), action="store_true",
+        help="print one JSON object per run as the last line(s)")
+    add("--plot", (SIMULATE, CAPACITY), default=None, metavar="FILE.png",
+        help="a PNG: slot timelines and latency CDF (with --compare: the comparison; "
+        "capacity: the curves)")
+    add("--html", sim, default=None, metavar="FILE.html",
+        help="a self-contained page replaying each run's slots step by step")
+    unlisted = sorted(f"--{dest.replace('_', '-')}" for dest, where in UNLISTED_IN.items()
+                      if command in where)
+    if unlisted:
+        parser.epilog = (f"also taken (usually set by a --profile, or for the real engine): "
+                         f"{', '.join(unlisted)}")
 
 
-def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--sweep-rate", default=None, metavar="LO:HI[:N]",
-        help="capacity search: run the workload at N rates (default 5; 1 when LO = HI) from "
-        "LO to HI req/s and report per policy SLO attainment, goodput and the highest rate "
-        "meeting --target-attainment (needs a workload with a rate: poisson, a scenario or a "
-        "file)")
-    add("--sweep-repeats", type=positive_int, default=3,
-        help="--sweep-rate: runs per rate, other seeds or a file's next windows (default 3)")
-    add("--target-attainment", type=non_negative_float, default=0.9,
-        help="--sweep-rate: the SLO attainment to meet, 0-1 (default 0.9)")
-    add("--max-concurrency", type=positive_int, default=None,
-        help="most requests in the engine at once; later arrivals wait for one to finish, "
-        "as vLLM bench's --max-concurrency (default: no limit)")
+def refuse_foreign(args: argparse.Namespace, command: str) -> None:
+    """ValueError naming the option and the command that takes it, for an option given to
+    ``command`` that it does not take (checked before any work)."""
+    defaults = argparse.ArgumentParser()
+    add_options(defaults, command)
+    for dest, where in TAKEN_BY.items():
+        if command in where or getattr(args, dest) == defaults.get_default(dest):
+            continue
+        flag = f"--{dest.replace('_', '-')}"
+        others = " or ".join(f"aioserve {c}" for c in where) or "no lab command"
+        raise ValueError(f"{flag}: not an option of aioserve {command}; {others} takes it")
 
 
 def _profile(args: argparse.Namespace) -> StepCostModel | None:
@@ -144,50 +200,21 @@ def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> Sim
     )
 
 
-def check_combinations(args: argparse.Namespace) -> None:
-    """ValueError naming the flag of a combination that cannot run (before any model loads)."""
-    for flag in ("--report", "--plot", "--html"):
-        check_output(getattr(args, flag[2:]), flag)
-    if args.calibrate:
-        check_output(args.profile_out, "--profile-out")
-    if args.report is not None and not (args.compare or args.sweep_rate is not None):
-        raise ValueError("--report: only with --compare or --sweep-rate (it writes their "
-                         "tables and plots as a page; --html replays the slots)")
-    if args.from_steps is not None:
-        if not args.calibrate:
-            raise ValueError("--from-steps: only with --calibrate (it fits a profile)")
-        if args.model or args.random_model is not None:
-            raise ValueError("--from-steps: the step log names its model; give no --model or "
-                             "--random-model")
-        if args.real:
-            raise ValueError("--real: not with --from-steps (it fits on steps already run)")
-        defaults = argparse.ArgumentParser()
-        add_options(defaults)
-        for dest in ("workload", "slots", "kv_blocks", "block_size", "max_model_len",
-                     "max_num_batched_tokens", "enable_prefix_caching", "forward", "device",
-                     "repeats"):
-            if getattr(args, dest) != defaults.get_default(dest):
-                raise ValueError(f"--{dest.replace('_', '-')}: not with --from-steps (the step "
-                                 "log records the engine that ran; engine options apply when "
-                                 "simulating with --profile)")
-        path = Path(args.from_steps)
-        if not path.is_file():
-            what = "a directory, not a file:" if path.is_dir() else "no file"
-            raise ValueError(f"--from-steps: {what} {args.from_steps!r}")
-    if args.calibrate and args.real:
-        raise ValueError("--real: --calibrate already runs the real engine; give one of them")
-    if args.calibrate and args.profile:
-        raise ValueError("--profile: --calibrate writes a profile (to --profile-out), it reads "
-                         "none")
+def check_models(args: argparse.Namespace) -> None:
+    """ValueError naming ``--model`` or ``--random-model`` when both are given or the shape
+    is unknown (before any model loads)."""
     if args.random_model is not None:
         if args.model:
             raise ValueError("--random-model: give --model or --random-model, not both")
-        if not (args.calibrate or args.real):
-            raise ValueError("--random-model: only with --calibrate or --real (a simulation "
-                             "loads no model; give it the --profile calibrated on one)")
         from aioserve.bench.models.random_model import read_shape
 
         read_shape(args.random_model)  # names --random-model
+
+
+def old_spelling(old: str, new: str) -> None:
+    """The one-line notice of a spelling kept for one release."""
+    print(f"aioserve: {old} is now {new} (this spelling goes in the next release)",
+          file=sys.stderr)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -228,3 +255,34 @@ def slo_title(args: argparse.Namespace) -> str:
              (("TTFT", args.slo_ttft_ms), ("TPOT", args.slo_tpot_ms)) if value is not None]
     return (f"SLO {', '.join(given)} where a request carries none" if given
             else "the requests' own SLOs")
+
+
+def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
+    """Each policy's parameters from ``--scheduler-config``; ValueError for an unknown key."""
+    return params_by_policy(names, scheduler_params(text))
+
+
+@contextlib.asynccontextmanager
+async def real_engine(config: EngineConfig, tokenizer: bool = True) -> AsyncIterator[AsyncEngine]:
+    """The started engine of ``config``; ``tokenizer=False`` loads none (a random model)."""
+    from aioserve.engine import AsyncEngine
+
+    runner = None
+    if not tokenizer:  # an engine given its runner loads no tokenizer
+        from aioserve.runners.torch.runner import TorchRunner
+
+        runner = await asyncio.to_thread(TorchRunner, config)
+    try:
+        async with AsyncEngine(config, runner=runner) as engine:
+            yield engine
+    finally:
+        if runner is not None:  # also when the engine failed to start
+            runner.close()
+
+
+def load(args: argparse.Namespace) -> list[WorkloadRequest]:
+    """The ``--workload``'s requests; ValueError naming the flag."""
+    try:
+        return load_workload(args.workload)
+    except ValueError as exc:
+        raise ValueError(f"--workload: {exc}") from None

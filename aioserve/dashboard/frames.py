@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Any
 
 from aioserve.engine.observation import StepSnapshot
+from aioserve.reports.stats import percentile
 from aioserve.request import Request
 
 #: Percentiles the page shows.
 PERCENTILES = (50, 90, 99)
 #: Most tenants the page breaks down (by requests in the engine).
 MAX_TENANTS = 16
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank ``q``-th percentile (0 < q <= 100) of ``values``; None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
 
 
 class LatencyWindow:

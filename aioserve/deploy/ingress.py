@@ -38,10 +38,11 @@ class OpenAIIngress:
 
     def __init__(
         self, replica: DeploymentHandle[Any], tokenizer: str | None = None,
-        block_size: int = 16, retries: int = 4,
+        block_size: int = 16, retries: int = 4, max_model_len: int | None = None,
     ) -> None:
         self.replica = replica.options(stream=True)
         self.block_size = block_size
+        self.max_model_len = max_model_len
         self.retries = retries
         self.encode: Encode | None = None
         if tokenizer is not None:  # the router hashes token blocks, as the engine caches them
@@ -64,7 +65,8 @@ class OpenAIIngress:
         headers = {name: request.headers[name] for name in FORWARDED_HEADERS
                    if name in request.headers}
         forwarded = ForwardedRequest(request.method, path, headers, raw)
-        route = route_request(raw, self.encode, self.block_size)
+        route = route_request(raw, self.encode, self.block_size,
+                              max_model_len=self.max_model_len)
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(RETRY_DELAY * 2 ** (attempt - 1))  # backoff, not sync

@@ -97,7 +97,7 @@ def build_app(
     )
     engines = replica.bind(engine_config, server_config, options.stream_interval)
     return ingress.bind(engines, engine_config.tokenizer or engine_config.model,
-                        engine_config.block_size)
+                        engine_config.block_size, max_model_len=engine_config.max_model_len)
 
 
 def start(

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.routing.router import RouteRequest, prompt_block_hashes
 
 #: Text -> token ids (the served model's tokenizer).
@@ -29,10 +30,12 @@ def prompt_of(data: Any) -> str | list[int] | None:
 
 
 def route_request(body: bytes, encode: Encode | None, block_size: int,
-                  request_id: str = "") -> RouteRequest | None:
+                  request_id: str = "", max_model_len: int | None = None) -> RouteRequest | None:
     """The :class:`RouteRequest` of a body: its prompt's token-block hashes (text encoded
-    with ``encode``), length and ``max_tokens`` (0 when unset); None when the body has no
-    prompt, or text and no ``encode``."""
+    with ``encode``), length, ``max_tokens`` (unset: the context left of ``max_model_len``,
+    as the engine and the cluster simulator default it; 0 when that is unknown too) and its
+    tenant (``user``) and ``priority``, as the cluster simulator gives a router; None when
+    the body has no prompt, or text and no ``encode``."""
     try:
         data: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -44,5 +47,13 @@ def route_request(body: bytes, encode: Encode | None, block_size: int,
     limit = data.get("max_tokens") or data.get("max_completion_tokens") or 0
     limit = limit if isinstance(limit, int) and not isinstance(limit, bool) else 0
     assert isinstance(ids, list)
+    if not limit and max_model_len is not None:
+        limit = max(max_model_len - len(ids), 1)
+    user, priority = data.get("user"), data.get("priority")
+    try:
+        meta = RequestMeta(priority=priority if type(priority) is int else 0,
+                           tenant=user if isinstance(user, str) else None)
+    except ValueError:  # the replica refuses the body with a 400 naming the field
+        meta = DEFAULT_META
     return RouteRequest(request_id, len(ids), limit, prompt_block_hashes(ids, block_size),
-                        block_size)
+                        block_size, meta)

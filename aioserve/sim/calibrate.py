@@ -11,7 +11,7 @@ from aioserve.engine.step_log import describe
 from aioserve.sim.real import replay
 from aioserve.sim.simulator import SimConfig
 from aioserve.sim.step_cost import StepCostModel, fit_profile
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 
 def calibration_workload(max_num_seqs: int, seed: int = 0, max_model_len: int = 512

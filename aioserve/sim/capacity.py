@@ -6,43 +6,59 @@ are the middle 80% (the first and last 10% of arrivals run but are not counted).
 attainment is the fraction of counted requests that met every objective; its goodput, that
 fraction times the counted requests' offered rate (``(n - 1) / span`` of their arrivals).
 Capacity: the curve is walked from the lowest rate; at the first rate whose attainment falls
-below the target, the rate is interpolated linearly between it and the rate before. Repeats
-(seeds of a synthetic workload, consecutive windows of a trace) give each figure a 95%
-confidence interval, mean +- t(0.975, k - 1) s / sqrt(k)."""
+below the target, the rate is interpolated linearly between it and the rate before; a curve
+that never meets it, or always does, gives a bound (below the lowest rate swept, at least the
+highest), never a number. Repeats (seeds of a synthetic workload, consecutive windows of a
+trace) give each figure a 95% interval that stays inside what it can be: attainment, Wilson's
+score interval over every counted request of the repeats (Wilson, JASA 1927); goodput and the
+capacity, a percentile bootstrap over the repeats (2,000 resamples of the repeats' values, so
+never below the lowest nor above the highest); a capacity some repeat only bounds is reported
+as those bounds, not averaged."""
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aioserve.sim.trace_options import split_spec
+from aioserve.workloads.trace_options import split_spec
+
+#: How the intervals are made, as the reports name it.
+INTERVALS = ("95%: attainment Wilson over counted requests; goodput and capacity bootstrap "
+             "over repeats")
 
 #: Fraction of arrivals counted, from the middle of a run.
 MEASURED_FRACTION = 0.8
 
-#: t(0.975, df) for df = 1..30 (two-sided 95%); beyond, the normal 1.96.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+#: The normal quantile of a two-sided 95% interval.
+Z975 = 1.959964
+#: Bootstrap resamples of an interval over repeats.
+RESAMPLES = 2000
 
 
-def t975(df: int) -> float:
-    """Student's t quantile 0.975 with ``df`` >= 1 degrees of freedom."""
-    return _T975[df - 1] if df <= len(_T975) else 1.96
-
-
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """The mean and the half-width of its 95% CI (NaN with fewer than two values)."""
-    if not values:
+def wilson(good: int, total: int) -> tuple[float, float]:
+    """Wilson's 95% score interval of a proportion ``good / total`` (NaN for none)."""
+    if total <= 0:
         return math.nan, math.nan
+    p, z2 = good / total, Z975 * Z975
+    centre = (p + z2 / (2 * total)) / (1 + z2 / total)
+    half = Z975 * math.sqrt(p * (1 - p) / total + z2 / (4 * total * total)) / (1 + z2 / total)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bootstrap(values: Sequence[float], seed: int = 0) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval of the mean of ``values`` (NaN with fewer than
+    two): inside their range, so never below zero for figures that cannot be."""
     if len(values) < 2:
-        return values[0], math.nan
-    return statistics.fmean(values), t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(
-        len(values))
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values)))
+                   for _ in range(RESAMPLES))
+    return means[int(0.025 * RESAMPLES)], means[int(0.975 * RESAMPLES) - 1]
 
 
 def measured(outcomes: Sequence[tuple[float, bool]]) -> list[tuple[float, bool]]:
@@ -60,6 +76,11 @@ class RunPoint:
     attainment: float
     goodput: float
     counted: int
+
+    @property
+    def good(self) -> int:
+        """Counted requests that met their objectives."""
+        return round(self.attainment * self.counted) if self.counted else 0
 
 
 def run_point(rate: float, outcomes: Sequence[tuple[float, bool]]) -> RunPoint:
@@ -105,24 +126,56 @@ class Curve:
     rates: list[float]
     runs: list[list[RunPoint]] = field(default_factory=list)
 
-    def figure(self, name: str) -> list[tuple[float, float]]:
-        """(mean, CI half-width) of ``attainment`` or ``goodput`` at each rate."""
-        return [mean_ci([getattr(p, name) for p in points]) for points in self.runs]
+    def figure(self, name: str) -> list[tuple[float, float, float]]:
+        """(mean, low, high) of ``attainment`` (Wilson over the counted requests) or
+        ``goodput`` (bootstrap over repeats) at each rate; see the module."""
+        found = []
+        for points in self.runs:
+            values = [getattr(p, name) for p in points if p.counted]
+            mean = statistics.fmean(values) if values else math.nan
+            if name == "attainment":
+                low, high = wilson(sum(p.good for p in points), sum(p.counted for p in points))
+            else:
+                low, high = bootstrap(values)
+            found.append((mean, low, high))
+        return found
 
     def capacity(self, target: float) -> Capacity:
         """The capacity of the mean attainment curve."""
-        return capacity(self.rates, [m for m, _ in self.figure("attainment")], target)
+        return capacity(self.rates, [m for m, _, _ in self.figure("attainment")], target)
 
-    def capacity_ci(self, target: float) -> tuple[float, float]:
-        """Mean and 95% CI half-width of each repeat's own capacity."""
+    def repeat_capacities(self, target: float) -> list[Capacity]:
+        """Each repeat's own capacity (a bound where that repeat gives only one)."""
         repeats = min(len(points) for points in self.runs)
-        return mean_ci([capacity(self.rates, [points[i].attainment for points in self.runs],
-                                 target).rate for i in range(repeats)])
+        return [capacity(self.rates, [points[i].attainment for points in self.runs], target)
+                for i in range(repeats)]
+
+    def capacity_interval(self, target: float) -> str:
+        """The repeats' capacity: ``mean [low, high]`` (bootstrap) when every repeat found
+        one; else the repeats' values and bounds, not averaged; "" with one repeat."""
+        found = self.repeat_capacities(target)
+        if len(found) < 2:
+            return ""
+        if any(c.bound for c in found):
+            return "repeats " + ", ".join(sorted(map(str, found))) + " (bounds: not averaged)"
+        rates = [c.rate for c in found]
+        low, high = bootstrap(rates)
+        return f"repeats {statistics.fmean(rates):.3g} [{low:.3g}, {high:.3g}]"
+
+    def monotonic(self) -> bool:
+        """Whether mean attainment never rises with rate by more than its intervals allow
+        (a rise beyond both Wilson intervals says the runs measured something else: the
+        machine's speed moved, or the windows differ)."""
+        figure = self.figure("attainment")
+        return not any(b[1] > a[2] for a, b in zip(figure, figure[1:])
+                       if not (math.isnan(a[2]) or math.isnan(b[1])))
 
     def to_dict(self, target: float) -> dict[str, Any]:
         return {"policy": self.policy, "rates": self.rates, "target": target,
                 "capacity": str(self.capacity(target)),
-                "capacity_ci": self.capacity_ci(target),
+                "capacity_repeats": [str(c) for c in self.repeat_capacities(target)],
+                "capacity_interval": self.capacity_interval(target),
+                "interval_method": INTERVALS, "monotonic": self.monotonic(),
                 "attainment": self.figure("attainment"), "goodput": self.figure("goodput"),
                 "runs": [[vars(p) for p in points] for points in self.runs]}
 
@@ -152,9 +205,11 @@ def parse_rates(text: str) -> list[float]:
     return [round(low + (high - low) * i / (count - 1), 6) for i in range(count)]
 
 
-def sweep_spec(spec: str, rate: float, repeat: int) -> str:
+def sweep_spec(spec: str, rate: float, repeat: int, redraw: bool = False) -> str:
     """The workload of one run: ``spec`` at ``rate``, repeat ``repeat`` (a file's next window,
-    a synthetic workload's next seed); ValueError for a workload without a rate."""
+    a synthetic workload's next seed); a file's own gaps scaled to the rate, or with
+    ``redraw`` Poisson arrivals at the rate (its order and lengths kept); ValueError for a
+    workload without a rate."""
     name, text = (spec, "") if Path(spec).exists() else split_spec(spec)
     options = dict(part.partition("=")[::2] for part in text.split(",") if part)
     if Path(name).exists():
@@ -163,9 +218,23 @@ def sweep_spec(spec: str, rate: float, repeat: int) -> str:
                              "the window's n= or duration=")
         options.pop("speed", None)
         options["window"] = str(int(options.get("window", 0)) + repeat)
+        if redraw:
+            options.setdefault("burstiness", "1")
+            options.setdefault("seed", str(repeat))
     elif name.startswith("article-"):
         raise ValueError(f"--sweep-rate: workload {name!r} has no arrival rate to sweep")
     else:
         options["seed"] = str(int(options.get("seed", 0)) + repeat)
     options["rate"] = f"{rate:g}"
     return f"{name}:" + ",".join(f"{k}={v}" for k, v in options.items())
+
+
+def arrivals_note(spec: str, redraw: bool) -> str:
+    """What "at a rate" means for ``spec``: a trace's own gaps scaled in time, or arrivals
+    (re)drawn at the rate."""
+    name = spec if Path(spec).exists() else split_spec(spec)[0]
+    if not Path(name).exists():
+        return "arrivals drawn at each rate"
+    if redraw or "burstiness=" in spec:
+        return "the trace's arrivals redrawn at each rate (its order and lengths kept)"
+    return "the trace's own gaps scaled to each rate (--arrivals redraw: Poisson instead)"

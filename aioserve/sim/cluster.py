@@ -22,7 +22,7 @@ from aioserve.request import Request
 from aioserve.routing.registry import load_router
 from aioserve.routing.router import ReplicaLoad, Router, RouteRequest, prompt_block_hashes
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
-from aioserve.sim.runner import FIRST_WORD_ID, OverlappedRunner, SimulatedRunner
+from aioserve.sim.runner import OverlappedRunner, SimulatedRunner
 from aioserve.sim.simulator import (
     SimConfig,
     SimResult,
@@ -31,7 +31,7 @@ from aioserve.sim.simulator import (
     _SimStepLoop,
     precedes,
 )
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
 
 __all__ = ["ClusterResult", "simulate_cluster"]
 

@@ -16,14 +16,13 @@ from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
 from aioserve.scheduling.registry import load_scheduler
-from aioserve.sim.runner import FIRST_WORD_ID
 from aioserve.sim.simulator import (
     SimConfig,
     SimResult,
     StepRecord,
     upper_bound,
 )
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
 
 
 def sim_config_of(engine: AsyncEngine, **overrides: Any) -> SimConfig:
@@ -101,7 +100,7 @@ async def replay(
         raise RuntimeError("replay needs an idle engine")
     policy = load_scheduler(scheduler, scheduler_params)
     core.set_policy(policy)
-    name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
+    name = scheduler_name(policy)  # its `name`, as the server labels it
     if upper_bound(scheduler_params):
         name += " (oracle: upper bound)"
     engine.reset_prefix_cache()

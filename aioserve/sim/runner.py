@@ -8,14 +8,11 @@ from typing import Any
 
 from aioserve.runners.base import ModelRunner, RunnerOutput, ScheduledBatch
 from aioserve.sim.step_cost import StepCostModel
+from aioserve.workloads.request import FIRST_WORD_ID, NS_PER_S
 
-#: Nanoseconds per second and per millisecond; the clock counts integer nanoseconds so
-#: that sums of steps stay exact (100 steps of 50 ms end at exactly 5.0 s).
-NS_PER_S = 1_000_000_000
+#: Nanoseconds per millisecond; the clock counts integer nanoseconds so that sums of steps
+#: stay exact (100 steps of 50 ms end at exactly 5.0 s).
 NS_PER_MS = 1_000_000
-
-#: The first id of ordinary (non-EOS) tokens the runner emits.
-FIRST_WORD_ID = 3
 
 
 class SimulatedRunner(ModelRunner):

@@ -23,9 +23,9 @@ from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
 from aioserve.scheduling.registry import load_scheduler
-from aioserve.sim.runner import FIRST_WORD_ID, NS_PER_S, OverlappedRunner, SimulatedRunner
+from aioserve.sim.runner import OverlappedRunner, SimulatedRunner
 from aioserve.sim.step_cost import StepCostModel
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import FIRST_WORD_ID, NS_PER_S, WorkloadRequest
 
 #: The simulated context length when neither the flags nor a profile give one.
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -339,7 +339,7 @@ def _replica(
 ) -> SimResult:
     """One simulated engine sized for ``workload``, its result filled as it runs."""
     policy = load_scheduler(scheduler, scheduler_params)
-    name = scheduler if isinstance(scheduler, str) else scheduler_name(policy)
+    name = scheduler_name(policy)  # its `name`, as the server labels it
     if upper_bound(scheduler_params):
         name += " (oracle: upper bound)"
     core, runner = _make_core(workload, policy, config, runner_kind)

@@ -15,11 +15,11 @@ import csv
 import os
 import time
 
+from aioserve.reports.cluster import cluster_figures, format_cluster
 from aioserve.sim.cluster import simulate_cluster
-from aioserve.sim.reports.cluster import cluster_figures, format_cluster
-from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimConfig
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import load_workload
 
 ROUTERS = "round_robin,least_outstanding,pow2,prefix"
 

@@ -32,13 +32,13 @@ from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.commands.common import add_forward_option, positive_floats
+from aioserve.reports.figures import policy_figures
 from aioserve.scheduling.registry import available_schedulers, load_scheduler
 from aioserve.sim.calibrate import calibrate
 from aioserve.sim.fit_report import format_fit, held_out_drift
 from aioserve.sim.real import replay, sim_config_of
-from aioserve.sim.reports.figures import policy_figures
-from aioserve.sim.scenarios import load_workload
 from aioserve.sim.simulator import SimResult, simulate
+from aioserve.workloads.scenarios import load_workload
 
 WORKLOADS = {
     "bursty-poisson": "poisson:n=64,rate=30,burst=4,seed=11",

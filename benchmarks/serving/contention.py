@@ -25,11 +25,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's aioserve
 
 from aioserve.bench.cotenants import CoTenants  # noqa: E402
-from aioserve.bench.online.metrics import percentile  # noqa: E402
 from aioserve.bench.online.serving import run_serving  # noqa: E402
 from aioserve.bench.server_process import ServerProcess, source_tree  # noqa: E402
-from aioserve.bench.workloads import BenchRequest, random_requests  # noqa: E402
+from aioserve.reports.serving import percentile  # noqa: E402
 from aioserve.runners.cpu.threads.cpu_budget import usable_cpus  # noqa: E402
+from aioserve.workloads.request import WorkloadRequest  # noqa: E402
+from aioserve.workloads.synthetic import random_requests  # noqa: E402
 
 LOADS = ("quiet", "loaded")
 
@@ -49,7 +50,7 @@ def settings(cpus: int, baseline: Path | None) -> dict[str, tuple[Path | None, d
     return out
 
 
-async def measure(url: str, requests: list[BenchRequest]) -> dict[str, float]:
+async def measure(url: str, requests: list[WorkloadRequest]) -> dict[str, float]:
     """One pass of the workload: output tokens/s and ITL p99 (ms)."""
     records, duration, _ = await run_serving(url, requests, endpoint="completions")
     bad = [r.error for r in records if not r.ok]

@@ -20,11 +20,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from aioserve.bench.workloads import BenchRequest, random_requests
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
 from aioserve.runners.torch.runner import TorchRunner
 from aioserve.sampling_params import SamplingParams
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.synthetic import random_requests
 
 FULL = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
             num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
@@ -41,15 +42,15 @@ def build_model(directory: str, tiny: bool, seed: int, dtype: torch.dtype) -> Qw
     return config
 
 
-async def _aioserve(config: EngineConfig, requests: list[BenchRequest]) -> tuple[float, int]:
+async def _aioserve(config: EngineConfig, requests: list[WorkloadRequest]) -> tuple[float, int]:
     runner = await asyncio.to_thread(TorchRunner, config)
     async with AsyncEngine(config, runner=runner) as engine:
 
-        async def one(request: BenchRequest) -> int:
+        async def one(request: WorkloadRequest) -> int:
             params = SamplingParams(max_tokens=request.output_len, temperature=0.0,
                                     ignore_eos=True)
             count = 0
-            async for out in engine.generate(request.prompt_token_ids, params):
+            async for out in engine.generate(list(request.prompt_ids), params):
                 count += len(out.token_ids)
             return count
 
@@ -59,7 +60,7 @@ async def _aioserve(config: EngineConfig, requests: list[BenchRequest]) -> tuple
         return time.perf_counter() - start, sum(counts)
 
 
-def run_aioserve(directory: str, requests: list[BenchRequest], slots: int, device: str,
+def run_aioserve(directory: str, requests: list[WorkloadRequest], slots: int, device: str,
                  max_model_len: int) -> dict[str, float]:
     """aioserve's wall time and output tokens/s (engine start not timed)."""
     config = EngineConfig(model=directory, max_num_seqs=slots, device=device,
@@ -69,7 +70,7 @@ def run_aioserve(directory: str, requests: list[BenchRequest], slots: int, devic
     return {"elapsed_s": elapsed, "output_tokens": tokens, "tokens_per_s": tokens / elapsed}
 
 
-def run_transformers_cb(directory: str, requests: list[BenchRequest], device: str,
+def run_transformers_cb(directory: str, requests: list[WorkloadRequest], device: str,
                         dtype: torch.dtype, cuda_graph: bool | None) -> dict[str, float]:
     """transformers continuous batching, its cache sized for the workload on the CPU."""
     from transformers import GenerationConfig
@@ -87,12 +88,12 @@ def run_transformers_cb(directory: str, requests: list[BenchRequest], device: st
                   "max_batch_tokens": 8192}
     cb_config = ContinuousBatchingConfig(use_cuda_graph=cuda_graph, **sizing)
 
-    def serve(batch: list[BenchRequest]) -> int:
+    def serve(batch: list[WorkloadRequest]) -> int:
         manager = model.init_continuous_batching(generation_config=generation,
                                                  continuous_batching_config=cb_config)
         manager.start()
         for i, request in enumerate(batch):
-            manager.add_request(request.prompt_token_ids, request_id=f"r{i}",
+            manager.add_request(list(request.prompt_ids), request_id=f"r{i}",
                                 max_new_tokens=request.output_len, eos_token_id=-1)
         tokens = done = 0
         while done < len(batch):

@@ -74,20 +74,21 @@ def vllm_worker(job: dict[str, Any], control: Path) -> None:
 def aioserve_worker(job: dict[str, Any], control: Path, forward: str) -> None:
     """Runs in aioserve's Python: one engine, warmed up, one timed pass per turn."""
     from aioserve.bench.throughput import run_engine
-    from aioserve.bench.workloads import BenchRequest
     from aioserve.config import EngineConfig
     from aioserve.engine import AsyncEngine
     from aioserve.runners.torch.runner import TorchRunner
+    from aioserve.workloads.synthetic import token_request
 
     config = EngineConfig(model=job["model"], max_num_seqs=job["max_num_seqs"], forward=forward,
                           enable_prefix_caching=job["prefix_caching"])
-    requests = [BenchRequest(p, n) for p, n in zip(job["prompts"], job["outs"])]
+    requests = [token_request(i, p, n) for i, (p, n) in enumerate(zip(job["prompts"], job["outs"]))]
 
     async def serve() -> None:
         runner = await asyncio.to_thread(TorchRunner, config)
         try:
             async with AsyncEngine(config, runner=runner) as engine:
-                short = [BenchRequest(r.prompt_token_ids, 4) for r in requests[:2]]
+                short = [token_request(len(requests) + i, list(r.prompt_ids), 4)
+                         for i, r in enumerate(requests[:2])]
                 await run_engine(engine, short)
                 engine.reset_prefix_cache()
                 (control / "ready-aioserve").touch()

@@ -14,7 +14,9 @@ from typing import Any
 
 import aiohttp
 
-from aioserve.bench.workloads import BenchRequest
+from aioserve.reports.outcome import Outcome, of_item
+from aioserve.workloads.body import body_fields
+from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
 
 __all__ = ["AuthenticationError", "RequestRecord", "run_serving"]
 
@@ -32,45 +34,29 @@ def refused(base_url: str, api_key: str | None, detail: str) -> AuthenticationEr
 
 @dataclass
 class RequestRecord:
-    """One request's timings (seconds, ``time.perf_counter``).
+    """One request in flight (seconds, ``time.perf_counter``), until it becomes an
+    :class:`~aioserve.reports.outcome.Outcome`.
 
     ``chunk_times`` holds each chunk that carried tokens; over SSE each network read (events read
-    together count once, as ``vllm bench serve`` counts a chunk). ``slo_ms``: its own (TTFT,
-    TPOT) objectives, None for the run's."""
+    together count once, as ``vllm bench serve`` counts a chunk)."""
 
-    prompt_len: int
-    output_len: int
     start: float = 0.0
     chunk_times: list[float] = field(default_factory=list)
     output_tokens: int = 0
     end: float = 0.0
     error: str | None = None
     cached_tokens: int = 0
-    group: tuple[str | None, int] = (None, 0)
-    slo_ms: tuple[float | None, float | None] = (None, None)
 
-    @property
-    def ok(self) -> bool:
-        return self.error is None and bool(self.chunk_times)
-
-    @property
-    def ttft(self) -> float:
-        return self.chunk_times[0] - self.start
-
-    @property
-    def e2e(self) -> float:
-        return self.end - self.start
-
-    @property
-    def tpot(self) -> float | None:
-        """Mean seconds per output token after the first (None for one token)."""
-        if self.output_tokens < 2:
-            return None
-        return (self.chunk_times[-1] - self.chunk_times[0]) / (self.output_tokens - 1)
-
-    @property
-    def itl(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+    def outcome(self, item: WorkloadRequest, zero: float) -> Outcome:
+        """What happened to ``item``, on a clock whose zero is the run's start ``zero``."""
+        times = tuple(t - zero for t in self.chunk_times)
+        error = self.error if self.error is not None or times else "no token arrived"
+        return replace(of_item(item), arrival_s=self.start - zero,
+                       output_tokens=self.output_tokens,
+                       first_token_s=times[0] if times else None,
+                       last_token_s=times[-1] if times else None,
+                       finish_s=self.end - zero, error=error,
+                       cached_tokens=self.cached_tokens, token_times=times)
 
 
 async def sse_reads(blocks: AsyncIterator[bytes]) -> AsyncIterator[list[str]]:
@@ -84,24 +70,22 @@ async def sse_reads(blocks: AsyncIterator[bytes]) -> AsyncIterator[list[str]]:
             yield payloads
 
 
-def extra_fields(request: BenchRequest, unix_start: float) -> dict[str, Any]:
-    """The request's body fields beyond prompt and length, its deadline as Unix time."""
-    fields = dict(request.fields)
-    if request.deadline_s is not None:
-        fields["deadline"] = unix_start + request.deadline_s
-    return fields
+def request_body(request: WorkloadRequest, prompt: list[int],
+                 unix_start: float) -> dict[str, Any]:
+    """The body of one request: its prompt, its cap as ``max_tokens`` (unset: its
+    ``output_len``), greedy with EOS ignored, and its workload row's fields."""
+    cap = request.max_tokens if request.max_tokens is not None else request.output_len
+    return {"prompt": prompt, "max_tokens": cap, "temperature": 0.0, "ignore_eos": True,
+            **body_fields(request, unix_start)}
 
 
 async def send_completion(
     session: aiohttp.ClientSession, base_url: str, model: str | None, record: RequestRecord,
-    request: BenchRequest, unix_start: float = 0.0,
+    request: WorkloadRequest, prompt: list[int], unix_start: float = 0.0,
 ) -> None:
     """Stream one completion into ``record`` (errors are recorded, not raised)."""
-    body: dict[str, Any] = {
-        "prompt": request.prompt_token_ids, "max_tokens": request.sent_max_tokens,
-        "temperature": 0.0, "ignore_eos": True, "stream": True,
-        "stream_options": {"include_usage": True}, **extra_fields(request, unix_start),
-    }
+    body: dict[str, Any] = {**request_body(request, prompt, unix_start), "stream": True,
+                            "stream_options": {"include_usage": True}}
     if model is not None:
         body["model"] = model
     record.start = time.perf_counter()
@@ -157,16 +141,14 @@ class WebsocketClient:
         for queue in self.queues.values():
             queue.put_nowait({"type": "error", "message": "websocket closed"})
 
-    async def send(self, request_id: str, record: RequestRecord, request: BenchRequest,
-                   unix_start: float = 0.0) -> None:
+    async def send(self, request_id: str, record: RequestRecord, request: WorkloadRequest,
+                   prompt: list[int], unix_start: float = 0.0) -> None:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.queues[request_id] = queue
         record.start = time.perf_counter()
         await self.ws.send_json({
-            "type": "generate", "id": request_id, "prompt": request.prompt_token_ids,
-            "max_tokens": request.sent_max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "type": "generate", "id": request_id, **request_body(request, prompt, unix_start),
             **({"stop_after": request.stop_after} if request.stop_after is not None else {}),
-            **extra_fields(request, unix_start),
         })
         while True:
             message = await queue.get()
@@ -188,10 +170,10 @@ class WebsocketClient:
 
 
 async def with_caps(session: aiohttp.ClientSession, base_url: str,
-                    requests: list[BenchRequest]) -> list[BenchRequest]:
-    """Requests with a hidden stop and no cap get the context left as ``max_tokens`` (the
+                    requests: list[WorkloadRequest]) -> list[WorkloadRequest]:
+    """Requests with no cap get the context left as ``max_tokens`` (the
     server's ``max_model_len`` from ``/v1/models``; unknown: ``output_len``, said on stderr)."""
-    if not any(r.stop_after is not None and r.max_tokens is None for r in requests):
+    if not any(r.max_tokens is None for r in requests):
         return requests
     context = None
     try:
@@ -205,7 +187,7 @@ async def with_caps(session: aiohttp.ClientSession, base_url: str,
               "(length-aware policies then see the true length)", file=sys.stderr)
         return requests
     return [replace(r, max_tokens=max(context - r.prompt_len, r.output_len))
-            if r.stop_after is not None and r.max_tokens is None else r for r in requests]
+            if r.max_tokens is None else r for r in requests]
 
 
 async def detect_endpoint(
@@ -249,23 +231,26 @@ def arrival_gaps(num: int, request_rate: float, seed: int,
     return [rng.expovariate(request_rate) for _ in range(num)]
 
 
-def send_times(requests: list[BenchRequest], request_rate: float, seed: int,
-               burstiness: float = 1.0) -> list[float]:
-    """Seconds after the start to send each request: its ``arrival_s``, else the arrivals of
-    :func:`arrival_gaps`."""
+def send_times(requests: list[WorkloadRequest], request_rate: float, seed: int,
+               burstiness: float = 1.0, at_arrivals: bool = False) -> list[float]:
+    """Seconds after the start to send each request: with ``at_arrivals`` its ``arrival_s``
+    (a workload's clock), else the arrivals of :func:`arrival_gaps`."""
+    if at_arrivals:
+        return [request.arrival_s for request in requests]
     times, t = [], 0.0
-    gaps = arrival_gaps(len(requests), request_rate, seed, burstiness)
-    for request, gap in zip(requests, gaps):
+    for gap in arrival_gaps(len(requests), request_rate, seed, burstiness):
         t += gap
-        times.append(request.arrival_s if request.arrival_s is not None else t)
+        times.append(t)
     return times
 
 
 async def run_serving(
     base_url: str,
-    requests: list[BenchRequest],
+    requests: list[WorkloadRequest],
     *,
     request_rate: float = math.inf,
+    at_arrivals: bool = False,
+    vocab_size: int = 512,
     endpoint: str = "auto",
     model: str | None = None,
     seed: int = 0,
@@ -273,9 +258,11 @@ async def run_serving(
     api_key: str | None = None,
     burstiness: float = 1.0,
     max_concurrency: int | None = None,
-) -> tuple[list[RequestRecord], float, str]:
-    """Send ``requests`` and wait for all; returns the records (request order), the wall seconds
-    and the endpoint used. ``api_key`` goes as a Bearer token. ``burstiness``: see
+) -> tuple[list[Outcome], float, str]:
+    """Send ``requests`` and wait for all; returns their outcomes (request order, seconds
+    after the start), the wall seconds and the endpoint used. ``at_arrivals``: send each at
+    its ``arrival_s``, else at ``request_rate``; ``vocab_size``: of the prompts drawn for
+    requests without token ids. ``api_key`` goes as a Bearer token. ``burstiness``: see
     :func:`arrival_gaps`; ``max_concurrency``: most requests in flight, a later one is sent
     (and its TTFT counted) when one ends, as vLLM bench's ``--max-concurrency``.
 
@@ -287,10 +274,8 @@ async def run_serving(
     if endpoint not in ("auto", "completions", "ws"):
         raise ValueError(f"endpoint must be auto, completions or ws, got {endpoint!r}")
     base_url = base_url.rstrip("/")
-    records = [RequestRecord(r.prompt_len, r.output_len,
-                             group=(r.fields.get("user"), r.fields.get("priority", 0)),
-                             slo_ms=(r.fields.get("ttft_slo_ms"), r.fields.get("tpot_slo_ms")))
-               for r in requests]
+    records = [RequestRecord() for _ in requests]
+    prompts = [r.prompt_token_ids(vocab_size, FIRST_WORD_ID) for r in requests]
     bar = tqdm(total=len(requests), desc="serve", unit="req", disable=not progress)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -308,10 +293,11 @@ async def run_serving(
 
         async def send(index: int) -> None:
             if ws is not None:
-                await ws.send(f"b{index}", records[index], requests[index], unix_start)
+                await ws.send(f"b{index}", records[index], requests[index], prompts[index],
+                              unix_start)
             else:
                 await send_completion(session, base_url, model, records[index], requests[index],
-                                      unix_start)
+                                      prompts[index], unix_start)
 
         async def one(index: int) -> None:
             if limit is None:
@@ -323,7 +309,7 @@ async def run_serving(
 
         tasks = []
         start, unix_start = time.perf_counter(), time.time()
-        times = send_times(requests, request_rate, seed, burstiness)
+        times = send_times(requests, request_rate, seed, burstiness, at_arrivals)
         for index in sorted(range(len(requests)), key=times.__getitem__):
             delay = start + times[index] - time.perf_counter()
             if delay > 0:
@@ -334,4 +320,4 @@ async def run_serving(
         if ws is not None:
             await ws.close()
     bar.close()
-    return records, duration, endpoint
+    return [r.outcome(item, start) for r, item in zip(records, requests)], duration, endpoint

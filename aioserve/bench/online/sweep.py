@@ -1,30 +1,34 @@
-"""The capacity search against a live server (``bench serve --sweep-rate``)."""
+"""The capacity search against a live server (``aioserve capacity --url``)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from aioserve.bench.online.metrics import meets_slo
-from aioserve.bench.online.serving import run_serving, send_times
-from aioserve.bench.online.workload_file import workload_requests
+from aioserve.bench.online.serving import run_serving
+from aioserve.reports.slo import meets_slo
 from aioserve.sim.capacity import Curve, run_point, sweep_spec
+from aioserve.workloads.scenarios import load_workload
 
 
 async def live_sweep(base_url: str, spec: str, rates: list[float], repeats: int, *,
-                     vocab_size: int, slo_ttft_ms: float, slo_tpot_ms: float,
-                     label: str = "server", **serving: Any) -> Curve:
+                     vocab_size: int, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+                     label: str = "server", redraw: bool = False,
+                     **serving: Any) -> tuple[Curve, list[float]]:
     """The server's curve: ``repeats`` runs at each rate of the workloads
     :func:`~aioserve.sim.capacity.sweep_spec` makes (those a simulated sweep runs), counted
-    by the same rule; ``serving``: :func:`run_serving`'s options."""
+    by the same rule, and the TPOTs (s) of the lowest rate's finished requests (the
+    machine's speed as measured); ``serving``: :func:`run_serving`'s options."""
     curve = Curve(label, rates)
+    tpots: list[float] = []
     for rate in rates:
         points = []
         for repeat in range(repeats):
-            requests = workload_requests(sweep_spec(spec, rate, repeat), vocab_size)
-            records, _, _ = await run_serving(base_url, requests, **serving)
-            times = send_times(requests, math.inf, 0)
-            points.append(run_point(rate, [(t, meets_slo(r, slo_ttft_ms, slo_tpot_ms))
-                                           for t, r in zip(times, records)]))
+            requests = load_workload(sweep_spec(spec, rate, repeat, redraw))
+            outcomes, _, _ = await run_serving(base_url, requests, at_arrivals=True,
+                                               vocab_size=vocab_size, **serving)
+            points.append(run_point(rate, [(r.arrival_s, meets_slo(o, slo_ttft_ms, slo_tpot_ms))
+                                           for r, o in zip(requests, outcomes)]))
+            if rate == rates[0]:
+                tpots += [t for o in outcomes if o.ok and (t := o.tpot) is not None]
         curve.runs.append(points)
-    return curve
+    return curve, tpots

@@ -1,35 +1,17 @@
-"""Synthetic benchmark workloads: random prompts, or groups sharing a prefix."""
+"""Synthetic bench workloads: random prompts, or groups sharing a prefix (vLLM's datasets)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+
+from aioserve.workloads.request import WorkloadRequest
 
 
-@dataclass(frozen=True, slots=True)
-class BenchRequest:
-    """One benchmark request (EOS ignored; times in seconds after the run starts). With
-    ``stop_after`` it sends ``max_tokens`` as a cap and stops by ``X-Stop-After`` (the
-    websocket's ``stop_after``), which no scheduling policy sees."""
-
-    prompt_token_ids: list[int]
-    output_len: int
-    arrival_s: float | None = None
-    fields: Mapping[str, Any] = field(default_factory=dict)
-    deadline_s: float | None = None
-    stop_after: int | None = None  # hidden stop (X-Stop-After): then max_tokens is a cap
-    max_tokens: int | None = None  # None: output_len, or with stop_after the context left
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def sent_max_tokens(self) -> int:
-        """The ``max_tokens`` sent (tokens): the row's cap, else its output length."""
-        return self.max_tokens if self.max_tokens is not None else self.output_len
+def token_request(index: int, prompt: list[int], output_len: int) -> WorkloadRequest:
+    """A request of given prompt tokens that generates exactly ``output_len`` (its cap)."""
+    return WorkloadRequest(f"b{index}", 0.0, len(prompt), output_len, max_tokens=output_len,
+                           prompt_ids=tuple(prompt))
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -53,7 +35,7 @@ def random_requests(
     seed: int = 0,
     bos_token_id: int | None = 1,
     low_id: int = 3,
-) -> list[BenchRequest]:
+) -> list[WorkloadRequest]:
     """Random requests as ``vllm bench throughput --dataset-name random``, from ``seed``."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
@@ -61,9 +43,10 @@ def random_requests(
     draw = _token_drawer(rng, vocab_size, low_id)
     head = [bos_token_id] if bos_token_id is not None else []
     requests = []
-    for _ in range(num_prompts):
+    for index in range(num_prompts):
         length = rng.randint(*input_len)
-        requests.append(BenchRequest(head + draw(length - len(head)), rng.randint(*output_len)))
+        requests.append(token_request(index, head + draw(length - len(head)),
+                                      rng.randint(*output_len)))
     return requests
 
 
@@ -86,7 +69,7 @@ def prefix_repetition_requests(
     seed: int = 0,
     bos_token_id: int | None = 1,
     low_id: int = 3,
-) -> list[BenchRequest]:
+) -> list[WorkloadRequest]:
     """Requests in groups sharing a prefix (vLLM's ``prefix_repetition``), from ``seed``."""
     if min(num_prompts, prefix_len, num_prefixes) < 1 or suffix_len < 0:
         raise ValueError("num_prompts, prefix_len and num_prefixes must be >= 1, suffix_len >= 0")
@@ -95,7 +78,7 @@ def prefix_repetition_requests(
     head = [bos_token_id] if bos_token_id is not None else []
     prefixes = [head + draw(prefix_len - len(head)) for _ in range(num_prefixes)]
     requests = [
-        BenchRequest(prefixes[i % num_prefixes] + draw(suffix_len), rng.randint(*output_len))
+        token_request(i, prefixes[i % num_prefixes] + draw(suffix_len), rng.randint(*output_len))
         for i in range(num_prompts)
     ]
     rng.shuffle(requests)

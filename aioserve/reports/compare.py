@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,18 @@ COLUMNS = (
     ("prediction_tau", "length tau", 1.0, 2), ("prediction_mae", "length MAE (tokens)", 1.0, 1),
 )
 
+#: The text table's columns, the answer first (every column: ``--json`` and ``--report``).
+TEXT_COLUMNS = (
+    ("goodput_req_s", "goodput/s", 1.0, 2), ("slo_attainment", "SLO %", 100.0, 1),
+    ("p50_ttft_s", "TTFT p50", 1.0, 3), ("p99_ttft_s", "TTFT p99", 1.0, 3),
+    ("mean_tpot_s", "TPOT ms", 1e3, 1), ("p99_e2e_s", "E2E p99", 1.0, 3),
+    ("throughput_tok_s", "tok/s", 1.0, 1), ("jain_index", "Jain", 1.0, 3),
+    ("preemptions", "preempt", 1.0, 0),
+)
+#: What the text table's units are.
+TEXT_UNITS = ("goodput: requests/s meeting their SLO; TTFT, E2E in s; tok/s: output tokens/s "
+              "(every figure: --json or --report)")
+
 #: The header of a per-tenant or per-priority cell.
 GROUP_CELL = "mean TTFT (s) / p99 TTFT (s) / requests"
 
@@ -44,10 +57,12 @@ def _cell(value: Any, scale: float, digits: int) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
-def comparison_tables(runs: list[dict[str, Any]]) -> list[Table]:
-    """The policies' figures, then TTFT per tenant and per priority where there are several."""
-    tables = [Table("policies", ["policy", *(h for _, h, _, _ in COLUMNS)],
-                    [[r["scheduler"], *(_cell(r.get(k), s, d) for k, _, s, d in COLUMNS)]
+def comparison_tables(runs: list[dict[str, Any]], text: bool = False) -> list[Table]:
+    """The policies' figures (``text``: the columns of :data:`TEXT_COLUMNS`, which fit 100
+    columns), then TTFT per tenant and per priority where there are several."""
+    columns = TEXT_COLUMNS if text else COLUMNS
+    tables = [Table("policies", ["policy", *(h for _, h, _, _ in columns)],
+                    [[r["scheduler"], *(_cell(r.get(k), s, d) for k, _, s, d in columns)]
                      for r in runs])]
     for group, title in (("tenants", "per tenant"), ("priorities", "per priority")):
         names = sorted({name for run in runs for name in run[group]})
@@ -84,8 +99,10 @@ def table_notes(runs: list[dict[str, Any]]) -> list[str]:
         if run.get("jain_weights"):
             weights = ", ".join(f"{t}={w:g}" for t, w in run["jain_weights"].items())
             notes.append(f"{run['scheduler']}: Jain's index of service / weight ({weights})")
-    if any(run.get("jain_window") for run in runs):
-        notes.append("Jain window: the steps where every tenant had a request waiting / all")
+    for run in runs:
+        if run.get("jain_window"):
+            notes.append(f"{run['scheduler']}: Jain over {run['jain_window']} steps (those "
+                         "where every tenant had a request waiting / all)")
     if any(run.get("prediction_tau") is not None for run in runs):
         notes.append("length tau, MAE: the policy's predicted output lengths at arrival "
                      "against the true ones (Kendall's tau-b of the orders)")
@@ -95,12 +112,14 @@ def table_notes(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
-    blocks = [title] if title else []
-    for index, table in enumerate(comparison_tables(runs)):
+    blocks = [textwrap.fill(line, 100, subsequent_indent="  ")
+              for line in title.splitlines()] if title else []
+    for index, table in enumerate(comparison_tables(runs, text=True)):
         blocks.append(format_table(table) if index == 0
                       else f"\n{table.title}\n{format_table(table)}")
         if index == 0:
-            blocks.extend(table_notes(runs))
+            blocks.extend(textwrap.fill(note, 100, subsequent_indent="  ")
+                          for note in [TEXT_UNITS, *table_notes(runs)])
     return "\n".join(blocks)
 
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from aioserve.request_meta import RequestMeta
-from aioserve.sim.trace_options import load_file, split_spec
-from aioserve.sim.workloads import WorkloadRequest, article_example, article_mix, poisson
+from aioserve.workloads.request import (
+    MAX_REQUESTS,
+    WorkloadRequest,
+    article_example,
+    article_mix,
+    poisson,
+)
+from aioserve.workloads.trace_options import load_file, split_spec
 
 
 def _arrivals(n: int, rate: float, burst: float, rng: random.Random) -> Iterator[float]:
@@ -131,7 +138,13 @@ def parse_options(name: str, text: str, allowed: tuple[str, ...]) -> dict[str, A
             number = float(value)
         except ValueError:
             raise ValueError(f"{name} workload: {key} must be a number, got {value!r}") from None
-        options[key] = int(number) if key in ("n", "seed", "prompts", "prefix") else number
+        whole = key in ("n", "seed", "prompts", "prefix")
+        if whole and (not math.isfinite(number) or number != int(number)):
+            raise ValueError(f"{name} workload: {key} must be a whole number, got {value!r}")
+        if key == "n" and not 1 <= number <= MAX_REQUESTS:
+            raise ValueError(f"{name} workload: n must be 1..{MAX_REQUESTS:,} requests, got "
+                             f"{value!r}")
+        options[key] = int(number) if whole else number
     return options
 
 
@@ -147,7 +160,7 @@ def scenario(spec: str) -> list[WorkloadRequest] | None:
 
 def load_workload(spec: str) -> list[WorkloadRequest]:
     """A named workload or scenario (``NAME[:key=value,...]``), or a trace or JSON Lines
-    file (``FILE[:key=value,...]``, see :mod:`aioserve.sim.trace_options`)."""
+    file (``FILE[:key=value,...]``, see :mod:`aioserve.workloads.trace_options`)."""
     if spec == "article-example":
         return article_example()
     if spec == "article-mix":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aioserve.bench.online.serving import RequestRecord
+from aioserve.reports.outcome import Outcome
 
 
 def run_title(source: str, send_times: list[float], endpoint: str) -> str:
@@ -22,7 +22,7 @@ def _bins(values: list[float]) -> int:
     return 40 if values and max(values) - min(values) > 1e-6 else 1
 
 
-def serving_figure(records: list[RequestRecord], title: str = "") -> Any:
+def serving_figure(records: list[Outcome], title: str = "") -> Any:
     """A 2x2 Figure: TTFT, TPOT and ITL histograms (ms) and each request's span."""
     import matplotlib
 
@@ -30,16 +30,16 @@ def serving_figure(records: list[RequestRecord], title: str = "") -> Any:
     import matplotlib.pyplot as plt
 
     done = [r for r in records if r.ok]
-    tenants = sorted({r.group[0] or "-" for r in done})
+    tenants = sorted({r.tenant or "-" for r in done})
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     ttft_ax = axes.flat[0]
     if len(tenants) > 1:
-        ttft_ax.hist([[r.ttft * 1000 for r in done if (r.group[0] or "-") == tenant]
-                      for tenant in tenants], bins=_bins([r.ttft * 1000 for r in done]),
+        ttft_ax.hist([[(r.ttft or 0.0) * 1000 for r in done if (r.tenant or "-") == tenant]
+                      for tenant in tenants], bins=_bins([(r.ttft or 0.0) * 1000 for r in done]),
                      stacked=True, label=tenants)
         ttft_ax.legend(title="tenant", fontsize=7)
     else:
-        ttfts = [r.ttft * 1000 for r in done]
+        ttfts = [(r.ttft or 0.0) * 1000 for r in done]
         ttft_ax.hist(ttfts, bins=_bins(ttfts), color="tab:blue", alpha=0.8)
     ttft_ax.set_xlabel("TTFT (ms)")
     series = {
@@ -55,12 +55,12 @@ def serving_figure(records: list[RequestRecord], title: str = "") -> Any:
         ax.set_xlim(left=0)
     ax = axes.flat[3]
     if done:
-        origin = min(r.start for r in done)
+        origin = min(r.arrival_s for r in done)
         colors = {tenant: f"C{i}" for i, tenant in enumerate(tenants)}
-        for i, r in enumerate(sorted(done, key=lambda r: r.start)):
-            ax.plot([r.start - origin, r.end - origin], [i, i], lw=1,
-                    color=colors[r.group[0] or "-"] if len(tenants) > 1 else "tab:green")
-            ax.plot([r.chunk_times[0] - origin], [i], "k.", ms=2)
+        for i, r in enumerate(sorted(done, key=lambda r: r.arrival_s)):
+            ax.plot([r.arrival_s - origin, (r.finish_s or r.arrival_s) - origin], [i, i], lw=1,
+                    color=colors[r.tenant or "-"] if len(tenants) > 1 else "tab:green")
+            ax.plot([(r.first_token_s or r.arrival_s) - origin], [i], "k.", ms=2)
     ax.set_xlim(left=0)
     ax.set_xlabel("time (s): request span, dot = first token"
                   + (", colour = tenant" if len(tenants) > 1 else ""))
@@ -70,7 +70,7 @@ def serving_figure(records: list[RequestRecord], title: str = "") -> Any:
     return fig
 
 
-def plot_serving(records: list[RequestRecord], path: str | Path, title: str = "") -> Path:
+def plot_serving(records: list[Outcome], path: str | Path, title: str = "") -> Path:
     """Save :func:`serving_figure` (PNG, SVG or PDF by suffix); returns the path."""
     import matplotlib.pyplot as plt
 

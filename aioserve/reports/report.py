@@ -1,12 +1,13 @@
 """A simulation's JSON summary and readable table (latency: finish - arrival; percentiles
-nearest-rank; throughput: output tokens per second of makespan)."""
+linearly interpolated; throughput: output tokens per second of makespan)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from aioserve.dashboard.frames import percentile
+from aioserve.reports.figures import outcomes, rejections
+from aioserve.reports.stats import mean, percentile
 from aioserve.sim.simulator import SimResult
 
 # The article's own figures ("continuous batching: a car-pool whose empty seats are
@@ -32,10 +33,6 @@ MIX_NOTE = (
     "and 20 steps) while the last long requests finish: 360 empty seat-steps = 90 steps "
     "= 4.5 s more, so 2,840 steps = 142.0 s = 77.46 tok/s."
 )
-
-
-def mean(values: list[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
 
 
 def request_rows(result: SimResult) -> list[dict[str, Any]]:
@@ -85,6 +82,7 @@ def summarize(result: SimResult, workload: str = "") -> dict[str, Any]:
         "preemptions": result.preemptions,
         "finished": len(done),
         "rejected": len(rows) - len(done),
+        "rejected_by_reason": rejections(outcomes(result)),
         "requests": rows,
     }
 
@@ -131,6 +129,9 @@ def format_report(summary: dict[str, Any], max_rows: int = 20) -> str:
         f" | preemptions {summary['preemptions']} | finished {summary['finished']}"
         f" | rejected {summary['rejected']}"
     )
+    reasons = summary.get("rejected_by_reason") or {}
+    if reasons:
+        total += " (" + "; ".join(f"{count}: {why}" for why, count in reasons.items()) + ")"
     if workload == "article-mix" and key:
         span, rate = MIX_FIGURES[key]
         total += f" (article: {span:.1f} s = {rate:.0f} tok/s)"

@@ -1,4 +1,5 @@
-"""Simulator workloads: the article's two, JSON Lines files, and a bursty Poisson stream."""
+"""The request of a workload (one type for the simulator, the real replay and the bench
+clients), the article's two workloads, a bursty Poisson stream, and JSON Lines files."""
 
 from __future__ import annotations
 
@@ -14,8 +15,16 @@ from typing import Any
 import numpy as np
 
 from aioserve.request_meta import DEFAULT_META, RequestMeta
-from aioserve.sim.runner import NS_PER_S
-from aioserve.sim.trace_formats import first_line_format, trace_format, unknown_header
+from aioserve.workloads.trace_formats import first_line_format, trace_format, unknown_header
+
+#: Nanoseconds per second (the simulator's clock counts integer nanoseconds).
+NS_PER_S = 1_000_000_000
+
+#: The first id of ordinary (non-EOS, non-BOS) tokens a drawn prompt uses.
+FIRST_WORD_ID = 3
+
+#: Most requests a generated workload may hold (``n=``): a bound, so a typo cannot run for ever.
+MAX_REQUESTS = 1_000_000
 
 #: Prompt length of the article's requests (it counts decode steps only; with the
 #: default prefill cost of 0 the prompt length changes no timing, only KV use).
@@ -35,7 +44,8 @@ def _draw(key: str, count: int, low: int, high: int) -> list[int]:
 
 @dataclass(frozen=True)
 class WorkloadRequest:
-    """One simulated request (times in seconds on the workload's clock, lengths in tokens).
+    """One request of a workload, simulated, replayed or sent to a server (times in seconds
+    on the workload's clock, lengths in tokens).
 
     Attributes:
         output_len: output tokens it generates, the last one EOS (>= 1).
@@ -53,7 +63,9 @@ class WorkloadRequest:
         deadline_s: when it should be done, or None.
         prefix_blocks, block_tokens: a trace's prefix-block ids (Mooncake ``hash_ids``), each
             ``block_tokens`` prompt tokens drawn from its id alone, so equal ids are equal
-            tokens (the prompt's leading blocks; ``prefix_group`` is then unused)."""
+            tokens (the prompt's leading blocks; ``prefix_group`` is then unused).
+        prompt_ids: the prompt's token ids where they are given (the bench's synthetic
+            datasets); empty: drawn from the id and the prefix fields."""
 
     id: str
     arrival_s: float
@@ -68,6 +80,7 @@ class WorkloadRequest:
     deadline_s: float | None = None
     prefix_blocks: tuple[int, ...] = ()
     block_tokens: int = 0
+    prompt_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1 or self.arrival_s < 0:
@@ -83,6 +96,15 @@ class WorkloadRequest:
             raise ValueError(f"workload request {self.id!r}: deadline_s must be >= 0")
         if self.prefix_blocks and self.block_tokens < 1:
             raise ValueError(f"workload request {self.id!r}: block_tokens must be >= 1")
+        if self.prompt_ids and len(self.prompt_ids) != self.prompt_len:
+            raise ValueError(f"workload request {self.id!r}: prompt_len must be "
+                             "len(prompt_ids)")
+
+    @property
+    def stop_after(self) -> int | None:
+        """The hidden stop sent (``X-Stop-After``): ``output_len``, unless the cap is exactly
+        that (then the request ends by length)."""
+        return None if self.max_tokens == self.output_len else self.output_len
 
     def cap(self, max_model_len: int) -> int:
         """The ``max_tokens`` it sends: the workload's, else the context left (>= 1)."""
@@ -98,7 +120,9 @@ class WorkloadRequest:
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
         """Its group's shared prefix (or prefix blocks), then tokens of its own (ids in
-        ``[low_id, vocab_size)``)."""
+        ``[low_id, vocab_size)``), or its ``prompt_ids``."""
+        if self.prompt_ids:
+            return list(self.prompt_ids)
         if self.prefix_blocks:
             return self._block_token_ids(vocab_size, low_id)
         shared = self.prefix_len if self.prefix_group is not None else 0
@@ -141,8 +165,9 @@ def poisson(
 ) -> list[WorkloadRequest]:
     """A bursty Poisson stream at ``rate`` requests/s: geometric bursts of mean ``burst``; 70 %
     short (8-64 output tokens), 30 % long (128-512), prompts 16-256 tokens."""
-    if n < 1 or rate <= 0 or burst < 1:
-        raise ValueError("poisson workload needs n >= 1, rate > 0 and burst >= 1")
+    if not 1 <= n <= MAX_REQUESTS or rate <= 0 or burst < 1:
+        raise ValueError(f"poisson workload needs 1 <= n <= {MAX_REQUESTS:,}, rate > 0 and "
+                         "burst >= 1")
     rng = random.Random(seed)
     requests: list[WorkloadRequest] = []
     t = 0.0

@@ -9,15 +9,16 @@ where every tenant had a request waiting (its window: those steps / all steps)."
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
-from aioserve.dashboard.frames import percentile
-from aioserve.request import Request
-from aioserve.sim.reports.lengths import kendall_tau, mean_absolute_error
-from aioserve.sim.reports.report import mean
+from aioserve.reports.lengths import kendall_tau, mean_absolute_error
+from aioserve.reports.outcome import Outcome, simulated
+from aioserve.reports.slo import carries_objective, good_count, goodput
+from aioserve.reports.stats import mean, percentile
+from aioserve.scheduling import Scheduler
 from aioserve.sim.simulator import SimResult
-from aioserve.sim.workloads import WorkloadRequest
 
 
 def jain(values: list[float], weights: list[float] | None = None) -> float | None:
@@ -29,25 +30,18 @@ def jain(values: list[float], weights: list[float] | None = None) -> float | Non
     return total * total / (len(values) * squares) if squares > 0 else None
 
 
-def run_policy(result: SimResult) -> object:
+def run_policy(result: SimResult) -> Scheduler:
     """The policy that ran (the engine's may have changed since, in ``--real``)."""
     return result.policy if result.policy is not None else result.core.guard.policy
 
 
 def tenant_weights(result: SimResult, tenants: list[str | None]) -> list[float] | None:
-    """The policy's per-tenant ``weights`` (missing tenants weigh 1), or None without any."""
-    weights = getattr(run_policy(result), "weights", None)
+    """The per-tenant ``weights`` of the policy's report (missing tenants weigh 1), or None
+    without any."""
+    weights = run_policy(result).report().get("weights")
     if not isinstance(weights, dict) or not weights:
         return None
     return [float(weights.get(t, 1.0)) if t is not None else 1.0 for t in tenants]
-
-
-def carries_objective(item: WorkloadRequest, ttft_ms: float | None,
-                      tpot_ms: float | None) -> bool:
-    """Whether any objective applies to the request (its own or a default given)."""
-    meta = item.meta
-    return (ttft_ms is not None or tpot_ms is not None or meta.ttft_slo_ms is not None
-            or meta.tpot_slo_ms is not None or item.deadline_s is not None)
 
 
 def prediction_figures(result: SimResult, skip_first: int = 100) -> dict[str, Any]:
@@ -71,39 +65,46 @@ def prediction_figures(result: SimResult, skip_first: int = 100) -> dict[str, An
     }
 
 
-def meets(request: Request, item: WorkloadRequest, ttft_ms: float | None,
-          tpot_ms: float | None) -> bool:
-    """Whether a finished request met every objective it carries, else the defaults given."""
-    m = request.metrics
-    if m.first_token_time is None or m.finished_time is None:
-        return False
-    ttft_slo = item.meta.ttft_slo_ms if item.meta.ttft_slo_ms is not None else ttft_ms
-    tpot_slo = item.meta.tpot_slo_ms if item.meta.tpot_slo_ms is not None else tpot_ms
-    if ttft_slo is not None and (m.first_token_time - item.arrival_s) * 1e3 > ttft_slo:
-        return False
-    tpot = _tpot(request)
-    if tpot_slo is not None and tpot is not None and tpot * 1e3 > tpot_slo:
-        return False
-    return item.deadline_s is None or m.finished_time <= item.deadline_s
+def outcomes(result: SimResult) -> list[Outcome]:
+    """Each request's outcome, in workload order (rejected and unfinished ones with why)."""
+    return [simulated(w, result.finished.get(w.id), result.rejected.get(w.id))
+            for w in result.workload]
 
 
-def _tpot(request: Request) -> float | None:
-    m = request.metrics
-    if request.num_output_tokens < 2 or m.first_token_time is None or m.last_token_time is None:
-        return None
-    return (m.last_token_time - m.first_token_time) / (request.num_output_tokens - 1)
-
-
-def _latencies(requests: list[tuple[Request, WorkloadRequest]]) -> dict[str, float | None]:
-    ttft = [r.metrics.first_token_time - w.arrival_s for r, w in requests
-            if r.metrics.first_token_time is not None]
-    e2e = [r.metrics.finished_time - w.arrival_s for r, w in requests
-           if r.metrics.finished_time is not None]
-    tpot = [t for r, _ in requests if (t := _tpot(r)) is not None]
+def latencies(done: list[Outcome]) -> dict[str, float | None]:
+    """TTFT, TPOT and E2E means and percentiles (seconds) of finished requests."""
+    ttft = [t for o in done if (t := o.ttft) is not None]
+    e2e = [t for o in done if (t := o.e2e) is not None]
+    tpot = [t for o in done if (t := o.tpot) is not None]
     return {"mean_ttft_s": mean(ttft), "p50_ttft_s": percentile(ttft, 50),
             "p99_ttft_s": percentile(ttft, 99), "mean_tpot_s": mean(tpot),
             "p99_tpot_s": percentile(tpot, 99), "mean_e2e_s": mean(e2e),
             "p50_e2e_s": percentile(e2e, 50), "p99_e2e_s": percentile(e2e, 99)}
+
+
+def makespan(every: list[Outcome]) -> float:
+    """First arrival to last finish (s) of a run's requests."""
+    start = min((o.arrival_s for o in every), default=0.0)
+    return max((o.finish_s for o in every if o.ok and o.finish_s is not None),
+               default=start) - start
+
+
+def outcome_figures(every: list[Outcome], duration_s: float, slo_ttft_ms: float | None,
+                    slo_tpot_ms: float | None) -> dict[str, Any]:
+    """The figures any run has, from its outcomes alone: counts, throughput, goodput, SLO
+    attainment and latencies over ``duration_s``."""
+    done = [o for o in every if o.ok]
+    tokens = sum(o.output_tokens for o in done)
+    good = good_count(every, slo_ttft_ms, slo_tpot_ms)
+    with_objective = carries_objective(every, slo_ttft_ms, slo_tpot_ms)
+    return {
+        "finished": len(done), "failed": len(every) - len(done), "makespan_s": duration_s,
+        "throughput_tok_s": tokens / duration_s if duration_s > 0 else 0.0,
+        "throughput_req_s": len(done) / duration_s if duration_s > 0 else 0.0,
+        "goodput_req_s": goodput(every, duration_s, slo_ttft_ms, slo_tpot_ms),
+        "slo_attainment": good / len(every) if every and with_objective else None,
+        **latencies(done),
+    }
 
 
 def backlogged_service(result: SimResult) -> dict[str | None, float]:
@@ -135,34 +136,21 @@ def backlogged_window(result: SimResult) -> tuple[dict[str | None, float], int]:
 def policy_figures(result: SimResult, slo_ttft_ms: float | None = None,
                    slo_tpot_ms: float | None = None) -> dict[str, Any]:
     """Every comparison figure of one run (seconds, tokens, tokens/s, requests/s)."""
-    items = {w.id: w for w in result.workload}
-    done = [(r, items[k]) for k, r in result.finished.items() if k in items
-            and r.finish_reason is not None and r.finish_reason.value != "error"]
-    start = min((w.arrival_s for w in result.workload), default=0.0)
-    end = max((r.metrics.finished_time or start for r, _ in done), default=start)
-    makespan = end - start
-    tokens = sum(r.num_output_tokens for r, _ in done)
-    good = sum(meets(r, w, slo_ttft_ms, slo_tpot_ms) for r, w in done)
-    waits = [r.metrics.first_scheduled_time - w.arrival_s for r, w in done
-             if r.metrics.first_scheduled_time is not None]
-    tenants: dict[str | None, list[tuple[Request, WorkloadRequest]]] = defaultdict(list)
-    priorities: dict[int, list[tuple[Request, WorkloadRequest]]] = defaultdict(list)
-    for pair in done:
-        tenants[pair[1].meta.tenant].append(pair)
-        priorities[pair[1].meta.priority].append(pair)
+    every = outcomes(result)
+    done = [o for o in every if o.ok]
+    waits = [o.first_scheduled_s - o.arrival_s for o in done if o.first_scheduled_s is not None]
+    tenants: dict[str | None, list[Outcome]] = defaultdict(list)
+    priorities: dict[int, list[Outcome]] = defaultdict(list)
+    for o in done:
+        tenants[o.tenant].append(o)
+        priorities[o.priority].append(o)
     service, window = backlogged_window(result)
     names = list(service)
     weights = tenant_weights(result, names)
-    with_objective = any(carries_objective(w, slo_ttft_ms, slo_tpot_ms) for w in result.workload)
     return {
-        "scheduler": result.scheduler, "finished": len(done),
-        "failed": len(result.workload) - len(done), "makespan_s": makespan,
-        "throughput_tok_s": tokens / makespan if makespan > 0 else 0.0,
-        "throughput_req_s": len(done) / makespan if makespan > 0 else 0.0,
-        "goodput_req_s": good / makespan if makespan > 0 else 0.0,
-        "slo_attainment": good / len(result.workload) if result.workload and with_objective
-        else None,
-        **_latencies(done), "max_wait_s": max(waits, default=None),
+        "scheduler": result.scheduler,
+        **outcome_figures(every, makespan(every), slo_ttft_ms, slo_tpot_ms),
+        "max_wait_s": max(waits, default=None),
         "preemptions": result.preemptions, "recomputed_tokens": result.preempted_tokens,
         "prefix_hit_rate": (result.core.prefix_cache_hits / result.core.prefix_cache_queries
                             if result.core.prefix_cache_queries else None),
@@ -170,9 +158,40 @@ def policy_figures(result: SimResult, slo_ttft_ms: float | None = None,
         "jain_weights": dict(zip(map(str, names), weights)) if weights else None,
         "jain_window": f"{window}/{len(result.feedback)}" if len(service) > 1 else None,
         **prediction_figures(result),
+        "rejected": rejections(every),
         "tenants": {str(t): {"requests": len(p), "backlogged_service": service.get(t, 0.0),
-                             "output_tokens": sum(r.num_output_tokens for r, _ in p),
-                             **_latencies(p)} for t, p in sorted(tenants.items(), key=str)},
-        "priorities": {str(k): {"requests": len(p), **_latencies(p)}
+                             "output_tokens": sum(o.output_tokens for o in p),
+                             **latencies(p)} for t, p in sorted(tenants.items(), key=str)},
+        "priorities": {str(k): {"requests": len(p), **latencies(p)}
                        for k, p in sorted(priorities.items())},
     }
+
+
+def rejections(every: list[Outcome]) -> dict[str, int]:
+    """How many requests failed, by :func:`reason_kind`."""
+    counts: dict[str, int] = {}
+    for o in every:
+        if o.error is not None:
+            key = reason_kind(o.error)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def rejection_warning(label: str, every: list[Outcome]) -> str | None:
+    """A one-line warning of a run's failed requests, counted by reason with the first
+    reason in full; None when every request finished."""
+    failed = [o for o in every if o.error is not None]
+    if not failed:
+        return None
+    kinds = "; ".join(f"{count} {why}" for why, count in rejections(every).items())
+    return (f"warning: {label}: {len(failed)} of {len(every)} requests not served ({kinds}); "
+            f"first: {failed[0].id}: {failed[0].error}")
+
+
+def reason_kind(reason: str) -> str:
+    """A failure's kind: its words up to the first ": " or ", ", numbers as N (so the
+    engine's reasons, and admission limits yet to come, are counted alike)."""
+    head = reason
+    for stop in (": ", ", "):
+        head = head.split(stop, 1)[0]
+    return re.sub(r"\d+(\.\d+)?", "N", head).strip() or reason

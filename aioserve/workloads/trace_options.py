@@ -21,8 +21,8 @@ import random
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from aioserve.sim.traces import MOONCAKE_BLOCK_TOKENS, detect, read_trace
-from aioserve.sim.workloads import WorkloadRequest, load_jsonl
+from aioserve.workloads.request import MAX_REQUESTS, WorkloadRequest, load_jsonl
+from aioserve.workloads.traces import MOONCAKE_BLOCK_TOKENS, detect, read_trace
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ def _number(key: str, value: str) -> float | str:
     if key in _INTS and number != int(number) or not number >= 0 or math.isinf(number):
         raise ValueError(f"workload option {key}: expected a {'whole ' * (key in _INTS)}"
                          f"number >= 0, got {value!r}")
+    if key == "n" and number > MAX_REQUESTS:
+        raise ValueError(f"workload option n: at most {MAX_REQUESTS:,} requests, got {value!r}")
     return int(number) if key in _INTS else number
 
 

@@ -12,8 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from aioserve.sim.trace_formats import TraceFormat, first_line_format
-from aioserve.sim.workloads import WorkloadRequest, json_lines
+from aioserve.workloads.request import WorkloadRequest, json_lines
+from aioserve.workloads.trace_formats import TraceFormat, first_line_format
 
 #: Tokens per prefix block in Mooncake's release.
 MOONCAKE_BLOCK_TOKENS = 512

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from aioserve.reports.compare import Table, format_table
+from aioserve.reports.sweep import met
 from aioserve.sim.capacity import run_point
 from aioserve.sim.cluster import simulate_cluster
-from aioserve.sim.reports.compare import Table, format_table
-from aioserve.sim.reports.sweep import outcomes
 from aioserve.sim.simulator import SimConfig
-from aioserve.sim.workloads import WorkloadRequest
+from aioserve.workloads.request import WorkloadRequest
 
 
 @dataclass
@@ -46,7 +46,7 @@ async def fewest_replicas(
     async def meets(count: int) -> bool:
         result = await simulate_cluster(workload, count, router, policy, config,
                                         router_params, scheduler_params)
-        found = [o for rep in result.replicas for o in outcomes(rep, slo_ttft_ms, slo_tpot_ms)]
+        found = [o for rep in result.replicas for o in met(rep, slo_ttft_ms, slo_tpot_ms)]
         point = run_point(rate, found)
         search.tried[count] = (point.attainment, point.goodput)
         return point.attainment >= target
@@ -81,6 +81,6 @@ def format_replica_search(searches: list[ReplicaSearch], title: str = "") -> str
                      "-" if below is None else f"{below[0] * 100:.1f}"])
     target = searches[0].target if searches else 0.0
     table = Table("fewest replicas", [
-        "policy", "router", f"fewest replicas (SLO >= {target * 100:g}%)", "SLO %",
-        "goodput per replica (req/s)", "SLO % one fewer"], rows)
+        "policy", "router", f"replicas (SLO >= {target * 100:g}%)", "SLO %",
+        "goodput/replica (req/s)", "SLO % one fewer"], rows)
     return (f"{title}\n" if title else "") + format_table(table)

@@ -1,0 +1,1 @@
+"""Reports: one outcome record, and on it percentiles, the SLO rule, goodput, tables, plots."""

@@ -1,1 +1,0 @@
-"""What the scheduler lab reports of its runs (figures, tables, plots, HTML); it runs nothing."""

@@ -1,0 +1,1 @@
+"""Workloads: scenarios, trace formats and options, synthetic generators, one request type."""
