@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 from aioserve.bench.cotenants import CoTenants  # noqa: E402
 from aioserve.bench.online.serving import run_serving  # noqa: E402
 from aioserve.bench.server_process import ServerProcess, source_tree  # noqa: E402
-from aioserve.reports.serving import percentile  # noqa: E402
+from aioserve.reports.stats import percentile  # noqa: E402
 from aioserve.runners.cpu.threads.cpu_budget import usable_cpus  # noqa: E402
 from aioserve.workloads.request import WorkloadRequest  # noqa: E402
 from aioserve.workloads.synthetic import random_requests  # noqa: E402
