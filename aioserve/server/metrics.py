@@ -15,6 +15,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from aioserve.engine import AsyncEngine
+from aioserve.engine.admission import REFUSAL_REASONS
 from aioserve.engine.observation import StepSnapshot
 from aioserve.request import Request, RequestMetrics
 from aioserve.runners.cpu.threads.thread_governor import threads_in_use
@@ -128,14 +129,24 @@ class _EngineCollector(Collector):
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        refused = CounterMetricFamily(
+            PREFIX + "num_requests_refused", "Requests the admission limit refused (HTTP "
+            "429), by reason: queue_full (--max-waiting), queue_timeout (--max-queue-time-s).",
+            labels=["reason"])
+        counts = core.admission.refused if core is not None else m.last_refused
+        for reason in REFUSAL_REASONS:
+            refused.add_metric([reason], counts.get(reason, 0))
+        yield refused
 
 
 class ServerMetrics:
     """The metrics of one app, in its own ``CollectorRegistry``; :meth:`attach` listens
-    to ``engine``."""
+    to ``engine``. ``tenant_labels`` is the app's one tenant-label rule: every series
+    keyed by tenant (here and a policy's report) takes its label from it."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, tenant_labels: TenantLabels | None = None) -> None:
         self.engine = engine
+        self.tenant_labels = tenant_labels if tenant_labels is not None else TenantLabels()
         self.registry = CollectorRegistry()
         self.finished_prompt_tokens = 0
         self.finished_generation_tokens = 0
@@ -144,6 +155,7 @@ class ServerMetrics:
         self.last_prefix_hits = 0
         self.last_scheduler_failures = 0
         self.last_shed = 0
+        self.last_refused: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
         r = self.registry
         self.request_success = Counter(
             PREFIX + "request_success", "Finished requests by finish reason.",
@@ -165,7 +177,7 @@ class ServerMetrics:
         self.queue_time = Histogram(
             PREFIX + "request_queue_time_seconds", "Arrival to first scheduled (seconds).",
             buckets=_E2E_BUCKETS, registry=r)
-        self.tenants = TenantMetrics(PREFIX, r, _LATENCY_BUCKETS)
+        self.tenants = TenantMetrics(PREFIX, r, _LATENCY_BUCKETS, self.tenant_labels)
         self.output_length = Histogram(
             PREFIX + "request_output_length_tokens", "Output tokens of requests the policy "
             "predicted, as predicted at arrival and as generated.", ["source"],
@@ -228,6 +240,7 @@ class ServerMetrics:
             self.last_prefix_hits = self.engine.core.prefix_cache_hits
             self.last_scheduler_failures = self.engine.core.guard.failures
             self.last_shed = self.engine.core.num_shed
+            self.last_refused = dict(self.engine.core.admission.refused)
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus text format."""
