@@ -4,12 +4,19 @@ generated token counted once."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
@@ -105,6 +112,13 @@ class _EngineCollector(Collector):
         )
         for name, doc, value in gauges:
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+        try:
+            tasks = len(asyncio.all_tasks())
+        except RuntimeError:  # scraped off the event loop (a test's registry read)
+            tasks = None
+        if tasks is not None:
+            yield GaugeMetricFamily(PREFIX + "asyncio_tasks", "asyncio tasks alive in the "
+                                    "server's event loop (a leak shows as growth).", value=tasks)
         threads = threads_in_use(engine.runner)
         if threads is not None:
             yield GaugeMetricFamily(
@@ -187,6 +201,7 @@ class ServerMetrics:
             "|predicted - generated| output tokens per request the policy predicted.",
             buckets=_LENGTH_BUCKETS, registry=r)
         r.register(_EngineCollector(self))
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
 
     def attach(self) -> None:
         """Listen to the engine's finished requests."""
