@@ -9,6 +9,10 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from aioserve.routing.registry import load_router
 from aioserve.routing.router import ReplicaLoad, RouteRequest
 
+#: Replicas each router of this process sees now, by its ``view`` name (the ingress's
+#: ``/health`` reads it: ready means its router sees every target replica).
+ROUTER_VIEWS: dict[str, int] = {}
+
 
 class ContractRouter(RequestRouter):
     """Serve's request router over any aioserve router (pass as ``request_router_class``).
@@ -25,13 +29,21 @@ class ContractRouter(RequestRouter):
 
     def initialize_state(  # type: ignore[override]  # Serve passes request_router_kwargs
         self, router: str = "pow2", router_params: dict[str, Any] | None = None,
-        kv_blocks: int = 0,
+        kv_blocks: int = 0, view: str = "",
     ) -> None:
+        self.view = view
         self.router = load_router(router, router_params)
         self.kv_blocks = kv_blocks
         self.requests: dict[str, int] = {}
         self.tokens: dict[str, int] = {}
         self.sent: dict[str, tuple[str, int]] = {}
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        """Serve's hook: the replicas to route to changed; their count goes to
+        :data:`ROUTER_VIEWS` under ``view``."""
+        super().update_replicas(replicas)
+        if self.view:
+            ROUTER_VIEWS[self.view] = len(replicas)
 
     def _load(self, replica: RunningReplica) -> ReplicaLoad:
         rid = replica.replica_id.unique_id
