@@ -222,8 +222,8 @@ class EngineCore:
         if not self.waiting and not self.running:
             return None
         if self.admission.max_queue_time_s is not None:
-            for request in self.admission.expired(self.waiting, self.clock()):
-                self.finish(request, FinishReason.ERROR)
+            for late in self.admission.expired(self.waiting, self.clock()):
+                self.finish(late, FinishReason.ERROR)
             if not self.waiting and not self.running:
                 return None
         decision = self.guard.schedule(self.snapshot())
