@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
@@ -9,9 +11,20 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from aioserve.routing.registry import load_router
 from aioserve.routing.router import ReplicaLoad, RouteRequest
 
-#: Replicas each router of this process sees now, by its ``view`` name (the ingress's
-#: ``/health`` reads it: ready means its router sees every target replica).
-ROUTER_VIEWS: dict[str, int] = {}
+#: The ``sys.modules`` entry holding :func:`router_views`'s dict.
+_VIEWS_HOLDER = "aioserve.deploy._router_views"
+
+
+def router_views() -> dict[str, int]:
+    """Replicas each router of this process sees now, by its ``view`` name (the ingress's
+    ``/health`` reads it: ready means its router sees every target replica). One dict per
+    process, kept in ``sys.modules``: Serve ships the router and ingress classes by value,
+    each with its own copy of this module's globals."""
+    holder = sys.modules.get(_VIEWS_HOLDER)
+    if holder is None:
+        holder = sys.modules.setdefault(_VIEWS_HOLDER, types.ModuleType(_VIEWS_HOLDER))
+    views: dict[str, int] = holder.__dict__.setdefault("views", {})
+    return views
 
 
 class ContractRouter(RequestRouter):
@@ -40,10 +53,10 @@ class ContractRouter(RequestRouter):
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Serve's hook: the replicas to route to changed; their count goes to
-        :data:`ROUTER_VIEWS` under ``view``."""
+        :func:`router_views` under ``view``."""
         super().update_replicas(replicas)
         if self.view:
-            ROUTER_VIEWS[self.view] = len(replicas)
+            router_views()[self.view] = len(replicas)
 
     def _load(self, replica: RunningReplica) -> ReplicaLoad:
         rid = replica.replica_id.unique_id

@@ -13,7 +13,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from aioserve.deploy.contract_router import ROUTER_VIEWS
+from aioserve.deploy.contract_router import router_views
 from aioserve.deploy.forwarded import (
     FORWARDED_HEADERS,
     REPLICA_HEADER,
@@ -28,8 +28,9 @@ logger = logging.getLogger("aioserve.deploy")
 #: Seconds before the first retry of a request whose replica failed; doubles each time (Serve
 #: may route to a dead replica until its controller notices the death).
 RETRY_DELAY = 0.25
-#: The name the engine replicas' router reports its view under (see ``ROUTER_VIEWS``).
-REPLICA_VIEW = "EngineReplica"
+#: Serve application name of the app, and the engine replicas' deployment name.
+APP_NAME = "aioserve"
+REPLICA_DEPLOYMENT = "EngineReplica"
 #: Seconds a client refused by Serve's queue bound is told to wait.
 BACKPRESSURE_RETRY_AFTER_S = 1
 
@@ -74,7 +75,7 @@ class OpenAIIngress:
         response = await self._forward(request)
         if request.url.path != "/health" or response.status_code != 200:
             return response
-        seen = ROUTER_VIEWS.get(REPLICA_VIEW, 0)  # known once a request went through
+        seen = router_views().get(REPLICA_DEPLOYMENT, 0)  # known once a request went by
         if seen < self.target_replicas:
             body = {"status": f"starting: the router sees {seen} of {self.target_replicas} "
                               "engine replicas", "replicas": seen}

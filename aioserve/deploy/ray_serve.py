@@ -16,16 +16,16 @@ from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from aioserve.config import EngineConfig
 from aioserve.deploy.contract_router import ContractRouter
-from aioserve.deploy.ingress import BACKPRESSURE_RETRY_AFTER_S, REPLICA_VIEW, OpenAIIngress
+from aioserve.deploy.ingress import APP_NAME as APP_NAME
+from aioserve.deploy.ingress import BACKPRESSURE_RETRY_AFTER_S, OpenAIIngress
+from aioserve.deploy.ingress import REPLICA_DEPLOYMENT as REPLICA_DEPLOYMENT
 from aioserve.deploy.replica import EngineReplica
 from aioserve.routing.registry import load_router
 from aioserve.server import ServerConfig
 
 logger = logging.getLogger("aioserve.deploy")
 
-#: Serve application name of the app, and the deployment names in it.
-APP_NAME = "aioserve"
-REPLICA_DEPLOYMENT = "EngineReplica"
+#: The ingress's deployment name (the app's and the replicas' are in ingress.py).
 INGRESS_DEPLOYMENT = "OpenAIIngress"
 
 #: Blocks the prefix router indexes per replica when the engine sizes its KV cache itself.
@@ -103,7 +103,7 @@ class RayServeOptions:
             request_router_class=ContractRouter,  # type: ignore[arg-type]
             request_router_kwargs={"router": self.router, "router_params": self.router_params,
                                    "kv_blocks": kv_blocks or INDEX_BLOCKS,
-                                   "view": REPLICA_VIEW},
+                                   "view": REPLICA_DEPLOYMENT},
         )
         return settings
 
