@@ -184,9 +184,9 @@ def test_bad_limits_are_named(field, value):
         EngineConfig(model="m", **{field: value})
 
 
-def self_signed(directory: Path) -> tuple[Path, Path]:
+def self_signed(directory: Path, days: int = 1) -> tuple[Path, Path]:
     """A throwaway certificate for 127.0.0.1 and its key (``cryptography``, else the
-    ``openssl`` command)."""
+    ``openssl`` command); ``days`` < 0: one that expired."""
     cert, key = directory / "cert.pem", directory / "key.pem"
     try:
         import ipaddress
@@ -196,8 +196,10 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
     except ImportError:
+        if days < 0:
+            pytest.skip("an expired certificate needs the cryptography package")
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                        "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-days", str(days), "-subj",
                         "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                         "-keyout", str(key), "-out", str(cert)], check=True,
                        capture_output=True, timeout=60)
@@ -208,8 +210,8 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     certificate = (
         x509.CertificateBuilder().subject_name(name).issuer_name(name)
         .public_key(private.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(now - datetime.timedelta(days=abs(days) + 1))
+        .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName(
             [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
         .sign(private, hashes.SHA256()))
@@ -291,6 +293,8 @@ def test_unusable_key_files_and_certificates_are_refused_before_the_model_loads(
     _, other_key = self_signed(tmp_path / "other")
     empty = tmp_path / "empty"
     empty.write_text("\n")
+    (tmp_path / "old").mkdir()
+    expired, expired_key = self_signed(tmp_path / "old", days=-1)
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a certificate\n")
     cases = [
@@ -302,6 +306,8 @@ def test_unusable_key_files_and_certificates_are_refused_before_the_model_loads(
         (["--ssl-certfile", str(cert), "--ssl-keyfile", str(other_key)], "--ssl-keyfile",
          "cannot use"),
         (["--ssl-keyfile", str(key)], "--ssl-keyfile", "needs --ssl-certfile"),
+        (["--ssl-certfile", str(expired), "--ssl-keyfile", str(expired_key)],
+         "--ssl-certfile", "expired on"),
         (["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--ssl-ca-certs",
           str(garbage)], "--ssl-ca-certs", "cannot use"),
         (["--max-waiting", "0"], "--max-waiting", "positive"),
@@ -311,3 +317,23 @@ def test_unusable_key_files_and_certificates_are_refused_before_the_model_loads(
         line = refuse("--model", model_dir, *options)
         assert line.startswith(f"aioserve: error: {flag}") or flag in line, line
         assert reason in line, line
+
+
+def test_serve_takes_the_key_file_over_the_environment(tmp_path, monkeypatch):
+    from aioserve.cli import build_parser
+    from aioserve.commands.common import engine_config
+    from aioserve.commands.serve import admission_config, server_config
+
+    file = tmp_path / "key"
+    file.write_text(KEY)
+    file.chmod(0o600)
+    monkeypatch.setenv("AIOSERVE_API_KEY", "from-env")
+    args = build_parser().parse_args(["serve", "--model", "m", "--api-key-file", str(file),
+                                      "--metrics-public", "--max-queued-requests", "4",
+                                      "--max-queue-time-s", "2.5"])
+    settings = server_config(args)
+    assert settings.api_key == KEY and settings.metrics_public and settings.metrics_open
+    config = admission_config(engine_config(args), args)
+    assert (config.max_waiting, config.max_queue_time_s) == (4, 2.5)
+    args = build_parser().parse_args(["serve", "--model", "m"])
+    assert server_config(args).api_key == "from-env"

@@ -7,6 +7,7 @@ imports torch, so a refusal comes in well under a second.
 
 from __future__ import annotations
 
+import datetime
 import os
 import ssl
 import stat
@@ -69,7 +70,8 @@ def tls_context(certfile: str | None, keyfile: str | None,
 
     Raises:
         ValueError: naming the flag: a key or CA without a certificate, a file that
-            cannot be read, a certificate that is not PEM, or a key that does not match.
+            cannot be read, a certificate that is not PEM, expired or not yet valid (checked
+            when ``cryptography`` is installed), or a key that does not match.
     """
     if certfile is None:
         for flag, value in (("--ssl-keyfile", keyfile), ("--ssl-ca-certs", ca_certs)):
@@ -91,6 +93,7 @@ def tls_context(certfile: str | None, keyfile: str | None,
                          f"{exc.reason or exc}") from None
     except OSError as exc:
         raise ValueError(f"--ssl-certfile: cannot load {certfile}: {exc}") from None
+    _check_dates(certfile)
     if ca_certs is not None:
         try:
             context.load_verify_locations(cafile=ca_certs)
@@ -98,3 +101,24 @@ def tls_context(certfile: str | None, keyfile: str | None,
             raise ValueError(f"--ssl-ca-certs: cannot use {ca_certs}: {exc}") from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _check_dates(certfile: str) -> None:
+    """ValueError naming ``--ssl-certfile`` when its first certificate is expired or not yet
+    valid (clients would refuse it); skipped without the ``cryptography`` package."""
+    try:
+        from cryptography import x509
+    except ImportError:
+        return
+    try:
+        with open(certfile, "rb") as file:
+            certificate = x509.load_pem_x509_certificate(file.read())
+    except (OSError, ValueError):
+        return  # ssl loaded it: a form this check does not read
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if certificate.not_valid_after_utc < now:
+        raise ValueError(f"--ssl-certfile: {certfile} expired on "
+                         f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    if certificate.not_valid_before_utc > now:
+        raise ValueError(f"--ssl-certfile: {certfile} is not valid before "
+                         f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
