@@ -7,17 +7,27 @@ from importlib.metadata import PackageNotFoundError, version
 
 from aioserve.config import EngineConfig
 from aioserve.engine import AsyncEngine
-from aioserve.errors import EngineError, EngineNotRunningError, RequestShedError
+from aioserve.errors import (
+    AdmissionError,
+    EngineError,
+    EngineNotRunningError,
+    QueueFullError,
+    QueueTimeoutError,
+    RequestShedError,
+)
 from aioserve.outputs import RequestOutput
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
 
 __all__ = [
+    "AdmissionError",
     "AsyncEngine",
     "EngineConfig",
     "EngineError",
     "EngineNotRunningError",
     "RequestMeta",
+    "QueueFullError",
+    "QueueTimeoutError",
     "RequestOutput",
     "RequestShedError",
     "SamplingParams",

@@ -47,6 +47,12 @@ class EngineConfig:
             arithmetic in fewer Python calls, checked bit for bit at load) or ``"auto"``
             (lean-llama on the CPU with the reference backend when it checks, else
             transformers).
+        max_waiting: most requests waiting for a slot (preempted ones included); one
+            more is refused at once with :class:`~aioserve.errors.QueueFullError` (HTTP
+            429). None: no limit (see :mod:`aioserve.engine.admission`).
+        max_queue_time_s: seconds a request may wait before it is first scheduled; then
+            it ends with :class:`~aioserve.errors.QueueTimeoutError` (HTTP 429) and
+            frees its place. None: no limit.
 
     Raises:
         ValueError: a field is out of range; the message names the field.
@@ -71,6 +77,8 @@ class EngineConfig:
     forward: str = "auto"
     enforce_eager: bool = False
     batch_invariant: bool = True
+    max_waiting: int | None = None
+    max_queue_time_s: float | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -83,9 +91,16 @@ class EngineConfig:
             positive["num_kv_blocks"] = self.num_kv_blocks
         if self.max_model_len is not None:
             positive["max_model_len"] = self.max_model_len
+        if self.max_waiting is not None:
+            positive["max_waiting"] = self.max_waiting
         for name, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        queue_time = self.max_queue_time_s
+        if queue_time is not None and (isinstance(queue_time, bool) or not isinstance(
+                queue_time, (int, float)) or not queue_time > 0):
+            raise ValueError(
+                f"EngineConfig.max_queue_time_s must be > 0 seconds, got {queue_time!r}")
         fraction = self.kv_cache_memory_fraction
         if fraction is not None and not 0 < fraction <= 1:
             raise ValueError(

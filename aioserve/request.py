@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from aioserve.block_keys import BlockKey
+from aioserve.errors import AdmissionError
 from aioserve.request_meta import DEFAULT_META, RequestMeta
 from aioserve.sampling_params import SamplingParams
 
@@ -72,6 +73,7 @@ class Request:
     meta: RequestMeta = DEFAULT_META
     deadline: float | None = None
     shed_reason: str | None = None  # why a policy shed it (it ends with ``error``)
+    refusal: AdmissionError | None = None  # the admission limit ended it (``error``)
     stop_after: int | None = None  # hidden stop: ends with ``stop`` after this many tokens
     metrics: RequestMetrics = field(init=False)
 

@@ -16,7 +16,7 @@ import time
 import aiohttp
 import pytest
 import pytest_asyncio
-from server_support import GatedRunner, base_url, idle, serve, wait_until
+from server_support import GatedRunner, base_url, idle, scripted_engine, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.cli import main
@@ -111,6 +111,32 @@ async def test_dashboard_in_chromium_shows_the_engines_slots(tokenizer, browser)
         shown = await page_shows(page, lambda shown: shown["running"] == "0")
         assert all(s["id"] is None and s["phase"] == "free" for s in shown["slots"])
         assert shown["queue"] == [] and shown["step"] == engine.snapshot().step
+
+
+async def test_dashboard_asks_for_the_key_once_and_keeps_it_out_of_urls(tokenizer, browser):
+    """Issue 52: with a key the page shows a form (no retry loop), a wrong key is said so,
+    the right one opens the live feed through an HttpOnly SameSite=Strict cookie, and no
+    URL the page requests carries the key."""
+    key = "sk-browser-52"
+    async with serve(scripted_engine(tokenizer, [300]), ServerConfig(api_key=key)) as server:
+        page = await browser.new_page()
+        urls: list[str] = []
+        page.on("request", lambda request: urls.append(request.url))
+        await page.goto(base_url(server) + "/")
+        await page.wait_for_selector("#login", state="visible", timeout=10_000)
+        assert await page.evaluate("document.body.dataset.connected") == "false"
+        await page.fill("#api-key", "wrong")
+        await page.click("#login button[type=submit]")
+        await page.wait_for_function(
+            "document.getElementById('login-error').textContent === 'wrong key'",
+            timeout=10_000)
+        await page.fill("#api-key", key)
+        await page.click("#login button[type=submit]")
+        await page.wait_for_selector("body[data-connected=true]", timeout=10_000)
+        assert await page.is_hidden("#login")
+        assert not [url for url in urls if "api_key" in url or key in url], urls
+        [cookie] = [c for c in await page.context.cookies() if c["name"] == "aioserve_session"]
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and key not in cookie["value"]
 
 
 async def test_simulate_html_replays_and_switches_policy_in_chromium(tmp_path, browser):

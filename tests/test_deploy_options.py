@@ -25,7 +25,8 @@ def test_cli_options_become_deployment_settings():
     assert settings["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1.0}
     router = settings["request_router_config"]
     assert router.request_router_kwargs == {"router": "prefix", "kv_blocks": 96,
-                                            "router_params": {"load_bound": 0.5}}
+                                            "router_params": {"load_bound": 0.5},
+                                            "view": "EngineReplica"}
     assert router.request_router_class.endswith("ContractRouter")
     default = RayServeOptions().replica_settings()["request_router_config"]
     assert default.request_router_kwargs["router"] == "pow2"
@@ -37,6 +38,20 @@ def test_every_router_of_the_simulator_serves(name):
     router = ContractRouter.__new__(ContractRouter)
     router.initialize_state(**kwargs.request_router_kwargs)
     assert router.router.name == name
+
+
+def test_max_waiting_bounds_each_engine_and_serve_s_queue():
+    """--max-waiting holds in every engine and, summed over the replicas, as Serve's
+    max_queued_requests (answered 429 by the ingress and the proxy)."""
+    options = ray_options(parse("--num-replicas", "2", "--max-waiting", "8"))
+    assert options.max_queued_requests == 16
+    assert options.replica_settings()["max_queued_requests"] == 16
+    assert RayServeOptions().replica_settings()["max_queued_requests"] == -1
+    assert options.target_replicas == 2
+    scaled = ray_options(parse("--autoscaling", '{"min_replicas": 2, "max_replicas": 3}'))
+    assert scaled.target_replicas == 2
+    with pytest.raises(ValueError, match="max_queued_requests"):
+        RayServeOptions(max_queued_requests=0)
 
 
 def test_autoscaling_replaces_the_replica_count():

@@ -13,6 +13,7 @@ from aioserve import AsyncEngine, EngineConfig, RequestMeta, RequestShedError, S
 from aioserve.dashboard.frames import FrameMaker
 from aioserve.request import Request
 from aioserve.scheduling import OrderedScheduler, SchedulerOutput
+from aioserve.server import ServerConfig
 from aioserve.server.tenant_labels import BoundedLabels
 
 P = "aioserve:"
@@ -46,12 +47,14 @@ async def generate(engine, tenant, priority, n=4):
 async def test_metrics_by_tenant_and_priority(tokenizer):
     engine = AsyncEngine(EngineConfig(model="scripted"), tokenizer=tokenizer,
                          runner=ScriptedRunner([300, 301, 302, 303]), scheduler=ShedAds())
-    async with serve(engine) as server, aiohttp.ClientSession() as session:
+    key = {"Authorization": "Bearer k"}  # raw tenant labels only behind the key
+    async with serve(engine, ServerConfig(api_key="k")) as server, \
+            aiohttp.ClientSession() as session:
         assert len(await generate(engine, "acme", 0)) == 4
         assert len(await generate(engine, "acme", 2, n=3)) == 3
         assert await generate(engine, "ads", 1) is None
         assert len(await generate(engine, None, 0, n=2)) == 2
-        async with session.get(base_url(server) + "/metrics") as response:
+        async with session.get(base_url(server) + "/metrics", headers=key) as response:
             text = await response.text()
     tokens = P + "tenant_generation_tokens_total"
     assert metric(text, tokens, 'priority="0",tenant="acme"') == 4

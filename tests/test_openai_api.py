@@ -154,14 +154,14 @@ async def test_chat_without_any_template_is_a_400_that_says_so(model_dir):
         assert "chat template" in info.value.body["message"]
         assert info.value.body["param"] == "messages"
         models = await client(server).models.list()
-        # default name: the model path made absolute
-        assert [m.id for m in models.data] == [os.path.abspath(model_dir)]
+        # default name: the model directory's own name, never its path (issue 52)
+        assert [m.id for m in models.data] == [os.path.basename(os.path.abspath(model_dir))]
 
 
-async def test_a_symlinked_model_directory_is_served_under_the_link_made_absolute(
+async def test_a_symlinked_model_directory_is_served_under_the_link_s_name(
         model_dir, tmp_path, monkeypatch):
-    """``--model ./linked/`` (a symbolic link to the model) is served as
-    ``$PWD/linked``: the path the user gave, never the link's target."""
+    """``--model ./linked/`` (a symbolic link to the model) is served as ``linked``: the
+    name the user gave, never the link's target; ``$PWD/linked`` is accepted too."""
     (tmp_path / "linked").symlink_to(os.path.abspath(model_dir), target_is_directory=True)
     monkeypatch.chdir(tmp_path)
     name = os.path.join(os.getcwd(), "linked")
@@ -169,10 +169,10 @@ async def test_a_symlinked_model_directory_is_served_under_the_link_made_absolut
     engine = AsyncEngine(EngineConfig(model="./linked/", num_kv_blocks=16))
     async with serve(engine) as server:
         models = await client(server).models.list()
-        assert [m.id for m in models.data] == [name]
+        assert [m.id for m in models.data] == ["linked"]
         result = await client(server).completions.create(model=name, prompt=PROMPT,
                                                          max_tokens=2, temperature=0)
-        assert result.model == name
+        assert result.model == "linked"
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])

@@ -135,9 +135,13 @@ async def single_engine_texts(model_dir: str, prompts: list[str], max_tokens: in
 
 
 async def test_64_streams_equal_single_engine_and_use_both_replicas(endpoint, model_dir):
+    """Sent the moment ``/health`` says ready (``start`` returns then; this test runs
+    first), 64 streams reach both replicas (issue 52: ready means the router sees them)."""
     prompts = [f"Once upon a time there was a {w} number {i}"
                for i, w in enumerate(["cat", "dog", "bird", "girl"] * 16)]
     async with aiohttp.ClientSession() as session:
+        async with session.get(endpoint + "/health") as resp:
+            assert resp.status == 200 and (await resp.json())["replicas"] == NUM_REPLICAS
         streams = await asyncio.wait_for(asyncio.gather(
             *(stream_call(session, endpoint, body(p)) for p in prompts)), 300)
     expected = await single_engine_texts(model_dir, prompts, 16)

@@ -1,8 +1,8 @@
 """Issue 26, item 7: what a new user sees of ``aioserve serve``. At the default log level
 no weight-loading bar and no access-log line per request (``--log-level debug`` shows
-both); a relative ``--model`` path is served under the directory's absolute path, in
-``/v1/models``, every response and the dashboard, the path as given and the
-directory's own name still accepted."""
+both); a relative ``--model`` path is served under the directory's own name (never a
+filesystem path: issue 52), in ``/v1/models``, every response, ``/openapi.json`` and the
+dashboard, the path as given and the absolute path still accepted."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ async def serve_and_call(model_dir: str, *options: str) -> tuple[dict, list[str]
             async with http.get(url + "/v1/models") as r:
                 seen["models"] = await r.json()
             body = {"prompt": "Once upon a time", "max_tokens": 3}
-            for name in (None, relative, Path(model_dir).name, "other"):
+            for name in (None, relative, str(Path(model_dir).resolve()), "other"):
                 payload = body if name is None else {**body, "model": name}
                 async with http.post(url + "/v1/completions", json=payload) as r:
                     seen.setdefault("statuses", []).append(r.status)
@@ -43,6 +43,8 @@ async def serve_and_call(model_dir: str, *options: str) -> tuple[dict, list[str]
                         seen["completion"] = await r.json()
             async with http.get(url + "/") as r:
                 seen["page"] = await r.text()
+            async with http.get(url + "/openapi.json") as r:
+                seen["openapi"] = await r.text()
             async with http.ws_connect(url + "/ws/stats") as ws:
                 seen["frame"] = json.loads((await ws.receive()).data)
         proc.send_signal(signal.SIGTERM)
@@ -55,14 +57,18 @@ async def serve_and_call(model_dir: str, *options: str) -> tuple[dict, list[str]
     return seen, stderr.decode(errors="replace").splitlines()
 
 
-async def test_default_level_is_quiet_and_a_relative_model_is_served_by_its_path(model_dir):
+async def test_default_level_is_quiet_and_a_relative_model_is_served_by_its_name(model_dir):
     seen, lines = await serve_and_call(model_dir)
-    name = str(Path(model_dir).resolve())
+    name = Path(model_dir).resolve().name
+    path = str(Path(model_dir).resolve())
     assert not os.path.isabs(seen["relative"]) and name != seen["relative"]
     assert [m["id"] for m in seen["models"]["data"]] == [name]
     assert seen["models"]["data"][0]["root"] == name
     assert seen["completion"]["model"] == name
-    assert seen["statuses"] == [200, 200, 200, 404]  # the path as given, the folder's name
+    assert seen["statuses"] == [200, 200, 200, 404]  # the path as given, the absolute path
+    for route in ("page", "openapi"):  # open routes: no filesystem path
+        assert path not in seen[route] and seen["relative"] not in seen[route], route
+    assert json.dumps(seen["models"]).count(path) == 0
     assert f"aioserve · {name}" in seen["page"]
     assert seen["frame"]["model"] == name
     assert not [line for line in lines if "Loading weights" in line], lines

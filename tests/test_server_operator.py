@@ -26,7 +26,7 @@ KEY = "sk-test-123"
 REPO = Path(__file__).resolve().parents[1]
 
 
-async def test_api_key_guards_v1_and_websockets_but_not_health_or_metrics(tokenizer):
+async def test_api_key_guards_v1_websockets_and_metrics_but_not_health(tokenizer):
     engine = scripted_engine(tokenizer, [300, 2])
     async with serve(engine, ServerConfig(api_key=KEY)) as server, \
             aiohttp.ClientSession() as http:
@@ -45,8 +45,13 @@ async def test_api_key_guards_v1_and_websockets_but_not_health_or_metrics(tokeni
             assert r.status == 401
         async with http.post(url + "/v1/completions", json=body, headers=good) as r:
             assert r.status == 200
-        for path in ("/health", "/metrics", "/"):
+        for path in ("/health", "/openapi.json", "/"):
             async with http.get(url + path) as r:
+                assert r.status == 200, path
+        for path in ("/metrics", "/dashboard/session"):
+            async with http.get(url + path) as r:
+                assert r.status == 401, path
+            async with http.get(url + path, headers=good) as r:
                 assert r.status == 200, path
         for path in ("/ws", "/ws/stats"):
             with pytest.raises(aiohttp.WSServerHandshakeError) as info:
@@ -137,7 +142,7 @@ async def test_serve_prints_a_summary_and_stats_lines(model_dir):
                       "threads"):
             await wait_for_line(errors, rf"^\s+{field}\s")
         served = await wait_for_line(errors, r"^\s+served as\s")
-        assert served.split()[2] == default_model_name(model_dir), served
+        assert served.split()[2] == default_model_name(model_dir) == Path(model_dir).name
         scheduler = await wait_for_line(errors, r"^\s+scheduler\s")
         assert scheduler.split(None, 1)[1] == (
             'vtc {"prompt_weight": 1.0, "output_weight": 2.0, "weights": null, '

@@ -8,8 +8,10 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,13 +22,16 @@ from aioserve.commands.common import (
     engine_config,
     flag_error,
     non_negative_float,
+    positive_float,
     positive_int,
     quiet_loading,
 )
 from aioserve.commands.preflight import SERVE, preflight
 from aioserve.commands.serve_ray import add_ray_options, run_ray
+from aioserve.config import EngineConfig
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_line, startup_summary
+from aioserve.server.security_flags import API_KEY_ENV, api_key_of, tls_context
 from aioserve.server.state import ENGINE_KEY, served_model_name
 from aioserve.startup_clock import PhaseClock, process_age_s
 
@@ -55,10 +60,33 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-timeout", type=non_negative_float, default=10.0,
                         help="seconds running requests get to finish on SIGINT/SIGTERM "
                              "(new ones get 503 meanwhile; the rest then end with an error)")
-    parser.add_argument("--api-key", default=os.environ.get("AIOSERVE_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' on /v1/* and the "
-                        "websockets (default: $AIOSERVE_API_KEY, else no key; /health, "
-                        "/metrics open); an empty key is an error")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help="require 'Authorization: Bearer KEY' on /v1/*, the websockets "
+                        "and /metrics (the dashboard asks for it once); visible in ps: "
+                        "prefer --api-key-file or $AIOSERVE_API_KEY (the default, else no "
+                        "key; /health open); an empty key is an error")
+    parser.add_argument("--api-key-file", default=None, metavar="FILE",
+                        help="read the key from FILE's first line (e.g. a mounted secret; "
+                        "keep it mode 600)")
+    parser.add_argument("--metrics-public", action="store_true",
+                        help="with a key, leave /metrics open (a scraper without the key); "
+                        "its tenant labels are then keyed hashes t-<12 hex>, at most 20 "
+                        "plus 'other'")
+    parser.add_argument("--max-waiting", "--max-queued-requests", dest="max_waiting",
+                        type=positive_int, default=None, metavar="N",
+                        help="most requests waiting for a slot; one more gets 429 with "
+                        "Retry-After (a named error on the websocket); default: no limit")
+    parser.add_argument("--max-queue-time-s", type=positive_float, default=None,
+                        metavar="SECONDS",
+                        help="end a request not scheduled this long after it arrived with "
+                        "429 queue_timeout, freeing its place; default: no limit")
+    tls = parser.add_argument_group("TLS (HTTPS and WSS)")
+    tls.add_argument("--ssl-certfile", default=None, metavar="PEM",
+                     help="the server's certificate (chain), PEM")
+    tls.add_argument("--ssl-keyfile", default=None, metavar="PEM",
+                     help="its private key, PEM (default: in --ssl-certfile)")
+    tls.add_argument("--ssl-ca-certs", default=None, metavar="PEM",
+                     help="CA certificates: clients must present a certificate they signed")
     parser.add_argument("--allowed-origins", default="", metavar="ORIGINS",
                         help="comma-separated origins browsers may call from (CORS), "
                         "or '*' for any (default: none)")
@@ -80,11 +108,11 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig from parsed options; ValueError naming the option."""
     template = None
-    api_key = args.api_key  # the option, else $AIOSERVE_API_KEY (its default)
-    if api_key is not None and not api_key.strip():
-        raise ValueError("--api-key (or $AIOSERVE_API_KEY) is empty: an unset variable? The "
-                         "server would be open to anyone; give a key, or leave both out to "
-                         "serve without one")
+    explicit = args.api_key if args.api_key != os.environ.get(API_KEY_ENV) else None
+    api_key = api_key_of(explicit, args.api_key_file)
+    if args.step_log is not None and getattr(args, "ray", False):
+        raise ValueError("--step-log: not with --ray (its replicas are separate engines; "
+                         "log one with aioserve serve)")
     if args.chat_template is not None:
         try:
             template = Path(args.chat_template).read_text(encoding="utf-8")
@@ -98,12 +126,20 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             ws_max_pending=args.ws_max_pending,
             ws_stall_timeout=args.ws_stall_timeout,
             api_key=api_key,
+            metrics_public=getattr(args, "metrics_public", False),
             allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",")
                                   if o.strip()),
             step_log=args.step_log,
         )
     except ValueError as exc:
         raise flag_error(exc, args) from None
+
+
+def admission_config(config: EngineConfig, args: argparse.Namespace) -> EngineConfig:
+    """``config`` with ``--max-waiting`` and ``--max-queue-time-s`` (the engine enforces
+    them: see :mod:`aioserve.engine.admission`)."""
+    return replace(config, max_waiting=args.max_waiting,
+                   max_queue_time_s=args.max_queue_time_s)
 
 
 #: Seconds handlers get to write their last event after the engine has stopped.
@@ -149,11 +185,12 @@ def bind(host: str, port: int) -> list[socket.socket]:
 
 async def serve(
     app: web.Application, host: str, port: int, shutdown_timeout: float,
-    on_ready: Callable[[str], None] | None = None,
+    on_ready: Callable[[str], None] | None = None, ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve ``app`` until SIGINT or SIGTERM, then :func:`drain` and exit within
-    ``shutdown_timeout`` + about 2 s; prints ``listening on http://HOST:PORT`` once ready.
-    ValueError before the model loads when ``host:port`` cannot be bound."""
+    ``shutdown_timeout`` + about 2 s; prints ``listening on http://HOST:PORT`` (``https``
+    with ``ssl_context``) once ready. ValueError before the model loads when
+    ``host:port`` cannot be bound."""
     sockets = bind(host, port)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=CLOSE_GRACE)
     stop = asyncio.Event()
@@ -165,9 +202,10 @@ async def serve(
         if stop.is_set():
             return
         for sock in sockets:
-            await web.SockSite(runner, sock).start()
+            await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+        scheme = "https" if ssl_context is not None else "http"
         for address in runner.addresses:
-            url = f"http://{address[0]}:{address[1]}"
+            url = f"{scheme}://{address[0]}:{address[1]}"
             print(f"listening on {url}", flush=True)
             if on_ready is not None:
                 on_ready(url)
@@ -209,13 +247,17 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; options are checked before torch loads."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    config = engine_config(args)  # every refusal that needs no model, before torch loads
-    preflight(args, SERVE)
+    config = admission_config(engine_config(args), args)  # every refusal that needs no
+    preflight(args, SERVE)  # model, before torch loads
     settings = server_config(args)
+    tls = tls_context(args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_loading(args.log_level == "debug")
     if args.ray:
+        if tls is not None:
+            raise ValueError("--ssl-certfile: not with --ray (Ray Serve's proxy serves HTTP; "
+                             "terminate TLS in front of it)")
         return run_ray(args, config, settings)
     process_s, clock = process_age_s(), PhaseClock()
     import aioserve.runners.torch.runner  # noqa: F401  torch, transformers: timed
@@ -230,5 +272,9 @@ def run(args: argparse.Namespace) -> int:
         clock.mark("HTTP server")
         logger.info(startup_line(process_s, clock, app[ENGINE_KEY].runner))
 
-    asyncio.run(serve(app, args.host, args.port, args.shutdown_timeout, ready))
+    if settings.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("serving on %s without an API key: anyone who reaches it may call "
+                       "it and read /metrics and the dashboard (see docs/security.md)",
+                       args.host)
+    asyncio.run(serve(app, args.host, args.port, args.shutdown_timeout, ready, tls))
     return 0

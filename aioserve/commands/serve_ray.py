@@ -59,7 +59,13 @@ def ray_options(args: argparse.Namespace) -> Any:
     except ValueError as exc:
         flag = "--router-config" if "unknown router" not in str(exc) else "--router"
         raise ValueError(f"{flag}: {exc}") from None
+    # --max-waiting holds in each engine (its EngineConfig) and, summed over the replicas,
+    # at the ingress: Serve's max_queued_requests, answered 429 as well
+    waiting = getattr(args, "max_waiting", None)
+    replicas = (autoscaling or {}).get("max_replicas", args.num_replicas)
+    queued = waiting * int(replicas) if waiting else -1
     return RayServeOptions(num_replicas=args.num_replicas, autoscaling_config=autoscaling,
+                           max_queued_requests=queued,
                            ingress_replicas=args.ingress_replicas,
                            ray_actor_options=actor, router=args.router,
                            router_params=router_params,

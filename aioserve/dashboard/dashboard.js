@@ -122,6 +122,16 @@ const AIOSERVE = (() => {
     $("tps").textContent = frame.tokens_per_s.toFixed(1);
     $("ttft").textContent = pcts(frame.ttft);
     $("itl").textContent = pcts(frame.itl);
+    const refused = frame.refused || {};
+    const full = refused.queue_full || 0, timeout = refused.queue_timeout || 0;
+    $("refused").textContent = full + timeout;
+    $("refused-full").textContent = full;
+    $("refused-timeout").textContent = timeout;
+    const limits = frame.admission || {};
+    const parts = [];
+    if (limits.max_waiting != null) parts.push(`max waiting ${limits.max_waiting}`);
+    if (limits.max_queue_time_s != null) parts.push(`max queue ${limits.max_queue_time_s} s`);
+    $("limits").textContent = parts.length ? parts.join(" · ") : "no limit";
     drawSpark(frame.tokens_per_s);
     ensureSlots(frame.slots.length);
     frame.slots.forEach((s, i) => drawSlot($("slots").children[i], s));
@@ -135,21 +145,64 @@ const AIOSERVE = (() => {
     $("status").textContent = text;
   }
 
-  function live() {
-    const key = new URLSearchParams(location.search).get("api_key");
+  // The key never goes in a URL: the form posts it once to /dashboard/login, which sets
+  // an HttpOnly SameSite=Strict cookie; /dashboard/session says whether it still holds.
+  // A refused or lost connection is retried with a doubling delay (at most a minute).
+  const backoff = { delay: 1000, max: 60000, timer: null };
+
+  function retryLater(text) {
+    const wait = backoff.delay;
+    backoff.delay = Math.min(backoff.max, backoff.delay * 2);
+    setStatus(false, `${text}, retrying in ${Math.round(wait / 1000)} s…`);
+    clearTimeout(backoff.timer);
+    backoff.timer = setTimeout(live, wait);
+  }
+
+  function askForKey(message) {
+    setStatus(false, "API key needed");
+    const form = $("login");
+    form.hidden = false;
+    $("login-error").textContent = message;
+    $("api-key").focus();
+  }
+
+  async function login(event) {
+    event.preventDefault();
+    const field = $("api-key");
+    const response = await fetch("/dashboard/login", {
+      method: "POST", credentials: "same-origin",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ api_key: field.value }),
+    });
+    field.value = "";
+    if (response.ok) {
+      $("login").hidden = true;
+      backoff.delay = 1000;
+      live();
+    } else {
+      askForKey(response.status === 401 ? "wrong key" : `refused (${response.status})`);
+    }
+  }
+
+  async function live() {
+    $("login").onsubmit = login;
+    let response;
+    try {
+      response = await fetch("/dashboard/session", { credentials: "same-origin" });
+    } catch (error) {
+      retryLater("server unreachable");
+      return;
+    }
+    if (response.status === 401) { askForKey(""); return; }  // no retry until the form
+    if (!response.ok) { retryLater(`refused (${response.status})`); return; }
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
-    const url = `${proto}//${location.host}/ws/stats` +
-      (key ? `?api_key=${encodeURIComponent(key)}` : "");
-    const ws = new WebSocket(url);
-    ws.onopen = () => setStatus(true, "live");
+    const ws = new WebSocket(`${proto}//${location.host}/ws/stats`);
+    ws.onopen = () => { backoff.delay = 1000; setStatus(true, "live"); };
     ws.onmessage = (event) => {
       const frame = JSON.parse(event.data);
       if (frame.type === "frame") render(frame);
     };
-    ws.onclose = () => {  // a server started with --api-key needs /?api_key=KEY
-      setStatus(false, key ? "disconnected, retrying…" : "disconnected (API key? open /?api_key=KEY), retrying…");
-      setTimeout(live, 1000);
-    };
+    ws.onclose = () => retryLater("disconnected");
   }
 
   // runs: {policy name: [frame, ...]}; the slider moves through the chosen policy's

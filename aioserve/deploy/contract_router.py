@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from aioserve.routing.registry import load_router
 from aioserve.routing.router import ReplicaLoad, RouteRequest
+
+#: The ``sys.modules`` entry holding :func:`router_views`'s dict.
+_VIEWS_HOLDER = "aioserve.deploy._router_views"
+
+
+def router_views() -> dict[str, int]:
+    """Replicas each router of this process sees now, by its ``view`` name (the ingress's
+    ``/health`` reads it: ready means its router sees every target replica). One dict per
+    process, kept in ``sys.modules``: Serve ships the router and ingress classes by value,
+    each with its own copy of this module's globals."""
+    holder = sys.modules.get(_VIEWS_HOLDER)
+    if holder is None:
+        holder = sys.modules.setdefault(_VIEWS_HOLDER, types.ModuleType(_VIEWS_HOLDER))
+    views: dict[str, int] = holder.__dict__.setdefault("views", {})
+    return views
 
 
 class ContractRouter(RequestRouter):
@@ -25,13 +42,21 @@ class ContractRouter(RequestRouter):
 
     def initialize_state(  # type: ignore[override]  # Serve passes request_router_kwargs
         self, router: str = "pow2", router_params: dict[str, Any] | None = None,
-        kv_blocks: int = 0,
+        kv_blocks: int = 0, view: str = "",
     ) -> None:
+        self.view = view
         self.router = load_router(router, router_params)
         self.kv_blocks = kv_blocks
         self.requests: dict[str, int] = {}
         self.tokens: dict[str, int] = {}
         self.sent: dict[str, tuple[str, int]] = {}
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        """Serve's hook: the replicas to route to changed; their count goes to
+        :func:`router_views` under ``view``."""
+        super().update_replicas(replicas)
+        if self.view:
+            router_views()[self.view] = len(replicas)
 
     def _load(self, replica: RunningReplica) -> ReplicaLoad:
         rid = replica.replica_id.unique_id

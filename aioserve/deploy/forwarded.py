@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 REPLICA_HEADER = "x-aioserve-replica"
 
 #: Request headers the replica's aiohttp app needs (the rest stay at the ingress);
-#: ``x-stop-after`` is ``bench serve --workload``'s hidden stop at a trace's output length.
-FORWARDED_HEADERS = ("content-type", "accept", "x-request-id", "x-stop-after")
+#: ``x-stop-after`` is ``bench serve --workload``'s hidden stop at a trace's output length;
+#: ``authorization``: the replica's app checks the API key.
+FORWARDED_HEADERS = ("content-type", "accept", "x-request-id", "x-stop-after",
+                     "authorization")
 
 #: Response headers passed back to the client (lower-case).
 RETURNED_HEADERS = ("content-type", "cache-control", "x-accel-buffering", "allow",
-                    "x-request-id")
+                    "x-request-id", "retry-after", "www-authenticate")
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from aioserve.deploy.contract_router import router_views
 from aioserve.deploy.forwarded import (
     FORWARDED_HEADERS,
     REPLICA_HEADER,
@@ -26,6 +28,18 @@ logger = logging.getLogger("aioserve.deploy")
 #: Seconds before the first retry of a request whose replica failed; doubles each time (Serve
 #: may route to a dead replica until its controller notices the death).
 RETRY_DELAY = 0.25
+#: Serve application name of the app, and the engine replicas' deployment name.
+APP_NAME = "aioserve"
+REPLICA_DEPLOYMENT = "EngineReplica"
+#: Seconds a client refused by Serve's queue bound is told to wait.
+BACKPRESSURE_RETRY_AFTER_S = 1
+
+
+def backpressure(exc: BackPressureError) -> JSONResponse:
+    """429 ``queue_full`` with ``Retry-After``: Serve's ``max_queued_requests`` is reached."""
+    body = error_body(429, f"the server is at capacity: {exc}; retry later", code="queue_full")
+    return JSONResponse(body, status_code=429,
+                        headers={"Retry-After": str(BACKPRESSURE_RETRY_AFTER_S)})
 
 
 def replica_failed(exc: BaseException) -> dict[str, object]:
@@ -34,12 +48,16 @@ def replica_failed(exc: BaseException) -> dict[str, object]:
 
 
 class OpenAIIngress:
-    """Forwards every HTTP request to a replica, retrying one that fails before answering."""
+    """Forwards every HTTP request to a replica, retrying one that fails before answering.
+    ``GET /health`` is 200 only when its router sees ``target_replicas`` engine replicas
+    (ready means ready: a request sent then may go to any of them)."""
 
     def __init__(
         self, replica: DeploymentHandle[Any], tokenizer: str | None = None,
         block_size: int = 16, retries: int = 4, max_model_len: int | None = None,
+        target_replicas: int = 1,
     ) -> None:
+        self.target_replicas = target_replicas
         self.replica = replica.options(stream=True)
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -56,6 +74,17 @@ class OpenAIIngress:
 
     async def __call__(self, request: Request) -> Response:
         """The replica's answer plus the ``x-aioserve-replica`` header."""
+        response = await self._forward(request)
+        if request.url.path != "/health" or response.status_code != 200:
+            return response
+        seen = router_views().get(REPLICA_DEPLOYMENT, 0)  # known once a request went by
+        if seen < self.target_replicas:
+            body = {"status": f"starting: the router sees {seen} of {self.target_replicas} "
+                              "engine replicas", "replicas": seen}
+            return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "ok", "replicas": seen})
+
+    async def _forward(self, request: Request) -> Response:
         if request.url.path == "/ws":
             body = error_body(404, "the websocket /ws is not served on Ray Serve; use the "
                               "HTTP routes", code="not_found")
@@ -76,6 +105,9 @@ class OpenAIIngress:
             assert isinstance(stream, DeploymentResponseGenerator)  # options(stream=True)
             try:
                 head = await stream.__anext__()
+            except BackPressureError as exc:  # Serve's queue bound: no retry
+                stream.cancel()
+                return backpressure(exc)
             except Exception as exc:  # the replica died or was unreachable
                 stream.cancel()
                 logger.warning("replica failed before answering (try %d): %r", attempt, exc)

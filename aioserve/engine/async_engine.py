@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aioserve.config import EngineConfig
+from aioserve.engine.admission import AdmissionLimit
 from aioserve.engine.core import EngineCore, StepObserver
 from aioserve.engine.observation import EngineListener, ListenerHub, StepSnapshot
 from aioserve.engine.output import Delivery, RequestStream
@@ -100,6 +101,7 @@ class AsyncEngine:
             max_model_len=runner.max_model_len,
             eos_token_ids=tuple(sorted(eos)),
             clock=runner.clock,
+            admission=AdmissionLimit(self.config.max_waiting, self.config.max_queue_time_s),
         )
         self.core.on_finish = self._on_finish
         self.core.step_observers = self._step_observers  # shared: added later, seen at once
@@ -216,6 +218,7 @@ class AsyncEngine:
                 prompt bigger than the KV cache, or a request_id in use (a request
                 that has not ended; an ended one's id may be reused).
             EngineNotRunningError: the engine is not running, or is draining.
+            QueueFullError: ``max_waiting`` requests are waiting (the admission limit).
         """
         core = self._require_core()
         if self._draining:

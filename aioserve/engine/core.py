@@ -7,6 +7,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 
+from aioserve.engine.admission import AdmissionLimit
 from aioserve.engine.batch import BatchBuilder, InFlight
 from aioserve.engine.prefix_cache import allocate_first_chunk, prefix_hit_lookup, register_computed
 from aioserve.kv_cache import BlockManager
@@ -38,8 +39,10 @@ class EngineCore:
         max_model_len: int,
         eos_token_ids: tuple[int, ...],
         clock: Callable[[], float],
+        admission: AdmissionLimit | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.admission = admission if admission is not None else AdmissionLimit()
         self.guard = PolicyGuard(scheduler, self.snapshot)
         self.blocks = blocks
         self.clock = clock
@@ -79,6 +82,7 @@ class EngineCore:
 
         Raises:
             ValueError: the id is already in use, or the prompt can never fit the KV cache.
+            QueueFullError: the admission limit's waiting queue is full.
         """
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
@@ -89,6 +93,8 @@ class EngineCore:
                 f"KV cache holds {self.blocks.num_blocks} blocks "
                 f"({self.blocks.num_blocks * self.blocks.block_size} tokens)"
             )
+        if self.admission.max_waiting is not None:
+            self.admission.check(self.waiting, len(self.waiting), self.clock())
         self.requests[request.request_id] = request
         view = self.views[request.request_id] = RequestView(request)
         self.waiting.append(request)
@@ -215,6 +221,11 @@ class EngineCore:
         """Ask the policy, apply its checked decision, build the next batch (or None)."""
         if not self.waiting and not self.running:
             return None
+        if self.admission.max_queue_time_s is not None:
+            for late in self.admission.expired(self.waiting, self.clock()):
+                self.finish(late, FinishReason.ERROR)
+            if not self.waiting and not self.running:
+                return None
         decision = self.guard.schedule(self.snapshot())
         if decision.shed:
             self.shed(decision.shed)

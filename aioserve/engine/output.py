@@ -134,7 +134,9 @@ class Delivery:
             stream = self.streams.get(request.request_id)
             if stream is not None and stream.request is not request:
                 stream = None  # another request took the id since
-            if stream is not None and not stream.closed and request.shed_reason is not None:
+            if stream is not None and not stream.closed and request.refusal is not None:
+                stream.push_error(request.refusal)
+            elif stream is not None and not stream.closed and request.shed_reason is not None:
                 stream.push_error(RequestShedError(
                     f"request shed by the scheduler: {request.shed_reason}"))
             elif stream is not None and not stream.closed:

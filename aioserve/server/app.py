@@ -15,7 +15,7 @@ from aioserve.config import EngineConfig
 from aioserve.dashboard import live_page
 from aioserve.engine import AsyncEngine
 from aioserve.engine.step_log import StepLog
-from aioserve.server import access, openapi
+from aioserve.server import access, openapi, session
 from aioserve.server.errors import ApiError, error_middleware
 from aioserve.server.metrics import ServerMetrics
 from aioserve.server.openai.chat import create_chat_completion
@@ -27,10 +27,10 @@ from aioserve.server.state import (
     ENGINE_KEY,
     MODEL_NAMES_KEY,
     ServerConfig,
-    default_model_name,
     model_names,
     served_model_name,
 )
+from aioserve.server.tenant_labels import TenantLabels
 from aioserve.server.ws import outbox, stats_feed, websocket
 
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics", ServerMetrics)
@@ -55,7 +55,7 @@ def _model_card(app: web.Application) -> out.Model:
     core = engine.core
     return out.Model(
         id=served_model_name(app), object="model", created=int(app.get(_STARTED_KEY, time.time())),
-        owned_by="aioserve", root=default_model_name(engine.config.model),
+        owned_by="aioserve", root=served_model_name(app),
         max_model_len=core.max_model_len if core is not None else None)
 
 
@@ -106,12 +106,13 @@ def create_app(
         config = dataclasses.replace(config, max_body_bytes=client_max_size)
     middlewares: list[Middleware] = [error_middleware]
     if config.api_key is not None:
-        middlewares.append(access.api_key_middleware(config.api_key))
+        middlewares.append(access.api_key_middleware(config.api_key, config.metrics_public))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[ENGINE_KEY] = engine
     app[CONFIG_KEY] = config
     app[_STARTED_KEY] = time.time()
-    metrics = ServerMetrics(engine)
+    # the one rule for tenant labels: every tenant-keyed series reads metrics.tenant_labels
+    metrics = ServerMetrics(engine, TenantLabels(pseudonymous=config.metrics_open))
     app[METRICS_KEY] = metrics
     app[outbox.SOCKETS_KEY] = weakref.WeakSet()
     app[MODEL_NAMES_KEY] = model_names(config, engine)
@@ -147,6 +148,9 @@ def create_app(
     app.router.add_get("/ws/stats", stats_feed.handle)
     app.router.add_get("/", dashboard)
     app.router.add_get("/dashboard", dashboard)
+    app.router.add_post("/dashboard/login", session.login)
+    app.router.add_post("/dashboard/logout", session.logout)
+    app.router.add_get("/dashboard/session", session.session)
     if config.allowed_origins:
         access.enable_cors(app, config.allowed_origins)
     return app

@@ -10,32 +10,36 @@ from typing import Any
 
 from aiohttp import web
 
-from aioserve.errors import EngineError, EngineNotRunningError, RequestShedError
+from aioserve.errors import AdmissionError, EngineError, EngineNotRunningError, RequestShedError
 from aioserve.server.schema.requests import RequestFieldError, field_of_message
 from aioserve.server.schema.responses import Error, ErrorDetail
 
 logger = logging.getLogger(__name__)
 
 #: HTTP status -> OpenAI error ``type`` (else ``invalid_request_error`` or ``server_error``).
-ERROR_TYPES: dict[int, str] = {404: "not_found_error", 503: "service_unavailable"}
+ERROR_TYPES: dict[int, str] = {404: "not_found_error", 429: "rate_limit_error",
+                               503: "service_unavailable"}
 
 
 class ApiError(Exception):
     """An error answered to the client: HTTP ``status``, a ``message`` naming the field at
-    fault, that field as ``param``, and a machine-readable ``code``."""
+    fault, that field as ``param``, a machine-readable ``code``, and response ``headers``
+    (``Retry-After`` on a 429)."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def response(self) -> web.Response:
         body = error_body(self.status, self.message, param=self.param, code=self.code)
-        return web.json_response(body, status=self.status)
+        return web.json_response(body, status=self.status, headers=self.headers)
 
 
 def error_body(
@@ -57,14 +61,19 @@ def api_error(exc: Exception, request_id: str | None = None) -> ApiError:
     A refused field is a 400 naming it (404 ``model_not_found`` for another model); a
     ``ValueError`` from ``AsyncEngine.add_request`` a 400 naming the field its message
     starts with (``duplicate_request_id`` for ``request_id``, the call's id sent as
-    ``request_id``); a request the engine could not finish a 503 ``engine_not_running``
-    or ``request_shed`` (the client may retry), else a 500 ``engine_error``.
+    ``request_id``); a request the admission limit refused a 429 ``queue_full`` or
+    ``queue_timeout`` with ``Retry-After``; a request the engine could not finish a 503
+    ``engine_not_running`` or ``request_shed`` (the client may retry), else a 500
+    ``engine_error``.
     """
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, RequestFieldError):
         status = 404 if exc.code == "model_not_found" else 400
         return ApiError(status, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, AdmissionError):
+        return ApiError(429, str(exc), code=exc.reason,
+                        headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, EngineNotRunningError):
         return ApiError(503, str(exc), code="engine_not_running")
     if isinstance(exc, RequestShedError):

@@ -4,17 +4,25 @@ generated token counted once."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from aioserve.engine import AsyncEngine
+from aioserve.engine.admission import REFUSAL_REASONS
 from aioserve.engine.observation import StepSnapshot
 from aioserve.request import Request, RequestMetrics
 from aioserve.server.tenant_labels import BoundedLabels, TenantLabels
@@ -103,6 +111,13 @@ class _EngineCollector(Collector):
         )
         for name, doc, value in gauges:
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+        try:
+            tasks = len(asyncio.all_tasks())
+        except RuntimeError:  # scraped off the event loop (a test's registry read)
+            tasks = None
+        if tasks is not None:
+            yield GaugeMetricFamily(PREFIX + "asyncio_tasks", "asyncio tasks alive in the "
+                                    "server's event loop (a leak shows as growth).", value=tasks)
         threads = engine.runner_info().threads
         if threads is not None:
             yield GaugeMetricFamily(
@@ -127,14 +142,24 @@ class _EngineCollector(Collector):
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        refused = CounterMetricFamily(
+            PREFIX + "num_requests_refused", "Requests the admission limit refused (HTTP "
+            "429), by reason: queue_full (--max-waiting), queue_timeout (--max-queue-time-s).",
+            labels=["reason"])
+        counts = core.admission.refused if core is not None else m.last_refused
+        for reason in REFUSAL_REASONS:
+            refused.add_metric([reason], counts.get(reason, 0))
+        yield refused
 
 
 class ServerMetrics:
     """The metrics of one app, in its own ``CollectorRegistry``; :meth:`attach` listens
-    to ``engine``."""
+    to ``engine``. ``tenant_labels`` is the app's one tenant-label rule: every series
+    keyed by tenant (here and a policy's report) takes its label from it."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, tenant_labels: TenantLabels | None = None) -> None:
         self.engine = engine
+        self.tenant_labels = tenant_labels if tenant_labels is not None else TenantLabels()
         self.registry = CollectorRegistry()
         self.finished_prompt_tokens = 0
         self.finished_generation_tokens = 0
@@ -143,6 +168,7 @@ class ServerMetrics:
         self.last_prefix_hits = 0
         self.last_scheduler_failures = 0
         self.last_shed = 0
+        self.last_refused: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
         r = self.registry
         self.request_success = Counter(
             PREFIX + "request_success", "Finished requests by finish reason.",
@@ -164,7 +190,7 @@ class ServerMetrics:
         self.queue_time = Histogram(
             PREFIX + "request_queue_time_seconds", "Arrival to first scheduled (seconds).",
             buckets=_E2E_BUCKETS, registry=r)
-        self.tenants = TenantMetrics(PREFIX, r, _LATENCY_BUCKETS)
+        self.tenants = TenantMetrics(PREFIX, r, _LATENCY_BUCKETS, self.tenant_labels)
         self.output_length = Histogram(
             PREFIX + "request_output_length_tokens", "Output tokens of requests the policy "
             "predicted, as predicted at arrival and as generated.", ["source"],
@@ -174,6 +200,7 @@ class ServerMetrics:
             "|predicted - generated| output tokens per request the policy predicted.",
             buckets=_LENGTH_BUCKETS, registry=r)
         r.register(_EngineCollector(self))
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
 
     def attach(self) -> None:
         """Listen to the engine's finished requests."""
@@ -227,6 +254,7 @@ class ServerMetrics:
             self.last_prefix_hits = self.engine.core.prefix_cache_hits
             self.last_scheduler_failures = self.engine.core.guard.failures
             self.last_shed = self.engine.core.num_shed
+            self.last_refused = dict(self.engine.core.admission.refused)
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus text format."""

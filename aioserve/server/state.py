@@ -17,7 +17,8 @@ class ServerConfig:
 
     Attributes:
         served_model_name: the model name clients send and ``/v1/models`` lists;
-            None: the model's absolute path (see :func:`default_model_name`).
+            None: a local directory's own name, a hub id as it is (see
+            :func:`model_names`; never a filesystem path, which would be public).
         chat_template: a Jinja chat template (the text, not a path) that overrides the
             tokenizer's own; with neither, chat requests get a 400.
         max_body_bytes: largest request body or websocket message in bytes (larger: 413,
@@ -30,8 +31,11 @@ class ServerConfig:
             sending waits for the client.
         stats_interval: least seconds between two dashboard frames on ``/ws/stats``
             (0.1: at most 10 a second; 0: every engine step).
-        api_key: when set, ``/v1/*`` and the websockets need ``Authorization: Bearer
-            <api_key>`` (see :mod:`aioserve.server.access`).
+        api_key: when set, ``/v1/*``, the websockets and ``/metrics`` need
+            ``Authorization: Bearer <api_key>`` (the dashboard: its session cookie; see
+            :mod:`aioserve.server.access`).
+        metrics_public: ``/metrics`` answers without the key (for a scraper that cannot
+            send one); its tenant labels are then pseudonymous (see :attr:`metrics_open`).
         allowed_origins: origins browsers may call the API from (CORS); ``"*"``: any;
             empty: no CORS headers.
         step_log: a file the engine's steps are written to while it serves, as JSON
@@ -47,6 +51,7 @@ class ServerConfig:
     ws_send_buffer_bytes: int = 64 * 1024
     stats_interval: float = 0.1
     api_key: str | None = None
+    metrics_public: bool = False
     allowed_origins: tuple[str, ...] = ()
     step_log: str | None = None
 
@@ -67,15 +72,29 @@ class ServerConfig:
             )
 
 
+    @property
+    def metrics_open(self) -> bool:
+        """Whether anyone may read ``/metrics`` (no key, or ``metrics_public``): then every
+        tenant label in it is a keyed hash (:class:`~aioserve.server.tenant_labels.
+        TenantLabels` ``pseudonymous``), never a raw ``user`` value."""
+        return self.api_key is None or self.metrics_public
+
+
 ENGINE_KEY: web.AppKey[AsyncEngine] = web.AppKey("engine", AsyncEngine)
 CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("server_config", ServerConfig)
 
 
-def default_model_name(model: str) -> str:
-    """The name a model is served under by default: a local directory's absolute path
-    (symbolic links kept), a hub id as it is."""
+def model_path(model: str) -> str:
+    """A local directory's absolute path (symbolic links kept), a hub id as it is."""
     path = os.path.expanduser(model)
     return os.path.abspath(path) if os.path.isdir(path) else model
+
+
+def default_model_name(model: str) -> str:
+    """The name a model is served under by default: a local directory's own name (its
+    path stays private), a hub id as it is."""
+    path = model_path(model)
+    return Path(path).name if os.path.isdir(path) else model
 
 
 def served_model_name(app: web.Application) -> str:
@@ -85,12 +104,12 @@ def served_model_name(app: web.Application) -> str:
 
 def model_names(config: ServerConfig, engine: AsyncEngine) -> tuple[str, ...]:
     """The served name, then (without ``--served-model-name``) the other names a request
-    may use: the ``--model`` path as given and the directory's own name."""
+    may use: the ``--model`` path as given and the directory's absolute path (accepted,
+    never shown)."""
     if config.served_model_name:
         return (config.served_model_name,)
     model = engine.config.model
-    return tuple(dict.fromkeys((default_model_name(model), model,
-                                Path(default_model_name(model)).name)))
+    return tuple(dict.fromkeys((default_model_name(model), model, model_path(model))))
 
 
 #: :func:`model_names`, worked out once when the app is made.

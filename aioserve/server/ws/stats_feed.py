@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
@@ -45,7 +46,7 @@ class StatsFeed:
             self.engine.add_listener(self, step_interval=self.interval)
         self.viewers.add(queue)
         with contextlib.suppress(EngineNotRunningError):
-            queue.put_nowait(json.dumps(self.frames.frame(self.engine.snapshot())))
+            queue.put_nowait(json.dumps(self.frame(self.engine.snapshot())))
         return queue
 
     def unsubscribe(self, queue: asyncio.Queue[str]) -> None:
@@ -55,11 +56,21 @@ class StatsFeed:
             self.engine.remove_listener(self)
             self.engine.add_listener(self, step_interval=None)
 
+    def frame(self, snapshot: StepSnapshot) -> dict[str, Any]:
+        """The dashboard frame of ``snapshot`` with the admission limit's settings
+        (``admission``) and the requests it refused by reason (``refused``)."""
+        frame = self.frames.frame(snapshot)
+        config, core = self.engine.config, self.engine.core
+        frame["admission"] = {"max_waiting": config.max_waiting,
+                              "max_queue_time_s": config.max_queue_time_s}
+        frame["refused"] = dict(core.admission.refused) if core is not None else {}
+        return frame
+
     def on_step(self, snapshot: StepSnapshot) -> None:
         """Engine listener: encode one frame and offer it to every viewer."""
         if not self.viewers:
             return
-        data = json.dumps(self.frames.frame(snapshot))
+        data = json.dumps(self.frame(snapshot))
         for queue in self.viewers:
             if queue.full():
                 queue.get_nowait()

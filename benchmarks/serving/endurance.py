@@ -1,0 +1,254 @@
+"""The production hour (issue 52): the shipped Azure conversation trace (one hour, 19,366
+requests) replayed against a live ``aioserve serve``, compressed to ``--duration-s`` (at
+least 900 s for the floor), at 0.9x the server's measured capacity, then at 1.5x with the
+admission limit on (``--max-waiting``). The server's RSS, open files and asyncio tasks are
+sampled every ``--sample-s`` seconds; per window (``--window-s``, 300 s by default) it prints
+requests sent, completed, refused (429), errors, p99 TTFT of the admitted, RSS, open files,
+tasks; then the floors' figures.
+
+The hour keeps its shape: the trace is thinned (a seeded sample, arrival order kept) to the
+number of requests the target rate sends over the duration, and its clock is compressed by
+3,502 s / duration. Capacity is measured first, and again at the end (a probe: ``--probe-n``
+requests of the same mix sent at once; completed requests per second of the makespan).
+
+    python benchmarks/serving/endurance.py --model ../shared/models/stories260K-hf
+    python benchmarks/serving/endurance.py --model ... --duration-s 60 --window-s 15  # a try
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import re
+import time
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from aioserve.bench.online.metrics import percentile
+from aioserve.bench.online.workload_file import workload_requests
+from aioserve.bench.workloads import BenchRequest
+
+from aioserve.bench.online.serving import RequestRecord, run_serving
+from aioserve.bench.server_process import ServerProcess
+
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure-llm-2023-conv.csv"
+#: The Azure trace's span in seconds (its README).
+TRACE_SPAN_S = 3502.0
+KEY = "endurance-key"
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@dataclass
+class Sample:
+    """One reading of the server process (seconds since the phase started)."""
+
+    t: float
+    rss_mib: float
+    open_files: int
+    tasks: int | None
+
+
+@dataclass
+class Phase:
+    """One replay: its records (request order), send times and samples."""
+
+    name: str
+    rate: float
+    records: list[RequestRecord] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def read_process(pid: int) -> tuple[float, int]:
+    """(RSS in MiB, open file descriptors) of ``pid`` from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss_kib = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+    return rss_kib / 1024, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def read_tasks(url: str) -> int | None:
+    """The server's ``aioserve:asyncio_tasks`` gauge."""
+    request = urllib.request.Request(url + "/metrics",
+                                     headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        text = response.read().decode()
+    found = re.search(r"^aioserve:asyncio_tasks (\S+)$", text, re.MULTILINE)
+    return int(float(found.group(1))) if found else None
+
+
+async def sample(server: ServerProcess, phase: Phase, every_s: float,
+                 stop: asyncio.Event) -> None:
+    """Read the server every ``every_s`` seconds until ``stop``."""
+    start = time.perf_counter()
+    while not stop.is_set():
+        rss, files = read_process(server.proc.pid)
+        tasks = await asyncio.to_thread(read_tasks, server.url)
+        phase.samples.append(Sample(time.perf_counter() - start, rss, files, tasks))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+
+
+def hour(requests: list[BenchRequest], rate: float, duration_s: float,
+         seed: int) -> list[BenchRequest]:
+    """The hour thinned to ``rate * duration_s`` requests (seeded, order kept) on a clock
+    compressed into ``duration_s``."""
+    count = min(len(requests), max(1, round(rate * duration_s)))
+    keep = sorted(random.Random(seed).sample(range(len(requests)), count))
+    scale = duration_s / TRACE_SPAN_S
+    return [replace(requests[i], arrival_s=(requests[i].arrival_s or 0.0) * scale)
+            for i in keep]
+
+
+async def probe(url: str, requests: list[BenchRequest]) -> float:
+    """Completed requests per second with ``requests`` sent at once (the capacity)."""
+    burst = [replace(r, arrival_s=None) for r in requests]
+    records, wall, _ = await run_serving(url, burst, endpoint="completions", api_key=KEY)
+    return sum(r.ok for r in records) / wall
+
+
+async def replay(server: ServerProcess, phase: Phase, requests: list[BenchRequest],
+                 sample_s: float) -> None:
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample(server, phase, sample_s, stop))
+    start = time.perf_counter()
+    phase.records, _, _ = await run_serving(server.url, requests, endpoint="completions",
+                                            api_key=KEY)
+    phase.wall_s = time.perf_counter() - start
+    stop.set()
+    await sampler
+
+
+def refused(record: RequestRecord) -> bool:
+    return record.error is not None and record.error.startswith("HTTP 429")
+
+
+def complete(record: RequestRecord) -> bool:
+    return record.ok and record.output_tokens == record.output_len
+
+
+def windows(phase: Phase, window_s: float) -> list[dict[str, float]]:
+    """Per window of send time: sent, completed, refused, errors, p99 TTFT of the
+    completed (ms), and the last sample's RSS (MiB), open files and tasks."""
+    origin = min(r.start for r in phase.records)
+    rows = []
+    count = max(1, int(max(r.start - origin for r in phase.records) // window_s) + 1)
+    for w in range(count):
+        lo, hi = w * window_s, (w + 1) * window_s
+        inside = [r for r in phase.records if lo <= r.start - origin < hi]
+        done = [r for r in inside if complete(r)]
+        samples = [s for s in phase.samples if s.t < hi] or phase.samples[:1]
+        last = samples[-1]
+        rows.append({
+            "from_s": lo, "sent": len(inside), "completed": len(done),
+            "refused": sum(refused(r) for r in inside),
+            "errors": sum(not complete(r) and not refused(r) for r in inside),
+            "p99_ttft_ms": 1000 * percentile([r.ttft for r in done], 99) if done else 0.0,
+            "rss_mib": last.rss_mib, "open_files": last.open_files,
+            "tasks": last.tasks if last.tasks is not None else -1,
+        })
+    return rows
+
+
+def report(phase: Phase, window_s: float) -> list[dict[str, float]]:
+    rows = windows(phase, window_s)
+    print(f"\n{phase.name}: {len(phase.records)} requests at {phase.rate:.2f} req/s over "
+          f"{phase.wall_s:.0f} s (load average {load()})")
+    print(f"{'from s':>7} {'sent':>6} {'done':>6} {'429':>5} {'errors':>6} "
+          f"{'p99 TTFT ms':>11} {'RSS MiB':>8} {'files':>6} {'tasks':>6}")
+    for row in rows:
+        print(f"{row['from_s']:>7.0f} {row['sent']:>6} {row['completed']:>6} "
+              f"{row['refused']:>5} {row['errors']:>6} {row['p99_ttft_ms']:>11.1f} "
+              f"{row['rss_mib']:>8.1f} {row['open_files']:>6} {row['tasks']:>6}")
+    for record in phase.records:
+        if not complete(record) and not refused(record):
+            print(f"  error: {record.error or 'short: ' + str(record.output_tokens)}")
+            break
+    return rows
+
+
+def p99_ttft(records: list[RequestRecord]) -> float:
+    done = [r.ttft for r in records if complete(r)]
+    return 1000 * percentile(done, 99) if done else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--trace", default=str(TRACE))
+    parser.add_argument("--duration-s", type=float, default=900.0,
+                        help="the hour compressed into this many seconds (>= 900 for the floor)")
+    parser.add_argument("--window-s", type=float, default=300.0, help="rows of the report")
+    parser.add_argument("--sample-s", type=float, default=5.0, help="server readings")
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--max-waiting", type=int, default=None,
+                        help="the 1.5x phase's admission limit (default: --max-num-seqs)")
+    parser.add_argument("--probe-n", type=int, default=64)
+    parser.add_argument("--loads", default="0.9,1.5", help="multiples of capacity")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    max_waiting = args.max_waiting or args.max_num_seqs
+    spec = f"{args.trace}:len_scale=auto,max_len={args.max_model_len}"
+    requests = workload_requests(spec, 512)
+    print(f"load average before: {load()}; trace {len(requests)} requests; the box may be "
+          "shared: figures are this run's")
+    common = ["--model", args.model, "--max-num-seqs", str(args.max_num_seqs),
+              "--max-model-len", str(args.max_model_len), "--log-level", "warning",
+              "--stats-log-interval", "0"]
+    phases: list[Phase] = []
+    capacity = end_capacity = 0.0
+    for load_factor in (float(x) for x in args.loads.split(",")):
+        limited = load_factor > 1
+        extra = ["--max-waiting", str(max_waiting)] if limited else []
+        server = ServerProcess(common + extra, env={"AIOSERVE_API_KEY": KEY})
+        try:
+            server.wait_ready()
+            probe_set = hour(requests, args.probe_n / args.duration_s, args.duration_s,
+                             args.seed + 1)
+            if not capacity:
+                capacity = asyncio.run(probe(server.url, probe_set))
+                print(f"capacity (probe of {len(probe_set)} at once): {capacity:.2f} req/s")
+            rate = load_factor * capacity
+            phase = Phase(f"{load_factor:g}x capacity" + (
+                f", --max-waiting {max_waiting}" if limited else ", no limit"), rate)
+            asyncio.run(replay(server, phase, hour(requests, rate, args.duration_s,
+                                                   args.seed), args.sample_s))
+            phases.append(phase)
+            if not limited:
+                end_capacity = asyncio.run(probe(server.url, probe_set))
+                print(f"capacity at the end: {end_capacity:.2f} req/s "
+                      f"({end_capacity / capacity - 1:+.1%}; rerun beyond 10%)")
+        finally:
+            server.stop()
+        report(phase, args.window_s)
+    print("\nfloors")
+    base = next((p for p in phases if p.rate <= capacity), None)
+    if base is not None:
+        rss = [s.rss_mib for s in base.samples]
+        first = [s.rss_mib for s in base.samples if s.t <= min(300.0, args.window_s)]
+        quarter = len(base.records) // 4
+        ordered = sorted(base.records, key=lambda r: r.start)
+        errors = sum(not complete(r) for r in base.records)
+        print(f"  {base.name}: errors {errors}; RSS end / after the first window "
+              f"{rss[-1] / first[-1]:.3f}; p99 TTFT last / first quarter "
+              f"{p99_ttft(ordered[-quarter:]) / p99_ttft(ordered[:quarter]):.2f}")
+    for over in (p for p in phases if p.rate > capacity):
+        done = sum(complete(r) for r in over.records)
+        refused_n = sum(refused(r) for r in over.records)
+        other = len(over.records) - done - refused_n
+        print(f"  {over.name}: completed {done / over.wall_s / capacity:.2f}x capacity, "
+              f"refused {refused_n / len(over.records):.1%}, neither {other}; admitted p99 "
+              f"TTFT {p99_ttft(over.records):.0f} ms vs {p99_ttft(base.records) if base else 0:.0f}"
+              " ms at 0.9x")
+    print(f"load average after: {load()}")
+
+
+if __name__ == "__main__":
+    main()
