@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,13 +176,21 @@ def flag_error(exc: ValueError, args: argparse.Namespace) -> ValueError:
 def check_scheduler(name: str, params: dict[str, Any] | None) -> None:
     """Make the policy once, so a bad name or parameter is refused before torch loads (and a
     file it would write, in a folder that is missing)."""
-    from aioserve.commands.preflight import check_policy_paths
-
     try:
         load_scheduler(name, params)
     except ValueError as exc:
         raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
     check_policy_paths(params, "--scheduler-config")
+
+
+def check_policy_paths(params: Mapping[str, Any] | None, flag: str) -> None:
+    """Files a policy's parameters will write (a predictor's ``state_path``): refused when
+    their folder is missing or not writable, before anything is learnt and lost."""
+    if not params:
+        return
+    predictor = params.get("predictor_config")
+    if isinstance(predictor, Mapping) and isinstance(predictor.get("state_path"), str):
+        check_output(predictor["state_path"], f"{flag}: predictor_config.state_path")
 
 
 def check_model(spec: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,16 +125,6 @@ def check_ray_only(args: argparse.Namespace) -> None:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(f"{flags}: only with --ray (one process serves one engine; add "
                          "--ray to serve replicas on Ray Serve)")
-
-
-def check_policy_paths(params: Mapping[str, Any] | None, flag: str) -> None:
-    """Files a policy's parameters will write (a predictor's ``state_path``): refused when
-    their folder is missing or not writable, before anything is learnt and lost."""
-    if not params:
-        return
-    predictor = params.get("predictor_config")
-    if isinstance(predictor, Mapping) and isinstance(predictor.get("state_path"), str):
-        check_output(predictor["state_path"], f"{flag}: predictor_config.state_path")
 
 
 def check_prompt(args: argparse.Namespace) -> None:

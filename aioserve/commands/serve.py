@@ -110,9 +110,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     template = None
     explicit = args.api_key if args.api_key != os.environ.get(API_KEY_ENV) else None
     api_key = api_key_of(explicit, args.api_key_file)
-    if args.step_log is not None and getattr(args, "ray", False):
-        raise ValueError("--step-log: not with --ray (its replicas are separate engines; "
-                         "log one with aioserve serve)")
     if args.chat_template is not None:
         try:
             template = Path(args.chat_template).read_text(encoding="utf-8")
@@ -126,7 +123,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             ws_max_pending=args.ws_max_pending,
             ws_stall_timeout=args.ws_stall_timeout,
             api_key=api_key,
-            metrics_public=getattr(args, "metrics_public", False),
+            metrics_public=args.metrics_public,
             allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",")
                                   if o.strip()),
             step_log=args.step_log,
