@@ -72,7 +72,6 @@ class Request:
     meta: RequestMeta = DEFAULT_META
     deadline: float | None = None
     shed_reason: str | None = None  # why a policy shed it (it ends with ``error``)
-    stop_after: int | None = None  # hidden stop: ends with ``stop`` after this many tokens
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:

@@ -196,8 +196,7 @@ def _submit(result: SimResult, item: WorkloadRequest, prompt: list[int] | None =
             f"{item.output_len}) exceeds the context length of {core.max_model_len} tokens")
         return
     # No oracle: the policy is told a length only when the workload tells one.
-    params = SamplingParams(max_tokens=cap, temperature=0.0, length_hint=item.length_hint,
-                            ignore_eos=result.config.overlap and item.output_len >= cap)
+    params = SamplingParams(max_tokens=cap, temperature=0.0, length_hint=item.length_hint)
     if prompt is None:
         prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
     request = Request(item.id, prompt, params, item.arrival_s)
