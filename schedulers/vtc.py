@@ -27,11 +27,13 @@ class VTCScheduler(OrderedScheduler):
     because step feedback arrives a step late. Admission repeatedly takes the oldest
     waiting request of the waiting tenant with the smallest counter, while it fits.
 
-    The counter lift (Algorithm 2; the artifact's ``vtc_req_queue.py`` ``append``):
-    when a request arrives for a tenant with no other request in the engine's waiting
-    queue (requests queued and not admitted, including preempted ones back in the
-    queue; running requests do not count), the tenant's counter is lifted to the
-    smallest counter of the tenants that have waiting requests. So neither idling nor
+    The counter lift (Algorithm 2, lines 4-9; the artifact's ``vtc_req_queue.py``
+    ``append`` has only the second case): when a request arrives for a tenant with no
+    other request in the engine's waiting queue (requests queued and not admitted,
+    including preempted ones back in the queue; running requests do not count), the
+    tenant's counter is lifted to the smallest counter of the tenants that have waiting
+    requests or, when the queue is empty, to the counter of the tenant whose request
+    last left the queue (was admitted). So neither idling nor
     running one long request banks credit, and the service difference between two
     backlogged tenants stays within the paper's bound (Theorem 4.4:
     ``2 * max(prompt_weight * L_input, output_weight * M)``, with M the tokens the KV
@@ -89,6 +91,7 @@ class VTCScheduler(OrderedScheduler):
         self.tenant_of: dict[str, str | None] = {}  # requests not finished
         self.charged: set[str] = set()  # requests whose prompt is counted
         self.ended: list[str] = []  # finished since the last step's feedback
+        self.departed: list[str | None] = []  # the tenant whose request last left the queue
 
     def weight(self, tenant: str | None) -> float:
         """The tenant's weight (1 unless ``weights`` names it)."""
@@ -111,6 +114,8 @@ class VTCScheduler(OrderedScheduler):
         backlogged = [self.counter(t) for t in others]
         if backlogged:  # the counter lift
             self.counters[tenant] = max(self.counter(tenant), min(backlogged))
+        elif self.departed:  # into an empty queue: the last-departed tenant's counter
+            self.counters[tenant] = max(self.counter(tenant), self.counter(self.departed[0]))
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
         # forgotten after the step's feedback, which still counts its last token
@@ -133,6 +138,7 @@ class VTCScheduler(OrderedScheduler):
     def _admit(self, admission: Admission, request: RequestView) -> None:
         """Admit the request and charge its prompt, once in its life."""
         admission.admit(request)
+        self.departed[:] = [request.tenant]
         if request.request_id not in self.charged:
             self.charged.add(request.request_id)
             self.charge(request.tenant, self.prompt_weight * request.num_prompt_tokens)
