@@ -8,7 +8,11 @@ well above it), measured with ``aioserve simulate --compare`` and written at eac
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
+from dataclasses import replace
+
+import pytest
 
 from aioserve.request import FinishReason
 from aioserve.request_meta import RequestMeta
@@ -183,8 +187,41 @@ async def test_priority_keeps_high_fast_and_gives_low_its_share_under_sustained_
     high = mean(first_token_waits(loaded, 0))
     assert high <= 2 * high_idle  # measured 0.045 s against 0.024 s idle
     assert mean(first_token_waits(loaded, 1)) > 10 * high  # the overload is real
-    assert abs(policy.shared / policy.contested - 0.1) <= 0.05
+    assert abs(policy.shared[1] / policy.contested[1] - 0.1) <= 0.05
     assert len(contested) > 50 and abs(mean([float(c) for c in contested]) - 0.1) <= 0.05
+
+
+def three_levels(n: int, rate: float) -> list[WorkloadRequest]:
+    """priority-mix's lengths and arrivals, with levels 0, 1, 2 drawn 40/30/30%."""
+    rng = random.Random(7)
+    return [replace(w, meta=RequestMeta(priority=rng.choices((0, 1, 2), (0.4, 0.3, 0.3))[0]))
+            for w in priority_mix(n=n, rate=rate)]
+
+
+async def test_priority_takes_each_share_from_the_lowest_levels_and_keeps_the_order():
+    # Three levels at 1.3x capacity (7.3 req/s, fcfs finishing 5.6 saturated), shares
+    # configured per level. The old single share went to the oldest lower request, the
+    # next level's mostly: level 1's mean TTFT went from 8.6 s (strict) to 49 s.
+    workload = three_levels(1200, 7.3)
+    strict = await simulate(workload, PriorityScheduler(low_share=0), CONFIG)
+    policy = PriorityScheduler(shares={"1": 0.15, "2": 0.05})
+    shared = await simulate(workload, policy, CONFIG)
+    for level, share in ((1, 0.15), (2, 0.05)):
+        assert policy.contested[level] > 200
+        assert abs(policy.shared[level] / policy.contested[level] - share) <= 0.01
+    ttft = [mean(first_token_waits(shared, level)) for level in (0, 1, 2)]
+    assert ttft[0] < ttft[1] < ttft[2]  # the order of the classes is kept
+    assert ttft[1] <= 2 * mean(first_token_waits(strict, 1))
+    assert ttft[0] <= 3 * mean(first_token_waits(strict, 0))
+
+
+def test_priority_shares_are_checked():
+    with pytest.raises(ValueError, match="shares must sum to less than 1"):
+        PriorityScheduler(shares={1: 0.6, 2: 0.4})
+    with pytest.raises(ValueError, match="level 'low' is not an integer"):
+        PriorityScheduler(shares={"low": 0.1})
+    with pytest.raises(ValueError, match=r"shares\[2\] must be in \[0, 1\)"):
+        PriorityScheduler(shares={2: -0.1})
 
 
 # -- edf ---------------------------------------------------------------------------------
