@@ -350,3 +350,17 @@ async def test_mlfq_keeps_its_promise_where_recomputation_is_dear():
     assert mlfq["finished"] == fcfs["finished"] == 650
     assert policy.contested > 100  # starving requests waited with others: they got their share
     assert abs(policy.shared / policy.contested - policy.promote_share) <= 0.01
+
+
+async def test_mlfq_never_runs_more_than_batch_size_rows():
+    # 8 slots, batch_size 4: when the best requests wait and every slot is held, the old
+    # decision paused every running request and admitted none; the engine, refusing an
+    # empty step, ran them all (hundreds of steps over batch_size)
+    rows: list[int] = []
+
+    def watch(core, feedback: StepFeedback) -> None:
+        rows.append(feedback.num_seqs)
+
+    await simulate(heavy_tail(n=200, rate=20), MLFQScheduler(batch_size=4), CONFIG,
+                   on_step=watch)
+    assert len(rows) > 500 and max(rows) == 4
