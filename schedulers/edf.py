@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from aioserve.scheduling import (
     OrderedScheduler,
+    PolicyReport,
     RequestView,
     SchedulerOutput,
     SchedulerState,
@@ -99,6 +100,8 @@ class EDFScheduler(OrderedScheduler):
         self.step_s = 0.0  # mean step time, recent steps weighing most
         self.finished = self.elapsed_s = 0.0  # finishes and seconds, decayed over RATE_WINDOW_S
         self.delay_s = late_delay_s  # how long late requests are held back, this step
+        self.slack_s: list[float] = []  # the waiting requests', at the last decision
+        self.num_late = self.num_shed = 0
         self.predictor = make_predictor(predictor if predictor is not None else "learned",
                                         predictor_config)
 
@@ -142,6 +145,18 @@ class EDFScheduler(OrderedScheduler):
         held = self.late(request, state) and state.now < due + self.delay_s
         return (request.num_output_tokens == 0, held, due, request.arrival_time)
 
+    def report(self) -> PolicyReport:
+        """At the last decision: ``min_slack_s`` and ``mean_slack_s`` of the waiting
+        requests (seconds to their next token's due time), ``late`` of them, the
+        ``hold_s`` late ones wait behind those on time, and ``step_s``, the mean step."""
+        slack = self.slack_s
+        return {
+            "min_slack_s": min(slack) if slack else 0.0,
+            "mean_slack_s": sum(slack) / len(slack) if slack else 0.0,
+            "late": float(self.num_late), "hold_s": min(self.delay_s, 1e9),
+            "step_s": self.step_s, "shed": float(self.num_shed),
+        }
+
     def drain_s(self, state: SchedulerState) -> float:
         """Seconds the waiting queue takes to drain at the recent finish rate (inf before a
         request has finished)."""
@@ -150,6 +165,8 @@ class EDFScheduler(OrderedScheduler):
 
     def order(self, state: SchedulerState) -> Sequence[RequestView]:
         self.delay_s = min(max(self.late_delay_s, self.drain_s(state)), 6 * self.late_delay_s)
+        self.slack_s = [self.due(r) - state.now for r in state.waiting]
+        self.num_late = sum(self.late(r, state) for r in state.waiting)
         return super().order(state)
 
     def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
@@ -190,4 +207,5 @@ class EDFScheduler(OrderedScheduler):
                 "cannot meet its objective: due in less than a step"
                 for r in state.waiting if r.request_id not in admitted
                 and (r.ttft_slo_ms is not None or r.deadline is not None) and self.late(r, state)}
+        self.num_shed += len(late)
         return SchedulerOutput(admit=decision.admit, shed=late) if late else decision

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from aioserve.scheduling import (
     OrderedScheduler,
+    PolicyReport,
     RequestView,
     SchedulerOutput,
     SchedulerState,
@@ -81,6 +82,9 @@ class MLFQScheduler(OrderedScheduler):
             (default 5).
         promote_share: fraction of contested admissions that go to starving requests
             (0-1; default 0.05).
+        length_prior: output lengths counted as seen finishing, so the gain rule can
+            evict before lengths are learnt (default none: no eviction until
+            ``MIN_SAMPLES`` have finished).
 
     Raises:
         ValueError: levels, quantum, prefill_tokens_per_iteration, batch_size or evict_gap
@@ -98,7 +102,7 @@ class MLFQScheduler(OrderedScheduler):
                  prefill_tokens_per_iteration: int = 512, batch_size: int | None = None,
                  evict: bool = True, promote_after_s: float = 5.0, max_evictions: int = 1,
                  evict_gap: int = 2, promote_share: float = 0.05,
-                 watermark: float = 0.01) -> None:
+                 watermark: float = 0.01, length_prior: Sequence[int] = ()) -> None:
         super().__init__(watermark)
         for name, value in (("levels", levels), ("quantum", quantum),
                             ("prefill_tokens_per_iteration", prefill_tokens_per_iteration),
@@ -122,11 +126,12 @@ class MLFQScheduler(OrderedScheduler):
         self.level: dict[str, int] = {}
         self.served: dict[str, int] = {}  # output tokens at its current level
         self.last_served: dict[str, float] = {}
+        self.evictions = 0  # preemptions chosen for a gain
         self.decode_s = 0.0  # a decode-only step's time, recent steps weighing most
         self.token_s = 0.0  # a prefill token's marginal time
         self.measured = False
         self.recent: deque[int] = deque(maxlen=self.LENGTHS_KEPT)  # finished lengths, in order
-        self.lengths: list[int] = []  # the same, sorted
+        self.lengths: list[int] = sorted(length_prior)  # the same and the prior, sorted
 
     def join_level(self, request: RequestView) -> int:
         """Skip-join: the first level whose quantum covers the prefill's iterations."""
@@ -216,6 +221,22 @@ class MLFQScheduler(OrderedScheduler):
             return tokens * self.token_s / self.decode_s
         return tokens / self.prefill_tokens_per_iteration
 
+    def report(self) -> PolicyReport:
+        """``level_occupancy``: requests in the engine at each level (keys "0"...);
+        ``evictions``: preemptions it chose for a gain; ``promoted_share``: the starving
+        requests' measured share of contested admissions; ``expected_remaining_new``: a
+        new request's expected output (tokens; absent until enough have finished)."""
+        occupancy = {str(level): 0.0 for level in range(self.levels)}
+        for level in self.level.values():
+            occupancy[str(level)] += 1
+        report: PolicyReport = {
+            "level_occupancy": occupancy, "evictions": float(self.evictions),
+            "promoted_share": self.shared / self.contested if self.contested else 0.0}
+        expected = self.expected_remaining(0)
+        if expected is not None:
+            report["expected_remaining_new"] = expected
+        return report
+
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
         return sorted(reversed(state.running), key=lambda r: self.key(r, state), reverse=True)
 
@@ -286,4 +307,5 @@ class MLFQScheduler(OrderedScheduler):
                     if len(kept) < free and r.request_id in pause:
                         kept.add(r.request_id)
                 pause = [i for i in pause if i not in kept]
+        self.evictions += len(preempted)
         return SchedulerOutput(admit=admission.admitted, preempt=preempted, pause=pause)

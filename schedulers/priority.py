@@ -8,6 +8,7 @@ from typing import ClassVar
 from aioserve.scheduling import (
     Admission,
     OrderedScheduler,
+    PolicyReport,
     RequestView,
     SchedulerOutput,
     SchedulerState,
@@ -88,6 +89,19 @@ class PriorityScheduler(OrderedScheduler):
     def share(self, level: int) -> float:
         """The level's share of the admissions contested with it."""
         return self.shares.get(level, self.low_share)
+
+    def report(self) -> PolicyReport:
+        """``share``: each lower level's configured share and ``measured_share`` what it
+        got of the admissions contested with it (keys: levels); ``contested``: those
+        admissions; ``protected``: requests running under a share."""
+        levels = sorted({*self.shares, *self.contested})
+        return {
+            "share": {str(level): self.share(level) for level in levels},
+            "measured_share": {str(level): self.shared.get(level, 0) / count
+                               for level, count in self.contested.items() if count},
+            "contested": {str(level): float(count) for level, count in self.contested.items()},
+            "protected": float(len(self.protected)),
+        }
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[int, float]:
         return rank(request)

@@ -9,11 +9,17 @@ from typing import ClassVar
 from aioserve.scheduling import (
     Admission,
     OrderedScheduler,
+    PolicyReport,
     RequestView,
     SchedulerOutput,
     SchedulerState,
     StepFeedback,
 )
+
+
+def tenant_key(tenant: str | None) -> str:
+    """A tenant as a report's key ("" for requests without one)."""
+    return tenant if tenant is not None else ""
 
 
 class VTCScheduler(OrderedScheduler):
@@ -129,6 +135,17 @@ class VTCScheduler(OrderedScheduler):
             self.tenant_of.pop(request_id, None)
             self.charged.discard(request_id)
         self.ended.clear()
+
+    def report(self) -> PolicyReport:
+        """``counters``: each tenant's weighted service (tokens over its weight);
+        ``weights``: each tenant's weight (named ones, and 1 for each tenant seen);
+        ``service_gap``: the largest counter less the smallest. Keys: tenants ("" for
+        requests without one)."""
+        counters = {tenant_key(t): c for t, c in self.counters.items()}
+        weights = {tenant_key(t): self.weight(t)
+                   for t in {*self.weights, *self.counters}}
+        gap = max(counters.values()) - min(counters.values()) if counters else 0.0
+        return {"counters": counters, "weights": weights, "service_gap": gap}
 
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
         """The most-served tenant's requests first, newest first."""
