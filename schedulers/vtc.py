@@ -78,6 +78,8 @@ class VTCScheduler(OrderedScheduler):
     """
 
     name: ClassVar[str] = "vtc"
+    #: report() entries keyed by tenant (labelled by /metrics' tenant rule)
+    report_tenant_keys: ClassVar[frozenset[str]] = frozenset({"counters", "weights"})
 
     def __init__(self, prompt_weight: float = 1.0, output_weight: float = 2.0,
                  weights: Mapping[str, float] | None = None, preempt: bool = True,

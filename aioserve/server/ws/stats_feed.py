@@ -14,6 +14,7 @@ from aioserve.engine import AsyncEngine
 from aioserve.engine.observation import StepSnapshot
 from aioserve.errors import EngineNotRunningError
 from aioserve.request import Request
+from aioserve.server.policy_report import policy_report
 from aioserve.server.ws.outbox import SOCKETS_KEY, bound_send_buffer
 
 
@@ -45,7 +46,8 @@ class StatsFeed:
             self.engine.add_listener(self, step_interval=self.interval)
         self.viewers.add(queue)
         with contextlib.suppress(EngineNotRunningError):
-            queue.put_nowait(json.dumps(self.frames.frame(self.engine.snapshot())))
+            queue.put_nowait(json.dumps(self.frames.frame(self.engine.snapshot(),
+                                                          policy_report(self.engine)[1])))
         return queue
 
     def unsubscribe(self, queue: asyncio.Queue[str]) -> None:
@@ -59,7 +61,7 @@ class StatsFeed:
         """Engine listener: encode one frame and offer it to every viewer."""
         if not self.viewers:
             return
-        data = json.dumps(self.frames.frame(snapshot))
+        data = json.dumps(self.frames.frame(snapshot, policy_report(self.engine)[1]))
         for queue in self.viewers:
             if queue.full():
                 queue.get_nowait()
