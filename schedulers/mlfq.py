@@ -211,7 +211,8 @@ class MLFQScheduler(OrderedScheduler):
         left_head = self.expected_remaining(head.num_output_tokens)
         if left_victim is None or left_head is None:
             return False
-        return left_victim - left_head > (len(state.running) + 1) * self.iterations(victim.num_tokens)
+        cost = (len(state.running) + 1) * self.iterations(victim.num_tokens)
+        return left_victim - left_head > cost
 
     def iterations(self, tokens: int) -> float:
         """Decode iterations that computing ``tokens`` prompt tokens costs: measured from
@@ -246,12 +247,12 @@ class MLFQScheduler(OrderedScheduler):
                 self.promote(request.request_id, state.now)
         preempt = state.preempt_for_growth(self.victims(state))
         if preempt:
-            pause = []
+            idle: list[str] = []
             if self.batch_size is not None:  # the best batch_size of those left run
-                kept = sorted((r for r in state.running if r.request_id not in set(preempt)),
-                              key=lambda r: self.key(r, state))
-                pause = [r.request_id for r in kept[self.batch_size:]]
-            return SchedulerOutput(preempt=preempt, pause=pause)
+                staying = sorted((r for r in state.running if r.request_id not in set(preempt)),
+                                 key=lambda r: self.key(r, state))
+                idle = [r.request_id for r in staying[self.batch_size:]]
+            return SchedulerOutput(preempt=preempt, pause=idle)
         reserve = int(self.watermark * state.num_total_blocks)
         running = sorted(state.running, key=lambda r: self.key(r, state))
         waiting = list(self.order(state))
@@ -299,7 +300,7 @@ class MLFQScheduler(OrderedScheduler):
                     break
             else:
                 preempted = []  # the head would not fit: evict nothing
-        if pause:  # the places admission left: the best paused ones run (never an empty step)
+        if pause and self.batch_size is not None:  # the best paused ones fill the places left
             free = self.batch_size - len(computed) - len(admission.admitted) + len(preempted)
             if free > 0:
                 kept: set[str] = set()

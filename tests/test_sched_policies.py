@@ -195,7 +195,8 @@ async def test_mlfq_evicts_for_a_short_job_behind_long_ones():
     workload = [WorkloadRequest(f"long{i}", 0.0, 4, 140) for i in range(2)]
     workload.append(WorkloadRequest("short", 2.0, 4, 4))
     fcfs = await simulate(workload, "fcfs", SimConfig(slots=2))
-    mlfq = await simulate(workload, MLFQScheduler(quantum=8, length_prior=PRIOR), SimConfig(slots=2))
+    mlfq = await simulate(workload, MLFQScheduler(quantum=8, length_prior=PRIOR),
+                          SimConfig(slots=2))
     wait = {name: r.finished["short"].metrics.first_scheduled_time - 2.0
             for name, r in (("fcfs", fcfs), ("mlfq", mlfq))}
     assert wait["mlfq"] <= 2 * STEP and wait["fcfs"] >= 3.0

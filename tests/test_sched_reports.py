@@ -12,10 +12,10 @@ from server_support import base_url, serve
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.request_meta import RequestMeta
 from aioserve.scheduling.registry import load_scheduler
-from aioserve.sim.scenarios import heavy_tail
-from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.server.app import METRICS_KEY
 from aioserve.server.tenant_labels import TenantLabels
+from aioserve.sim.scenarios import heavy_tail
+from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.sim.workloads import WorkloadRequest
 
 #: what each policy reports (keys that must be there)

@@ -1,4 +1,5 @@
-"""A running engine's policy report (``Scheduler.report()``), read safely for /metrics and the page."""
+"""A running engine's policy report (``Scheduler.report()``), read safely for /metrics
+and the live page."""
 
 from __future__ import annotations
 

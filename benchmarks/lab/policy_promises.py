@@ -119,7 +119,7 @@ async def edf_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
         workload = independent_mix(600, rate)
         items = {w.id: w for w in workload}
 
-        def deadline_half(result: Any) -> float:
+        def deadline_half(result: Any, items: dict[str, WorkloadRequest] = items) -> float:
             ids = [k for k in items if k.startswith("d")]
             return sum(meets(result.finished[k], items[k], None, None) for k in ids) / len(ids)
 
