@@ -44,7 +44,8 @@ class MLFQScheduler(OrderedScheduler):
     preempts running ones at least ``evict_gap`` levels worse than its own, worst first,
     if it then fits, and only where the expected gain beats the recomputation it costs
     (:meth:`gains`, an exchange argument as Smith's rule's: E[R_victim] - E[R_head] >
-    (running + 1) x the victim's recomputation in decode iterations, with E[R | a]
+    (running + waiting) x the victim's recomputation in decode iterations, since that
+    stall delays every request in the engine, with E[R | a]
     the mean remaining output of a request that has emitted a, over the lengths seen
     finishing, and the recomputation's cost measured from the steps). Where nothing is
     known or nothing can be gained (lengths that do not grow with service, as on the
@@ -205,13 +206,14 @@ class MLFQScheduler(OrderedScheduler):
         the exchange argument (Smith's rule, as SRPT's): running the head first saves it
         about the victim's expected remaining iterations and delays the victim by the
         head's, while the victim's recomputation stalls every running request for its
-        prefill iterations. Evict iff E[R_victim] - E[R_head] > (running + 1) *
-        victim tokens / prefill_tokens_per_iteration."""
+        prefill iterations, and with it every waiting one. Evict iff E[R_victim] -
+        E[R_head] > (running + waiting) * the victim's tokens in iterations
+        (:meth:`iterations`)."""
         left_victim = self.expected_remaining(victim.num_output_tokens)
         left_head = self.expected_remaining(head.num_output_tokens)
         if left_victim is None or left_head is None:
             return False
-        cost = (len(state.running) + 1) * self.iterations(victim.num_tokens)
+        cost = (len(state.running) + len(state.waiting)) * self.iterations(victim.num_tokens)
         return left_victim - left_head > cost
 
     def iterations(self, tokens: int) -> float:
