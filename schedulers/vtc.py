@@ -63,7 +63,7 @@ class VTCScheduler(OrderedScheduler):
     mean TTFT is about 3x its TTFT alone (2x is the issue's floor; without preemption,
     the paper's rule, about 6.5x; light first, which is not VTC, about 1.5x), because a
     light request arriving while its counter is above the heavy one's waits until that
-    counter catches up (README, "Floors"; ``benchmarks/vtc_light_ttft.py``).
+    counter catches up (README, "Floors"; ``benchmarks/lab/policy_promises.py``).
 
     Args:
         prompt_weight: service per prompt token (the paper's w_p, default 1).
