@@ -74,7 +74,6 @@ class Request:
     deadline: float | None = None
     shed_reason: str | None = None  # why a policy shed it (it ends with ``error``)
     refusal: AdmissionError | None = None  # the admission limit ended it (``error``)
-    stop_after: int | None = None  # hidden stop: ends with ``stop`` after this many tokens
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:

@@ -65,8 +65,6 @@ class RequestMeta:
         metadata: free string pairs (the OpenAI ``metadata`` field), passed to policies
             untouched; at most 16 pairs, keys of 1-64 and values of 0-512 characters.
             Stored read-only.
-        true_output_len: the output tokens it will generate, known where its workload is
-            simulated or replayed (the ``oracle`` length predictor's); None on a server.
 
     Raises:
         ValueError: a field is out of range; the message starts with the field's name.
@@ -78,7 +76,6 @@ class RequestMeta:
     tpot_slo_ms: float | None = None
     deadline: float | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
-    true_output_len: int | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.priority) or not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:

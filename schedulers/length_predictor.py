@@ -63,12 +63,17 @@ class CapPredictor(LengthPredictor):
 
 
 class OraclePredictor(HintPredictor):
-    """``oracle``, for upper-bound studies: the request's true length where its workload
-    knows it (``RequestMeta.true_output_len``, set by the simulator and the lab's replays),
-    else as ``hint``. Reports label a policy using it an upper bound."""
+    """``oracle``, for upper-bound studies: the true output length of each request, from
+    ``lengths`` (request id -> tokens) that the simulator or the lab's replay hands it from
+    the workload it runs (no request carries its true length, so no other policy can read
+    it); a request it was not told of is predicted as ``hint``. Reports label a policy
+    using it an upper bound."""
+
+    def __init__(self, lengths: Mapping[str, int] | None = None) -> None:
+        self.lengths = dict(lengths or {})
 
     def predict(self, request: RequestView) -> int:
-        true = request.meta.true_output_len
+        true = self.lengths.get(request.request_id)
         return true if true is not None else super().predict(request)
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections import deque
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from aioserve.scheduling import (
     OrderedScheduler,
+    PolicyReport,
     RequestView,
     SchedulerOutput,
     SchedulerState,
@@ -39,20 +42,27 @@ class MLFQScheduler(OrderedScheduler):
 
     Preemption (on by default, ``evict``): when no slot is free, the best waiting request
     preempts running ones at least ``evict_gap`` levels worse than its own, worst first,
-    if it then fits; the victim keeps its level and is recomputed when readmitted, at
-    most ``max_evictions`` times. Both limits are there because recomputation costs what
-    FastServe's swap does not: on heavy-tail at 1.2x capacity with this machine's
-    calibrated profile, evicting any worse level gave 0.76x fcfs's mean E2E (219
-    preemptions), a gap of 2 levels 0.53x (87); with prompts of 150-1500 tokens,
-    unbounded eviction made it 2.7x fcfs's. Token-level pausing with the KV kept:
-    with ``batch_size``, each step computes only the best ``batch_size`` requests by
-    (level, arrival), running and newly admitted together, and pauses the other running
-    ones (slot and KV blocks kept, as FastServe keeps its job pool in memory: serve
-    with ``--max-num-seqs`` above ``batch_size``).
+    if it then fits, and only where the expected gain beats the recomputation it costs
+    (:meth:`gains`, an exchange argument as Smith's rule's: E[R_victim] - E[R_head] >
+    (running + waiting) x the victim's recomputation in decode iterations, since that
+    stall delays every request in the engine, with E[R | a]
+    the mean remaining output of a request that has emitted a, over the lengths seen
+    finishing, and the recomputation's cost measured from the steps). Where nothing is
+    known or nothing can be gained (lengths that do not grow with service, as on the
+    Azure conversation trace) it evicts nothing and orders as fcfs does. The victim
+    keeps its level and is recomputed when readmitted, at most ``max_evictions`` times.
+    Token-level pausing with the KV kept: with ``batch_size``, each step computes at
+    most the best ``batch_size`` requests by (level, arrival), running and newly
+    admitted together, and pauses the other running ones (slot and KV blocks kept, as
+    FastServe keeps its job pool in memory: serve with ``--max-num-seqs`` above
+    ``batch_size``); when the best ones cannot be admitted (no slot), the best paused
+    ones run in their places, so a step never runs more than ``batch_size`` rows nor
+    none.
 
     Differences from FastServe: it swaps preempted jobs' KV to host memory where this
-    recomputes them (costly under a profile that charges prefill, hence
-    ``max_evictions``; free in the flat timing); its skip-join compares measured
+    recomputes them (costly under a profile that charges prefill, hence the gain rule
+    and ``max_evictions``; free in the flat timing); FastServe evicts for any better
+    job, without a gain rule; its skip-join compares measured
     first-iteration time with the quantum, this a token ratio
     (``prefill_tokens_per_iteration``, set it from a profile: prefill tokens per second
     over steps per second).
@@ -73,6 +83,9 @@ class MLFQScheduler(OrderedScheduler):
             (default 5).
         promote_share: fraction of contested admissions that go to starving requests
             (0-1; default 0.05).
+        length_prior: output lengths counted as seen finishing, so the gain rule can
+            evict before lengths are learnt (default none: no eviction until
+            ``MIN_SAMPLES`` have finished).
 
     Raises:
         ValueError: levels, quantum, prefill_tokens_per_iteration, batch_size or evict_gap
@@ -81,12 +94,16 @@ class MLFQScheduler(OrderedScheduler):
     """
 
     name: ClassVar[str] = "mlfq"
+    #: finished output lengths kept for the expected remaining length
+    LENGTHS_KEPT: ClassVar[int] = 2048
+    #: finished lengths beyond a request's attained service needed to estimate its remaining
+    MIN_SAMPLES: ClassVar[int] = 20
 
     def __init__(self, levels: int = 5, quantum: int = 16,
                  prefill_tokens_per_iteration: int = 512, batch_size: int | None = None,
                  evict: bool = True, promote_after_s: float = 5.0, max_evictions: int = 1,
                  evict_gap: int = 2, promote_share: float = 0.05,
-                 watermark: float = 0.01) -> None:
+                 watermark: float = 0.01, length_prior: Sequence[int] = ()) -> None:
         super().__init__(watermark)
         for name, value in (("levels", levels), ("quantum", quantum),
                             ("prefill_tokens_per_iteration", prefill_tokens_per_iteration),
@@ -110,6 +127,12 @@ class MLFQScheduler(OrderedScheduler):
         self.level: dict[str, int] = {}
         self.served: dict[str, int] = {}  # output tokens at its current level
         self.last_served: dict[str, float] = {}
+        self.evictions = 0  # preemptions chosen for a gain
+        self.decode_s = 0.0  # a decode-only step's time, recent steps weighing most
+        self.token_s = 0.0  # a prefill token's marginal time
+        self.measured = False
+        self.recent: deque[int] = deque(maxlen=self.LENGTHS_KEPT)  # finished lengths, in order
+        self.lengths: list[int] = sorted(length_prior)  # the same and the prior, sorted
 
     def join_level(self, request: RequestView) -> int:
         """Skip-join: the first level whose quantum covers the prefill's iterations."""
@@ -127,8 +150,20 @@ class MLFQScheduler(OrderedScheduler):
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
         for table in (self.level, self.served, self.last_served):
             table.pop(request.request_id, None)
+        if request.finish_reason in ("stop", "length"):
+            if len(self.recent) == self.recent.maxlen:
+                self.lengths.pop(bisect.bisect_left(self.lengths, self.recent[0]))
+            self.recent.append(request.num_output_tokens)
+            bisect.insort(self.lengths, request.num_output_tokens)
 
     def on_step(self, feedback: StepFeedback, state: SchedulerState) -> None:
+        prefill = feedback.num_prefill_tokens
+        if not prefill and feedback.num_seqs:
+            self.decode_s += 0.1 * (feedback.duration_s - self.decode_s)
+        elif prefill and self.decode_s > 0:
+            marginal = max(feedback.duration_s - self.decode_s, 0.0) / prefill
+            self.token_s += 0.1 * (marginal - self.token_s)
+            self.measured = True
         for request_id, emitted in zip(feedback.request_ids, feedback.num_emitted_tokens):
             if request_id not in self.level:
                 continue
@@ -151,6 +186,60 @@ class MLFQScheduler(OrderedScheduler):
         last = self.last_served.get(request.request_id, state.now)
         return state.now - last >= self.promote_after_s
 
+    def expected_remaining(self, attained: int) -> float | None:
+        """Mean output tokens left of a request that has emitted ``attained``, over the
+        finished lengths seen (``E[L - a | L > a]``); None with fewer than
+        ``MIN_SAMPLES`` finished longer than that (nothing known: no eviction)."""
+        lengths = self.lengths
+        start = bisect.bisect_right(lengths, attained)
+        longer = len(lengths) - start
+        if longer < self.MIN_SAMPLES:
+            return None
+        return (self.suffix_sum(start) - attained * longer) / longer
+
+    def suffix_sum(self, start: int) -> int:
+        """Sum of the sorted finished lengths from index ``start``."""
+        return sum(self.lengths[start:])
+
+    def gains(self, head: RequestView, victim: RequestView, state: SchedulerState) -> bool:
+        """Whether evicting ``victim`` for ``head`` is expected to shorten the mean E2E:
+        the exchange argument (Smith's rule, as SRPT's): running the head first saves it
+        about the victim's expected remaining iterations and delays the victim by the
+        head's, while the victim's recomputation stalls every running request for its
+        prefill iterations, and with it every waiting one. Evict iff E[R_victim] -
+        E[R_head] > (running + waiting) * the victim's tokens in iterations
+        (:meth:`iterations`)."""
+        left_victim = self.expected_remaining(victim.num_output_tokens)
+        left_head = self.expected_remaining(head.num_output_tokens)
+        if left_victim is None or left_head is None:
+            return False
+        cost = (len(state.running) + len(state.waiting)) * self.iterations(victim.num_tokens)
+        return left_victim - left_head > cost
+
+    def iterations(self, tokens: int) -> float:
+        """Decode iterations that computing ``tokens`` prompt tokens costs: measured from
+        the steps (a prefill token's marginal time over a decode-only step's), else
+        ``tokens / prefill_tokens_per_iteration``."""
+        if self.decode_s > 0 and self.token_s >= 0 and self.measured:
+            return tokens * self.token_s / self.decode_s
+        return tokens / self.prefill_tokens_per_iteration
+
+    def report(self) -> PolicyReport:
+        """``level_occupancy``: requests in the engine at each level (keys "0"...);
+        ``evictions``: preemptions it chose for a gain; ``promoted_share``: the starving
+        requests' measured share of contested admissions; ``expected_remaining_new``: a
+        new request's expected output (tokens; absent until enough have finished)."""
+        occupancy = {str(level): 0.0 for level in range(self.levels)}
+        for level in self.level.values():
+            occupancy[str(level)] += 1
+        report: PolicyReport = {
+            "level_occupancy": occupancy, "evictions": float(self.evictions),
+            "promoted_share": self.shared / self.contested if self.contested else 0.0}
+        expected = self.expected_remaining(0)
+        if expected is not None:
+            report["expected_remaining_new"] = expected
+        return report
+
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
         return sorted(reversed(state.running), key=lambda r: self.key(r, state), reverse=True)
 
@@ -160,7 +249,12 @@ class MLFQScheduler(OrderedScheduler):
                 self.promote(request.request_id, state.now)
         preempt = state.preempt_for_growth(self.victims(state))
         if preempt:
-            return SchedulerOutput(preempt=preempt)
+            idle: list[str] = []
+            if self.batch_size is not None:  # the best batch_size of those left run
+                staying = sorted((r for r in state.running if r.request_id not in set(preempt)),
+                                 key=lambda r: self.key(r, state))
+                idle = [r.request_id for r in staying[self.batch_size:]]
+            return SchedulerOutput(preempt=preempt, pause=idle)
         reserve = int(self.watermark * state.num_total_blocks)
         running = sorted(state.running, key=lambda r: self.key(r, state))
         waiting = list(self.order(state))
@@ -198,7 +292,7 @@ class MLFQScheduler(OrderedScheduler):
             head = left[0]
             gap = self.key(head, state)[0] + self.evict_gap
             victims = [r for r in computed if r.num_preemptions < self.max_evictions
-                       and self.key(r, state)[0] >= gap]
+                       and self.key(r, state)[0] >= gap and self.gains(head, r, state)]
             while victims and self.key(head, state) < self.key(victims[-1], state):
                 victim = victims.pop()
                 preempted.append(victim.request_id)
@@ -208,4 +302,13 @@ class MLFQScheduler(OrderedScheduler):
                     break
             else:
                 preempted = []  # the head would not fit: evict nothing
+        if pause and self.batch_size is not None:  # the best paused ones fill the places left
+            free = self.batch_size - len(computed) - len(admission.admitted) + len(preempted)
+            if free > 0:
+                kept: set[str] = set()
+                for r in running:
+                    if len(kept) < free and r.request_id in pause:
+                        kept.add(r.request_id)
+                pause = [i for i in pause if i not in kept]
+        self.evictions += len(preempted)
         return SchedulerOutput(admit=admission.admitted, preempt=preempted, pause=pause)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 from aioserve.scheduling import (
     Admission,
     OrderedScheduler,
+    PolicyReport,
     RequestView,
     SchedulerOutput,
     SchedulerState,
@@ -22,23 +23,23 @@ def rank(request: RequestView) -> tuple[int, float]:
 class PriorityScheduler(OrderedScheduler):
     """Serve lower ``priority`` values first (vLLM V1's semantics: the request field
     ``priority``, default 0, ties by arrival), preempting lower-priority work for it,
-    and give lower priorities a stated share of admissions.
+    and give each lower priority a stated share of admissions.
 
     * Admission: waiting requests by (priority, arrival), while slots, the token budget
-      and KV blocks allow; except that of the admissions made while requests of the
-      best waiting priority and of lower priorities (larger values) both wait, a
-      fraction ``low_share`` goes to the oldest waiting lower-priority request (a
-      deficit counter: after k such admissions, the lower priorities have had
-      ``floor(low_share * k)``). So under sustained overload the best
-      class is served in order and still no class starves: each lower priority gets at
-      least its share, which no aging can promise (an aging bound is either shorter
-      than the queue, and then aged requests jump it and cancel priority, or longer,
-      and then it bounds nothing).
+      and KV blocks allow; except that each priority level L below the best waiting one
+      is owed its share s_L of the admissions made while it waits together with a
+      better level (contested for L; a deficit counter per level: after k such
+      admissions it has had ``floor(s_L * k)``). When several levels are owed, the
+      lowest (largest value) is served first, its oldest request: the share comes out of
+      the lowest waiting levels first, and the top level gets all the rest. So under
+      sustained overload the best class is served in order and no class starves, which
+      no aging can promise (an aging bound is either shorter than the queue, and then
+      aged requests jump it and cancel priority, or longer, and then it bounds nothing).
     * Preemption for a waiting request: when the best-priority waiting request does not
       fit (no slot, or too few blocks), running requests of strictly lower priority
       are preempted, lowest first (then latest arrival), until it fits; requests
-      admitted under ``low_share`` are exempt until they finish (else the share would
-      be preempted away). Victims are recomputed later (vllm-project/vllm#40004).
+      admitted under a share are exempt until they finish (else the share would be
+      preempted away). Victims are recomputed later (vllm-project/vllm#40004).
     * Under memory pressure the victim is the lowest-priority running request, then the
       latest arrival (vLLM V1's choice), before a step and when the engine evicts during one;
       the room it frees goes in the same step to waiting requests of a strictly better
@@ -46,28 +47,61 @@ class PriorityScheduler(OrderedScheduler):
       growth).
 
     Differences from vLLM: vLLM V1 has no starvation guard; its proposed aging
-    (vllm-project/vllm#20608) is replaced by ``low_share``, which keeps the order of
-    every class and bounds what the lower ones get instead of when they start.
+    (vllm-project/vllm#20608) is replaced by the shares, which keep the order of every
+    class and bound what the lower ones get instead of when they start.
 
     Args:
-        low_share: fraction of admissions, while the best class and lower ones both
-            wait, that go to the oldest lower-priority request (default 0.1; 0 is
-            strict priority).
+        low_share: the share of every lower level that ``shares`` does not name
+            (default 0.1; 0 is strict priority for it).
+        shares: priority level -> its share of the admissions contested with it
+            (JSON keys may be strings: ``{"1": 0.15, "2": 0.05}``). Default: none
+            named, so every level below the best waiting one is owed ``low_share``.
 
     Raises:
-        ValueError: low_share outside [0, 1), or a bad watermark.
+        ValueError: low_share or a level's share outside [0, 1), shares summing to 1 or
+            more, a level that is not an integer (each named), or a bad watermark.
     """
 
     name: ClassVar[str] = "priority"
 
-    def __init__(self, low_share: float = 0.1, watermark: float = 0.01) -> None:
+    def __init__(self, low_share: float = 0.1,
+                 shares: Mapping[int | str, float] | None = None,
+                 watermark: float = 0.01) -> None:
         super().__init__(watermark)
         if not 0 <= low_share < 1:
             raise ValueError(f"low_share must be in [0, 1), got {low_share!r}")
         self.low_share = low_share
-        self.contested = 0  # admissions while the best class and lower ones both waited
-        self.shared = 0  # of those, the lower priorities'
-        self.protected: set[str] = set()  # admitted under the share: no priority preemption
+        self.shares: dict[int, float] = {}
+        for level, share in (shares or {}).items():
+            try:
+                key = int(level)
+            except (TypeError, ValueError):
+                raise ValueError(f"shares: level {level!r} is not an integer") from None
+            if not 0 <= share < 1:
+                raise ValueError(f"shares[{level!r}] must be in [0, 1), got {share!r}")
+            self.shares[key] = share
+        if sum(self.shares.values()) >= 1:
+            raise ValueError(f"shares must sum to less than 1, got {sum(self.shares.values())}")
+        self.contested: dict[int, int] = {}  # level -> admissions while it waited with a better
+        self.shared: dict[int, int] = {}  # level -> of those, its own under the share
+        self.protected: set[str] = set()  # admitted under a share: no priority preemption
+
+    def share(self, level: int) -> float:
+        """The level's share of the admissions contested with it."""
+        return self.shares.get(level, self.low_share)
+
+    def report(self) -> PolicyReport:
+        """``share``: each lower level's configured share and ``measured_share`` what it
+        got of the admissions contested with it (keys: levels); ``contested``: those
+        admissions; ``protected``: requests running under a share."""
+        levels = sorted({*self.shares, *self.contested})
+        return {
+            "share": {str(level): self.share(level) for level in levels},
+            "measured_share": {str(level): self.shared.get(level, 0) / count
+                               for level, count in self.contested.items() if count},
+            "contested": {str(level): float(count) for level, count in self.contested.items()},
+            "protected": float(len(self.protected)),
+        }
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[int, float]:
         return rank(request)
@@ -84,23 +118,24 @@ class PriorityScheduler(OrderedScheduler):
 
     def _admissions(self, order: list[RequestView], admission: Admission,
                     reserve: int) -> RequestView | None:
-        """Admit from ``order`` with the lower priorities' share; the best-class misfit, or None."""
+        """Admit from ``order`` with the lower levels' shares; the best-class misfit, or None."""
         while order:
-            best = order[0].priority
-            lower = next((i for i, r in enumerate(order) if r.priority != best), None)
-            index = 0
-            if lower is not None:
-                self.contested += 1
-                if self.shared + 1 <= self.low_share * self.contested:
-                    index = min(range(lower, len(order)), key=lambda i: order[i].arrival_time)
+            levels = sorted({r.priority for r in order}, reverse=True)  # lowest first
+            lower = levels[:-1]
+            for level in lower:
+                self.contested[level] = self.contested.get(level, 0) + 1
+            owed = next((level for level in lower if self.shared.get(level, 0) + 1
+                         <= self.share(level) * self.contested[level]), None)
+            index = 0 if owed is None else next(
+                i for i, r in enumerate(order) if r.priority == owed)
             request = order[index]
             if not admission.fits(request, reserve):
-                if lower is not None:
-                    self.contested -= 1
+                for level in lower:
+                    self.contested[level] -= 1
                 return request if index == 0 else None
             admission.admit(request)
-            if index:
-                self.shared += 1
+            if owed is not None:
+                self.shared[owed] = self.shared.get(owed, 0) + 1
                 self.protected.add(request.request_id)
             del order[index]
         return None
@@ -136,6 +171,6 @@ class PriorityScheduler(OrderedScheduler):
                 break
             admission.admit(request)
             chosen += [v.request_id for v in taken]
-            if any(r.priority > request.priority for r in state.waiting):
-                self.contested += 1
+            for level in {r.priority for r in state.waiting if r.priority > request.priority}:
+                self.contested[level] = self.contested.get(level, 0) + 1
         return SchedulerOutput(admit=admission.admitted, preempt=chosen)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from typing import Any, ClassVar
 
-from aioserve.scheduling import OrderedScheduler, RequestView, SchedulerState
+from aioserve.scheduling import OrderedScheduler, PolicyReport, RequestView, SchedulerState
 from schedulers.length_predictor import LengthPredictor, make_predictor
 
 #: Finished requests whose (predicted, true) lengths a policy keeps for reports.
@@ -75,6 +76,21 @@ class SPFScheduler(OrderedScheduler):
     def close(self) -> None:
         """Close the predictor (``learned`` saves its state at ``state_path``)."""
         self.predictor.close()
+
+    def report(self) -> PolicyReport:
+        """``predicted_mean``: the mean predicted output (tokens, at arrival) of the
+        requests in the engine, ``in_engine`` their number; over the last 100 finished:
+        ``prediction_mae`` (mean |predicted - true| tokens) and ``prediction_bias``
+        (mean predicted - true)."""
+        predicted = list(self.predicted.values())
+        recent = list(itertools.islice(reversed(self.outcomes), 100))
+        errors = [p - t for _, p, t in recent]
+        return {
+            "in_engine": float(len(predicted)),
+            "predicted_mean": sum(predicted) / len(predicted) if predicted else 0.0,
+            "prediction_mae": sum(map(abs, errors)) / len(errors) if errors else 0.0,
+            "prediction_bias": sum(errors) / len(errors) if errors else 0.0,
+        }
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[int, float]:
         """Aged requests first, by arrival; then by predicted remaining output."""

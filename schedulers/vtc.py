@@ -9,11 +9,17 @@ from typing import ClassVar
 from aioserve.scheduling import (
     Admission,
     OrderedScheduler,
+    PolicyReport,
     RequestView,
     SchedulerOutput,
     SchedulerState,
     StepFeedback,
 )
+
+
+def tenant_key(tenant: str | None) -> str:
+    """A tenant as a report's key ("" for requests without one)."""
+    return tenant if tenant is not None else ""
 
 
 class VTCScheduler(OrderedScheduler):
@@ -27,11 +33,13 @@ class VTCScheduler(OrderedScheduler):
     because step feedback arrives a step late. Admission repeatedly takes the oldest
     waiting request of the waiting tenant with the smallest counter, while it fits.
 
-    The counter lift (Algorithm 2; the artifact's ``vtc_req_queue.py`` ``append``):
-    when a request arrives for a tenant with no other request in the engine's waiting
-    queue (requests queued and not admitted, including preempted ones back in the
-    queue; running requests do not count), the tenant's counter is lifted to the
-    smallest counter of the tenants that have waiting requests. So neither idling nor
+    The counter lift (Algorithm 2, lines 4-9; the artifact's ``vtc_req_queue.py``
+    ``append`` has only the second case): when a request arrives for a tenant with no
+    other request in the engine's waiting queue (requests queued and not admitted,
+    including preempted ones back in the queue; running requests do not count), the
+    tenant's counter is lifted to the smallest counter of the tenants that have waiting
+    requests or, when the queue is empty, to the counter of the tenant whose request
+    last left the queue (was admitted). So neither idling nor
     running one long request banks credit, and the service difference between two
     backlogged tenants stays within the paper's bound (Theorem 4.4:
     ``2 * max(prompt_weight * L_input, output_weight * M)``, with M the tokens the KV
@@ -55,7 +63,7 @@ class VTCScheduler(OrderedScheduler):
     mean TTFT is about 3x its TTFT alone (2x is the issue's floor; without preemption,
     the paper's rule, about 6.5x; light first, which is not VTC, about 1.5x), because a
     light request arriving while its counter is above the heavy one's waits until that
-    counter catches up (README, "Floors"; ``benchmarks/vtc_light_ttft.py``).
+    counter catches up (README, "Floors"; ``benchmarks/lab/policy_promises.py``).
 
     Args:
         prompt_weight: service per prompt token (the paper's w_p, default 1).
@@ -70,6 +78,8 @@ class VTCScheduler(OrderedScheduler):
     """
 
     name: ClassVar[str] = "vtc"
+    #: report() entries keyed by tenant (labelled by /metrics' tenant rule)
+    report_tenant_keys: ClassVar[frozenset[str]] = frozenset({"counters", "weights"})
 
     def __init__(self, prompt_weight: float = 1.0, output_weight: float = 2.0,
                  weights: Mapping[str, float] | None = None, preempt: bool = True,
@@ -89,6 +99,7 @@ class VTCScheduler(OrderedScheduler):
         self.tenant_of: dict[str, str | None] = {}  # requests not finished
         self.charged: set[str] = set()  # requests whose prompt is counted
         self.ended: list[str] = []  # finished since the last step's feedback
+        self.departed: list[str | None] = []  # the tenant whose request last left the queue
 
     def weight(self, tenant: str | None) -> float:
         """The tenant's weight (1 unless ``weights`` names it)."""
@@ -111,6 +122,8 @@ class VTCScheduler(OrderedScheduler):
         backlogged = [self.counter(t) for t in others]
         if backlogged:  # the counter lift
             self.counters[tenant] = max(self.counter(tenant), min(backlogged))
+        elif self.departed:  # into an empty queue: the last-departed tenant's counter
+            self.counters[tenant] = max(self.counter(tenant), self.counter(self.departed[0]))
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
         # forgotten after the step's feedback, which still counts its last token
@@ -125,6 +138,17 @@ class VTCScheduler(OrderedScheduler):
             self.charged.discard(request_id)
         self.ended.clear()
 
+    def report(self) -> PolicyReport:
+        """``counters``: each tenant's weighted service (tokens over its weight);
+        ``weights``: each tenant's weight (named ones, and 1 for each tenant seen);
+        ``service_gap``: the largest counter less the smallest. Keys: tenants ("" for
+        requests without one)."""
+        counters = {tenant_key(t): c for t, c in self.counters.items()}
+        weights = {tenant_key(t): self.weight(t)
+                   for t in {*self.weights, *self.counters}}
+        gap = max(counters.values()) - min(counters.values()) if counters else 0.0
+        return {"counters": counters, "weights": weights, "service_gap": gap}
+
     def victims(self, state: SchedulerState) -> Iterable[RequestView]:
         """The most-served tenant's requests first, newest first."""
         newest_first = list(reversed(state.running))
@@ -133,6 +157,7 @@ class VTCScheduler(OrderedScheduler):
     def _admit(self, admission: Admission, request: RequestView) -> None:
         """Admit the request and charge its prompt, once in its life."""
         admission.admit(request)
+        self.departed[:] = [request.tenant]
         if request.request_id not in self.charged:
             self.charged.add(request.request_id)
             self.charge(request.tenant, self.prompt_weight * request.num_prompt_tokens)

@@ -186,12 +186,17 @@ def test_mlfq_skip_join_in_iterations_and_demotion():
     assert policy.level["short"] == 1 and policy.served["short"] == 0
 
 
+#: lengths seen finishing, so the gain rule expects long jobs to stay long
+PRIOR = [4] * 20 + [200] * 20
+
+
 async def test_mlfq_evicts_for_a_short_job_behind_long_ones():
     # at 2 s the long jobs have 40 tokens: level 2, evict_gap (2) levels below the short one
     workload = [WorkloadRequest(f"long{i}", 0.0, 4, 140) for i in range(2)]
     workload.append(WorkloadRequest("short", 2.0, 4, 4))
     fcfs = await simulate(workload, "fcfs", SimConfig(slots=2))
-    mlfq = await simulate(workload, MLFQScheduler(quantum=8), SimConfig(slots=2))
+    mlfq = await simulate(workload, MLFQScheduler(quantum=8, length_prior=PRIOR),
+                          SimConfig(slots=2))
     wait = {name: r.finished["short"].metrics.first_scheduled_time - 2.0
             for name, r in (("fcfs", fcfs), ("mlfq", mlfq))}
     assert wait["mlfq"] <= 2 * STEP and wait["fcfs"] >= 3.0
@@ -204,7 +209,8 @@ async def test_mlfq_evicts_only_a_request_evict_gap_levels_worse():
     workload.append(WorkloadRequest("short", 1.0, 4, 4))
     start = {}
     for gap in (1, 2):
-        result = await simulate(workload, MLFQScheduler(quantum=8, evict_gap=gap),
+        result = await simulate(workload, MLFQScheduler(quantum=8, evict_gap=gap,
+                                                              length_prior=PRIOR),
                                 SimConfig(slots=2))
         start[gap] = result.finished["short"].metrics.first_scheduled_time
     assert start[1] <= 1.0 + 2 * STEP < 1.2 <= start[2] <= 1.2 + 2 * STEP
@@ -216,10 +222,22 @@ async def test_mlfq_evicts_a_request_at_most_max_evictions_times():
     workload = [WorkloadRequest(f"long{i}", 0.0, 4, 200) for i in range(2)]
     workload += [WorkloadRequest(f"s{i}", 1.0 + 0.5 * i, 4, 4) for i in range(12)]
     for limit, most in ((1, 1), (3, 3)):
-        result = await simulate(workload, MLFQScheduler(quantum=8, max_evictions=limit),
+        result = await simulate(workload, MLFQScheduler(quantum=8, max_evictions=limit,
+                                                              length_prior=PRIOR),
                                 SimConfig(slots=2))
         counts = [result.finished[f"long{i}"].metrics.num_preemptions for i in range(2)]
         assert max(counts) == most, (limit, counts)
+
+
+async def test_mlfq_evicts_nothing_where_nothing_is_known():
+    # the same two long jobs and a short one, without a prior: no eviction, fcfs's order
+    workload = [WorkloadRequest(f"long{i}", 0.0, 4, 140) for i in range(2)]
+    workload.append(WorkloadRequest("short", 2.0, 4, 4))
+    fcfs = await simulate(workload, "fcfs", SimConfig(slots=2))
+    mlfq = await simulate(workload, MLFQScheduler(quantum=8), SimConfig(slots=2))
+    assert mlfq.preemptions == 0
+    assert {k: r.metrics.finished_time for k, r in mlfq.finished.items()} == {
+        k: r.metrics.finished_time for k, r in fcfs.finished.items()}
 
 
 async def test_mlfq_pauses_all_but_its_batch_admissions_included():
@@ -257,17 +275,21 @@ def test_edf_slack_check_delays_what_cannot_be_on_time():
     assert [r.request_id for r in policy.order(state)] == ["f", "h"]
 
 
-def test_edf_delays_late_requests_by_the_queues_drain_time():
-    # a queue that drains in less than late_delay_s delays the late by its drain time only
+def test_edf_holds_late_requests_behind_those_on_time_then_lets_them_back():
+    # a late request waits behind one on time for at least late_delay_s (the drain time,
+    # here 0.1 s, is shorter), then goes back in order of its due time
     policy = EDFScheduler(late_delay_s=5.0)
     policy.step_s = 0.1
     hopeless = Request("h", [5] * 4, SamplingParams(), 0.0)
-    hopeless.meta = type(hopeless.meta)(ttft_slo_ms=1050)  # due 1.05: pushed back 0.1 s
+    hopeless.meta = type(hopeless.meta)(ttft_slo_ms=1050)  # due 1.05: late at 1.0
     fresh = Request("f", [5] * 4, SamplingParams(), 1.0)
-    fresh.meta = type(fresh.meta)(ttft_slo_ms=3000)  # due 4.0
-    state = SchedulerState((RequestView(hopeless), RequestView(fresh)), (), 8, 8, 4, 4, 64, 1.0, 0)
+    fresh.meta = type(fresh.meta)(ttft_slo_ms=30_000)  # due 31.0
+    views = (RequestView(hopeless), RequestView(fresh))
+    state = SchedulerState(views, (), 8, 8, 4, 4, 64, 1.0, 0)
     ids = tuple(f"x{i}" for i in range(20))
     policy.on_step(StepFeedback(0, 0.0, 1.0, ids, (1,) * 20, (8,) * 20, (1,) * 20,
                                 (True,) * 20, finished=ids), state)
     assert abs(policy.drain_s(state) - 0.1) < 0.01  # 2 waiting at about 20 finishes a second
-    assert [r.request_id for r in policy.order(state)] == ["h", "f"]
+    assert [r.request_id for r in policy.order(state)] == ["f", "h"]
+    later = SchedulerState(views, (), 8, 8, 4, 4, 64, 6.1, 0)  # held 5 s: back by due time
+    assert [r.request_id for r in policy.order(later)] == ["h", "f"]

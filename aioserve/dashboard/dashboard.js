@@ -73,6 +73,21 @@ const AIOSERVE = (() => {
     }
   }
 
+  function drawReport(frame) {
+    const box = $("policy-report");
+    box.innerHTML = "";
+    const num = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : v.toPrecision(3));
+    for (const [name, value] of Object.entries(frame.policy_report || {})) {
+      const row = document.createElement("div");
+      row.className = "report";
+      row.dataset.name = name;
+      row.textContent = typeof value === "object"
+        ? `${name}: ${Object.entries(value).map(([k, v]) => `${k} ${num(v)}`).join(", ") || "–"}`
+        : `${name}: ${num(value)}`;
+      box.appendChild(row);
+    }
+  }
+
   function drawQueue(frame) {
     const box = $("queue");
     box.innerHTML = "";
@@ -137,6 +152,7 @@ const AIOSERVE = (() => {
     frame.slots.forEach((s, i) => drawSlot($("slots").children[i], s));
     drawQueue(frame);
     drawTenants(frame);
+    drawReport(frame);
   }
 
   function setStatus(ok, text) {

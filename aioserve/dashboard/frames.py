@@ -79,8 +79,10 @@ class FrameMaker:
         if window is not None:
             window.record(request)
 
-    def frame(self, snapshot: StepSnapshot) -> dict[str, Any]:
-        """The frame of one snapshot (call in time order: it advances the rate)."""
+    def frame(self, snapshot: StepSnapshot,
+              report: dict[str, float | dict[str, float]] | None = None) -> dict[str, Any]:
+        """The frame of one snapshot (call in time order: it advances the rate), with the
+        policy's ``report`` (``Scheduler.report()``) as ``policy_report``."""
         frame = snapshot.to_json()
         frame["type"] = "frame"
         frame["model"] = self.model
@@ -91,4 +93,7 @@ class FrameMaker:
             [tenant, running, waiting,
              (w.summary()["ttft"] if (w := self.by_tenant.get(tenant)) else None)]
             for tenant, running, waiting in snapshot.tenants[:MAX_TENANTS]]
+        frame["policy_report"] = {  # a label's entries: the first MAX_TENANTS
+            name: dict(list(value.items())[:MAX_TENANTS]) if isinstance(value, dict) else value
+            for name, value in (report or {}).items()}
         return frame

@@ -239,12 +239,11 @@ class AsyncEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = core.clock()
         request = Request(request_id, ids, params, now)
-        request.stop_after = stop_after
         if meta is not None:
             request.meta = meta
             if meta.deadline is not None:  # Unix time -> the engine's clock
                 request.deadline = now + (meta.deadline - time.time())
-        core.add(request)
+        core.add(request, stop_after)
         stream = self._delivery.open_stream(request, self.tokenizer)
         assert self.step_loop is not None
         self.step_loop.wakeup.set()

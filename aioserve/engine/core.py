@@ -69,6 +69,7 @@ class EngineCore:
         self._new_blocks: dict[str, list[int]] = {}
         self._slots: set[str] = set()  # requests the runner holds state for
         self._finishing: set[str] = set()  # their step in flight samples their last token
+        self._stops: dict[str, int] = {}  # hidden stops (benchmarks): no policy reaches them
         self._in_flight: deque[list[InFlight]] = deque()
         self._scheduled_at: deque[float] = deque()  # when each step in flight was submitted
         self._last_step_end = float("-inf")
@@ -77,8 +78,9 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def add(self, request: Request) -> None:
-        """Queue a request (its prompt and ``max_tokens`` validated by the caller).
+    def add(self, request: Request, stop_after: int | None = None) -> None:
+        """Queue a request (its prompt and ``max_tokens`` validated by the caller);
+        ``stop_after``: the hidden stop (benchmarks), kept here, out of every policy's reach.
 
         Raises:
             ValueError: the id is already in use, or the prompt can never fit the KV cache.
@@ -96,6 +98,8 @@ class EngineCore:
         if self.admission.max_waiting is not None:
             self.admission.check(self.waiting, len(self.waiting), self.clock())
         self.requests[request.request_id] = request
+        if stop_after is not None:
+            self._stops[request.request_id] = stop_after
         view = self.views[request.request_id] = RequestView(request)
         self.waiting.append(request)
         if self.waiting_views is not None:
@@ -118,6 +122,7 @@ class EngineCore:
         request.metrics.finished_time = self.clock()
         request.metrics.finished_step = self.step_count
         self.requests.pop(request.request_id, None)
+        self._stops.pop(request.request_id, None)
         self._release(request)
         self.guard.on_finish(self.views.pop(request.request_id))
         if self.on_finish is not None:
@@ -342,7 +347,7 @@ class EngineCore:
         running = RequestStatus.RUNNING
         sampled = output.token_ids
         caching = self.blocks.block_size if self.blocks.enable_caching else 0
-        eos, max_model_len = self.eos_token_ids, self.max_model_len
+        eos, max_model_len, stops = self.eos_token_ids, self.max_model_len, self._stops
         for index, (request, epoch, count, samples) in enumerate(record):
             if request.status is not running or request.epoch != epoch:
                 continue  # finished, aborted or preempted while the step ran
@@ -365,7 +370,7 @@ class EngineCore:
             params = request.params
             if token in params.stop_token_ids or (token in eos and not params.ignore_eos):
                 self.finish(request, FinishReason.STOP)
-            elif request.stop_after is not None and len(out) >= request.stop_after:
+            elif stops and len(out) >= stops.get(request.request_id, max_model_len + 1):
                 self.finish(request, FinishReason.STOP)  # the hidden stop (benchmarks)
             elif len(out) >= params.max_tokens or (
                 len(request.prompt_token_ids) + len(out) >= max_model_len

@@ -50,6 +50,8 @@ class Scheduler:
     #: true tokens)`` of requests that ended by a stop or their cap, the newest last (read by
     #: ``/metrics`` and the reports); empty for any other.
     outcomes: Sequence[tuple[str, int, int]] = ()
+    #: The entries of :meth:`report` keyed by tenant (labelled by the server's tenant rule).
+    report_tenant_keys: ClassVar[frozenset[str]] = frozenset()
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         """Decide the next step from ``state`` (a frozen snapshot); the engine applies what is

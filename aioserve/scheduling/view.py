@@ -21,9 +21,11 @@ class RequestView:
     Counts are in tokens (blocks for ``num_blocks``); times are seconds on the engine's
     clock (``SchedulerState.now``'s: ``time.monotonic()`` or the simulator's). ``priority``,
     ``tenant``, ``ttft_slo_ms``, ``tpot_slo_ms`` and ``metadata`` are ``meta``'s fields
-    (:class:`~aioserve.request_meta.RequestMeta`); ``deadline`` is its deadline on the
-    engine's clock. The history (``first_scheduled_time``, ``first_token_time``,
-    ``last_token_time``) is None until it happens."""
+    (:class:`~aioserve.request_meta.RequestMeta`); ``deadline`` is its deadline (when it
+    should be finished, its last token out) on the engine's clock. The history
+    (``first_scheduled_time``, ``first_token_time``, ``last_token_time``) is None until
+    it happens. Nothing here tells a request's true length: a hidden stop (benchmarks)
+    stays in the engine core."""
 
     __slots__ = ("_request",)
 

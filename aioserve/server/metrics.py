@@ -23,8 +23,10 @@ from prometheus_client.registry import Collector
 
 from aioserve.engine import AsyncEngine
 from aioserve.engine.admission import REFUSAL_REASONS
+from aioserve.engine.core import EngineCore
 from aioserve.engine.observation import StepSnapshot
 from aioserve.request import Request, RequestMetrics
+from aioserve.server.policy_report import policy_report
 from aioserve.server.tenant_labels import BoundedLabels, TenantLabels
 
 PREFIX = "aioserve:"
@@ -150,6 +152,7 @@ class _EngineCollector(Collector):
         for reason in REFUSAL_REASONS:
             refused.add_metric([reason], counts.get(reason, 0))
         yield refused
+        yield from m.policy_families(core)
 
 
 class ServerMetrics:
@@ -201,6 +204,47 @@ class ServerMetrics:
             buckets=_LENGTH_BUCKETS, registry=r)
         r.register(_EngineCollector(self))
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
+
+    def policy_families(self, core: EngineCore | None) -> Iterator[Metric]:
+        """The policy's report as ``policy_report{policy, name, key}`` (a value keyed by
+        tenant labelled by the tenant rule, values beyond its bound summed under its
+        ``other``), preemptions and shed requests by policy, and the waiting queue by
+        priority."""
+        policy, report = policy_report(self.engine)
+        gauge = GaugeMetricFamily(
+            PREFIX + "policy_report", "The scheduling policy's report() (docs/schedulers.md): "
+            "name is the report's entry, key its label (empty for a plain number).",
+            labels=["policy", "name", "key"])
+        tenant_keyed = core.scheduler.report_tenant_keys if core is not None else frozenset()
+        for name, value in sorted(report.items()):
+            if not isinstance(value, dict):
+                gauge.add_metric([policy, name, ""], value)
+                continue
+            values: dict[str, float] = {}
+            for key, number in value.items():
+                label = self.tenants.tenant(key or None) if name in tenant_keyed else key
+                values[label] = values.get(label, 0.0) + number
+            for label, number in sorted(values.items()):
+                gauge.add_metric([policy, name, label], number)
+        yield gauge
+        if core is None:
+            return
+        for name, doc, value in (
+                ("policy_preemptions", "Preemptions by scheduling policy.", core.num_preemptions),
+                ("policy_shed_requests", "Requests shed by scheduling policy.", core.num_shed)):
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["policy"])
+            family.add_metric([policy], value)
+            yield family
+        waiting = GaugeMetricFamily(PREFIX + "num_requests_waiting_by_priority",
+                                    "Requests waiting for a slot, by priority.",
+                                    labels=["priority"])
+        counts: dict[str, int] = {}
+        for request in core.waiting:
+            label = self.tenants.priority(request.meta.priority)
+            counts[label] = counts.get(label, 0) + 1
+        for label, count in sorted(counts.items()):
+            waiting.add_metric([label], count)
+        yield waiting
 
     def attach(self) -> None:
         """Listen to the engine's finished requests."""

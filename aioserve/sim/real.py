@@ -21,6 +21,7 @@ from aioserve.sim.simulator import (
     SimResult,
     StepRecord,
     upper_bound,
+    with_oracle,
 )
 from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
 
@@ -98,7 +99,7 @@ async def replay(
     core = engine._require_core()
     if core.has_work:
         raise RuntimeError("replay needs an idle engine")
-    policy = load_scheduler(scheduler, scheduler_params)
+    policy = load_scheduler(scheduler, with_oracle(scheduler_params, workload))
     core.set_policy(policy)
     name = scheduler_name(policy)  # its `name`, as the server labels it
     if upper_bound(scheduler_params):

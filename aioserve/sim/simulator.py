@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -196,12 +196,11 @@ def _submit(result: SimResult, item: WorkloadRequest, prompt: list[int] | None =
             f"{item.output_len}) exceeds the context length of {core.max_model_len} tokens")
         return
     # No oracle: the policy is told a length only when the workload tells one.
-    params = SamplingParams(max_tokens=cap, temperature=0.0, length_hint=item.length_hint,
-                            ignore_eos=result.config.overlap and item.output_len >= cap)
+    params = SamplingParams(max_tokens=cap, temperature=0.0, length_hint=item.length_hint)
     if prompt is None:
         prompt = item.prompt_token_ids(result.runner.vocab_size, FIRST_WORD_ID)
     request = Request(item.id, prompt, params, item.arrival_s)
-    request.meta = item.meta_from()  # the oracle's true length: the workload's, not a policy's
+    request.meta = item.meta_from()
     request.deadline = item.deadline_s
     try:
         core.add(request)
@@ -212,6 +211,18 @@ def _submit(result: SimResult, item: WorkloadRequest, prompt: list[int] | None =
 def upper_bound(scheduler_params: Mapping[str, Any] | None) -> bool:
     """Whether the run asked for the ``oracle`` predictor (reports label it an upper bound)."""
     return scheduler_params is not None and scheduler_params.get("predictor") == "oracle"
+
+
+def with_oracle(scheduler_params: Mapping[str, Any] | None,
+                workload: Sequence[WorkloadRequest]) -> Mapping[str, Any] | None:
+    """``scheduler_params`` with the workload's true lengths handed to the ``oracle``
+    predictor when the run asks for it (the oracle is the workload's, never a request's)."""
+    if not upper_bound(scheduler_params):
+        return scheduler_params
+    assert scheduler_params is not None
+    config = dict(scheduler_params.get("predictor_config") or {})
+    config["lengths"] = {w.id: w.output_len for w in workload}
+    return {**scheduler_params, "predictor_config": config}
 
 
 class _SimStepLoop(StepLoop):
@@ -338,7 +349,7 @@ def _replica(
     runner_kind: type[SimulatedRunner] | None = None,
 ) -> SimResult:
     """One simulated engine sized for ``workload``, its result filled as it runs."""
-    policy = load_scheduler(scheduler, scheduler_params)
+    policy = load_scheduler(scheduler, with_oracle(scheduler_params, workload))
     name = scheduler_name(policy)  # its `name`, as the server labels it
     if upper_bound(scheduler_params):
         name += " (oracle: upper bound)"

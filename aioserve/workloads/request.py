@@ -116,7 +116,7 @@ class WorkloadRequest:
         for a run whose zero is ``unix_epoch``, the deadline in Unix seconds."""
         at = self.meta.deadline if self.deadline_s is None or unix_epoch is None else (
             unix_epoch + self.deadline_s)
-        return replace(self.meta, true_output_len=self.output_len, deadline=at)
+        return replace(self.meta, deadline=at)
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
         """Its group's shared prefix (or prefix blocks), then tokens of its own (ids in

@@ -15,6 +15,7 @@ from aioserve.engine import AsyncEngine
 from aioserve.engine.observation import StepSnapshot
 from aioserve.errors import EngineNotRunningError
 from aioserve.request import Request
+from aioserve.server.policy_report import policy_report
 from aioserve.server.ws.outbox import SOCKETS_KEY, bound_send_buffer
 
 
@@ -59,7 +60,7 @@ class StatsFeed:
     def frame(self, snapshot: StepSnapshot) -> dict[str, Any]:
         """The dashboard frame of ``snapshot`` with the admission limit's settings
         (``admission``) and the requests it refused by reason (``refused``)."""
-        frame = self.frames.frame(snapshot)
+        frame = self.frames.frame(snapshot, policy_report(self.engine)[1])
         config, core = self.engine.config, self.engine.core
         frame["admission"] = {"max_waiting": config.max_waiting,
                               "max_queue_time_s": config.max_queue_time_s}

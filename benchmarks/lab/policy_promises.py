@@ -1,0 +1,224 @@
+"""Issue 50's floors at full scale, before (a base revision's policies) and after (this
+checkout's), alternating on the simulator's virtual clock (figures exact and
+deterministic; only the wall time depends on the machine).
+
+    python benchmarks/lab/policy_promises.py [--base 2735061] [--quick]
+
+Prints one line per floor: the figure before and after, and the floor. ``--base`` loads
+the policies of that git revision (schedulers/*.py) next to this checkout's; the engine is
+this checkout's for both. ``--quick`` runs the CI's window sizes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from test_sched_promises import independent_mix, three_levels  # noqa: E402
+from trace_promises import (  # noqa: E402
+    POLICIES,
+    PROMISES,
+    TRACES,
+    capacity,
+    config,
+    figures,
+    kept,
+    window,
+)
+
+from aioserve.reports.figures import outcomes, policy_figures  # noqa: E402
+from aioserve.reports.slo import meets_slo  # noqa: E402
+from aioserve.request_meta import RequestMeta  # noqa: E402
+from aioserve.sim.simulator import SimConfig, simulate  # noqa: E402
+from aioserve.sim.step_cost import StepCostModel  # noqa: E402
+from aioserve.workloads.request import WorkloadRequest  # noqa: E402
+from aioserve.workloads.scenarios import heavy_tail  # noqa: E402
+
+CONFIG = SimConfig(slots=8, kv_blocks=64, step_ms=20)
+MODULES = {"mlfq": "MLFQScheduler", "vtc": "VTCScheduler", "edf": "EDFScheduler",
+           "priority": "PriorityScheduler", "spf": "SPFScheduler"}
+
+
+def base_policies(rev: str) -> dict[str, type]:
+    """The policy classes of ``rev`` (its schedulers/*.py, loaded under other names)."""
+    out: dict[str, type] = {}
+    folder = Path(tempfile.mkdtemp(prefix="policies-"))
+    for name, cls in MODULES.items():
+        text = subprocess.run(["git", "show", f"{rev}:schedulers/{name}.py"], cwd=ROOT,
+                              check=True, capture_output=True, text=True).stdout
+        path = folder / f"base_{name}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(f"base_{name}", path)
+        assert spec is not None and spec.loader is not None
+        module: ModuleType = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        out[name] = getattr(module, cls)
+    return out
+
+
+def head_policies() -> dict[str, type]:
+    out = {}
+    for name, cls in MODULES.items():
+        out[name] = getattr(importlib.import_module(f"schedulers.{name}"), cls)
+    return out
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+async def mlfq_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
+    rows: list[int] = []
+    await simulate(heavy_tail(n=200, rate=20), p["mlfq"](batch_size=4), CONFIG,
+                   on_step=lambda core, f: rows.append(f.num_seqs))
+    profile = StepCostModel(intercept_ms=1.841, per_seq_ms=0.1052, per_prefill_token_ms=0.03865)
+    cfg = SimConfig(slots=8, kv_blocks=64, cost_model=profile, overlap=True)
+    workload = heavy_tail(n=650, rate=102)
+    fcfs = policy_figures(await simulate(workload, "fcfs", cfg))["mean_e2e_s"]
+    mlfq = policy_figures(await simulate(workload, p["mlfq"](promote_after_s=0.5), cfg))
+    return {"steps over batch_size": float(sum(r > 4 for r in rows)),
+            "heavy-tail 1.2x E2E / fcfs": mlfq["mean_e2e_s"] / fcfs}
+
+
+async def vtc_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
+    workload = [WorkloadRequest(f"a{i:03d}", round(i / 2, 6), 32, 64,
+                                meta=RequestMeta(tenant="a")) for i in range(120)]
+    workload += [WorkloadRequest(f"b{i:03d}", 40.01, 32, 64, meta=RequestMeta(tenant="b"))
+                 for i in range(200)]
+
+    def ttfts(result: Any) -> list[float]:
+        return sorted(r.metrics.first_token_time - r.arrival_time
+                      for r in result.finished.values()
+                      if r.meta.tenant == "a" and r.arrival_time >= 40)
+
+    fcfs = ttfts(await simulate(workload, "fcfs", CONFIG))
+    vtc = ttfts(await simulate(workload, p["vtc"](), CONFIG))
+    p99 = int(0.99 * (len(vtc) - 1))
+    return {"burst: a's mean TTFT / fcfs": sum(vtc) / sum(fcfs),
+            "burst: a's p99 TTFT / fcfs": vtc[p99] / fcfs[p99]}
+
+
+async def edf_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for rate in (3.5, 3.7):
+        workload = independent_mix(600, rate)
+        items = {w.id: w for w in workload}
+
+        def deadline_half(result: Any, items: dict[str, WorkloadRequest] = items) -> float:
+            ids = [k for k in items if k.startswith("d")]
+            by_id = {o.id: o for o in outcomes(result)}
+            return sum(meets_slo(by_id[k]) for k in ids) / len(ids)
+
+        runs = [await simulate(workload, policy, CONFIG)
+                for policy in ("fcfs", p["edf"](), p["edf"](shed_late=True))]
+        fcfs, edf, shed = (policy_figures(r) for r in runs)
+        out[f"{rate} req/s: fcfs attainment"] = fcfs["slo_attainment"]
+        out[f"{rate} req/s: edf - fcfs (points)"] = 100 * (edf["slo_attainment"]
+                                                            - fcfs["slo_attainment"])
+        out[f"{rate} req/s: shed_late - fcfs (points)"] = 100 * (shed["slo_attainment"]
+                                                                  - fcfs["slo_attainment"])
+        out[f"{rate} req/s: deadline half, edf - fcfs (points)"] = 100 * (
+            deadline_half(runs[1]) - deadline_half(runs[0]))
+        out[f"{rate} req/s: TPOT / fcfs"] = edf["mean_tpot_s"] / fcfs["mean_tpot_s"]
+    return out
+
+
+async def priority_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
+    idle = await simulate(three_levels(300, 1), p["priority"](), CONFIG)
+    try:
+        policy = p["priority"](shares={"1": 0.15, "2": 0.05})
+    except TypeError:  # before: one share for every lower level
+        policy = p["priority"](low_share=0.2)
+    loaded = await simulate(three_levels(1200, 7.3), policy, CONFIG)
+
+    def ttft(result: Any, level: int) -> float:
+        v = [r.metrics.first_token_time - r.arrival_time for r in result.finished.values()
+             if r.meta.priority == level]
+        return sum(v) / len(v)
+
+    return {"level 0 TTFT / idle": ttft(loaded, 0) / ttft(idle, 0),
+            "level 1 mean TTFT (s)": ttft(loaded, 1), "level 2 mean TTFT (s)": ttft(loaded, 2)}
+
+
+def bucketed(workload: list[WorkloadRequest], seed: int = 0) -> list[WorkloadRequest]:
+    """Outputs by the prompt's log2 bucket: median 480 up to 127 tokens, halving per
+    bucket to 30 for 1,024 and more; lognormal sigma 0.3."""
+    rng = random.Random(seed)
+    out = []
+    for w in workload:
+        bucket = min(max(int(math.log2(max(w.prompt_len, 1))) - 6, 0), 4)
+        length = max(1, round(480 / 2 ** bucket * math.exp(rng.gauss(0, 0.3))))
+        out.append(replace(w, output_len=length, max_tokens=None))
+    return out
+
+
+async def spf_floor(p: dict[str, type], quick: bool) -> dict[str, float]:
+    n = 300 if quick else 1200
+    cap = await capacity("mooncake", n)
+    workload = bucketed(window("mooncake", n, 0.9 * cap))
+    cfg = config("mooncake")
+    fcfs = policy_figures(await simulate(workload, "fcfs", cfg))["mean_e2e_s"]
+    spf = policy_figures(await simulate(workload, p["spf"](), cfg))["mean_e2e_s"]
+    return {"mooncake (bucketed outputs) 0.9x E2E / fcfs": spf / fcfs}
+
+
+async def trace_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
+    out: dict[str, float] = {}
+    n, starts = (300, (600.0,)) if quick else (600, (600.0, 1800.0, 3000.0))
+    for trace in sorted(TRACES):
+        for load in (0.9, 1.2):
+            ratios: dict[str, list[float]] = {name: [] for name in POLICIES}
+            for start in starts:
+                cap = await capacity(trace, n, start)
+                workload = window(trace, n, load * cap, start)
+                fcfs = figures(await simulate(workload, "fcfs", config(trace)))
+                for name in POLICIES:
+                    got = figures(await simulate(workload, p[name](), config(trace)))
+                    figure = PROMISES[name][0]
+                    ratios[name].append(got[figure] / fcfs[figure] if fcfs[figure] else 1.0)
+                    ratios.setdefault(f"{name} kept", []).append(float(kept(name, got, fcfs)))
+            for name in POLICIES:
+                out[f"{trace} {load}x {name}: {PROMISES[name][0]} / fcfs (median)"] = median(
+                    ratios[name])
+                out[f"{trace} {load}x {name}: windows kept"] = sum(ratios[f"{name} kept"])
+    return out
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="2735061", help="git revision of the 'before' policies")
+    parser.add_argument("--quick", action="store_true", help="the CI's window sizes")
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()}; cores {os.cpu_count()}")
+    sides = {"before": base_policies(args.base), "after": head_policies()}
+    for floors in (mlfq_floors, vtc_floors, edf_floors, priority_floors, spf_floor,
+                   trace_floors):
+        got: dict[str, dict[str, float]] = {}
+        start = time.perf_counter()
+        for side, policies in sides.items():  # alternating, on the same workloads
+            got[side] = await floors(policies, args.quick)
+        print(f"\n{floors.__name__} ({time.perf_counter() - start:.0f} s wall)")
+        for key in got["after"]:
+            print(f"  {key:58s} before {got['before'].get(key, float('nan')):9.3f}"
+                  f"  after {got['after'][key]:9.3f}")
+    print(f"\nload average {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
