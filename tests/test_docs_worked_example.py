@@ -1,19 +1,15 @@
 """docs/lab.md's worked example, from a trace to a replica count, run as written (issue 49):
 calibrate on the trace's held-out window, one replica's capacity, the fewest replicas.
 Only paths change (the shared traces and model by absolute path; the profile in a
-temporary folder). Until ``aioserve calibrate`` and ``aioserve capacity`` exist as
-commands, their older spellings (``simulate --calibrate``, ``simulate``) stand in."""
+temporary folder)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-
-from aioserve.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = (REPO / "docs" / "lab.md").read_text()
@@ -21,23 +17,9 @@ SECTION = LAB.split("\n## Worked example: from a trace to a replica count\n", 1)
 [EXAMPLE] = re.findall(r"```bash\n(.*?)```", SECTION.split("\n## ", 1)[0], re.S)
 
 
-def commands() -> set[str]:
-    """The sub-commands this checkout's ``aioserve`` has."""
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return set(action.choices)
-    return set()
-
-
 def as_run_here(script: str) -> str:
-    """The example with absolute shared paths, and the older spellings where needed."""
-    script = script.replace("../shared/", f"{REPO.parent / 'shared'}/")
-    have = commands()
-    if "calibrate" not in have:
-        script = script.replace("aioserve calibrate ", "aioserve simulate --calibrate ")
-    if "capacity" not in have:
-        script = script.replace("aioserve capacity ", "aioserve simulate ")
-    return script
+    """The example with the shared traces and model by absolute path."""
+    return script.replace("../shared/", f"{REPO.parent / 'shared'}/")
 
 
 def test_the_worked_example_ends_in_a_replica_count(tmp_path):
