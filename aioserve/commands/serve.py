@@ -48,7 +48,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: the --model "
-                             "directory's absolute path, or the hub id as given)")
+                             "directory's own name, or the hub id as given)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-body-bytes", type=int, default=1024**2,
@@ -97,9 +97,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
                         help="a stats line at most this often while busy (0: never)")
     parser.add_argument("--step-log", default=None, metavar="FILE.jsonl",
                         help="write each engine step to FILE, overwritten at start (JSON "
-                        "lines, about 180 bytes a step and 56 a row); aioserve simulate "
-                        "--calibrate --from-steps FILE fits the simulator on this server's "
-                        "own steps")
+                        "lines, about 180 bytes a step and 56 a row); aioserve calibrate "
+                        "--from-steps FILE fits the simulator on this server's own steps")
     add_ray_options(parser)
     parser.set_defaults(exit_when_done=True)  # the console command exits at once once stopped
     return parser

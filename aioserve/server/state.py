@@ -39,7 +39,7 @@ class ServerConfig:
         allowed_origins: origins browsers may call the API from (CORS); ``"*"``: any;
             empty: no CORS headers.
         step_log: a file the engine's steps are written to while it serves, as JSON
-            lines (:mod:`aioserve.engine.step_log`; ``aioserve simulate --calibrate
+            lines (:mod:`aioserve.engine.step_log`; ``aioserve calibrate
             --from-steps`` fits a profile on them); None: no log.
     """
 
