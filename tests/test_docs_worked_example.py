@@ -34,5 +34,8 @@ def test_the_worked_example_ends_in_a_replica_count(tmp_path):
     routers = {row[1] for row in rows if len(row) > 2 and row[1] in ("round_robin", "prefix")}
     assert routers == {"round_robin", "prefix"}, out[-3000:]
     assert "replicas (SLO >= 90%)" in out, out[-3000:]
+    # each router answers: the fewest replicas (1..16), or "> 16" where a busy machine's
+    # profile falls short even at 16
     counts = [row[2] for row in rows if len(row) > 2 and row[1] in ("round_robin", "prefix")]
-    assert all(count.isdigit() and 1 <= int(count) <= 16 for count in counts), out[-3000:]
+    assert all((count.isdigit() and 1 <= int(count) <= 16) or count == ">"
+               for count in counts), out[-3000:]
