@@ -16,6 +16,9 @@ BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
     ("lab/sim_vs_real.py", ["--loads", "0.9,abc"], "--loads"),
     ("lab/sim_vs_real.py", ["--loads", "0,1.2"], "--loads"),
     ("lab/sim_vs_real.py", ["--loads", "nan"], "--loads"),
+    ("serving/endurance.py", ["--loads", "0.9,0"], "--loads"),
+    ("serving/endurance.py", ["--duration-s", "inf"], "--duration-s"),
+    ("serving/endurance.py", ["--trace", "/nonexistent.csv"], "--trace"),
 ])
 def test_a_bad_option_is_named_before_the_model_loads(script, options, flag):
     result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--model",

@@ -5,7 +5,11 @@ one (a test may run one as a user does, in a child process)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
@@ -47,3 +51,13 @@ def test_no_test_imports_a_benchmark():
             and (node.value == "benchmarks" or "benchmarks/" in node.value)
             for node in ast.walk(tree))
         assert not (calls & loaders and names_a_benchmark), path.name  # loaded by file
+
+
+@pytest.mark.parametrize("script", [p.relative_to(BENCHMARKS).as_posix() for p in scripts()])
+def test_each_script_imports_and_answers_help(script):
+    """A script whose imports broke (an API it uses was renamed) fails here, not in a user's
+    hands; run as a user runs it, in a child process."""
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--help"],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage:" in result.stdout, result.stdout[:500]

@@ -153,6 +153,8 @@ def test_capacity_sweep_rate_on_the_command_line(capsys, tmp_path):
      "--target-attainment: must be in (0, 1]"),
     (["capacity", "--sweep-rate", "1:2", "--url", "http://127.0.0.1:9", "--workload",
       "poisson", "--scheduler", "spf"], "--scheduler: not with --url"),
+    (["capacity", "--sweep-rate", "1:2", "--url", "http://127.0.0.1:9", "--workload",
+      "poisson", "--max-waiting", "4"], "--max-waiting: not with --url"),
     (["simulate", "--workload", "poisson:n=1e12"], "n must be 1..1,000,000 requests"),
     (["simulate", "--workload", "poisson:n=2.5"], "n must be a whole number, got '2.5'"),
     (["bench", "serve", "--sweep-rate", "1:2"], "--sweep-rate: give the --workload"),

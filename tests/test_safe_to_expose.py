@@ -310,6 +310,8 @@ def test_unusable_key_files_and_certificates_are_refused_before_the_model_loads(
          "--ssl-certfile", "expired on"),
         (["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--ssl-ca-certs",
           str(garbage)], "--ssl-ca-certs", "cannot use"),
+        (["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--ray"], "--ssl-certfile",
+         "not with --ray"),
         (["--max-waiting", "0"], "--max-waiting", "positive"),
         (["--max-queue-time-s", "-1"], "--max-queue-time-s", ""),
     ]
@@ -317,6 +319,44 @@ def test_unusable_key_files_and_certificates_are_refused_before_the_model_loads(
         line = refuse("--model", model_dir, *options)
         assert line.startswith(f"aioserve: error: {flag}") or flag in line, line
         assert reason in line, line
+
+
+def test_the_one_preflight_pass_checks_the_key_file_and_the_certificate(tmp_path, capsys,
+                                                                        monkeypatch):
+    """serve's SERVE checks refuse an unusable key file or certificate naming the flag, and
+    warn once about a key file others may read (building the settings later says nothing)."""
+    from aioserve.cli import build_parser
+    from aioserve.commands.preflight import SERVE, preflight
+    from aioserve.commands.serve import server_config
+
+    monkeypatch.delenv("AIOSERVE_API_KEY", raising=False)
+    cert, key = self_signed(tmp_path)
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+
+    def serve_args(*options: str):
+        return build_parser().parse_args(["serve", "--model", "m", *options])
+
+    with pytest.raises(ValueError, match=r"^--api-key-file: .* holds no key"):
+        preflight(serve_args("--api-key-file", str(empty)), SERVE)
+    with pytest.raises(ValueError, match=r"^--ssl-keyfile: needs --ssl-certfile"):
+        preflight(serve_args("--ssl-keyfile", str(key)), SERVE)
+    (tmp_path / "other").mkdir()
+    _, other_key = self_signed(tmp_path / "other")
+    with pytest.raises(ValueError, match=r"^--ssl-keyfile: cannot use"):
+        preflight(serve_args("--ssl-certfile", str(cert), "--ssl-keyfile", str(other_key)),
+                  SERVE)
+    shared = tmp_path / "shared-key"
+    shared.write_text(KEY + "\n")
+    shared.chmod(0o644)
+    args = serve_args("--api-key-file", str(shared), "--ssl-certfile", str(cert),
+                      "--ssl-keyfile", str(key))
+    capsys.readouterr()
+    preflight(args, SERVE)
+    assert server_config(args).api_key == KEY
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 1 and "readable by other users" in warnings[0], warnings
+    assert "mode 644" in warnings[0], warnings
 
 
 def test_serve_takes_the_key_file_over_the_environment(tmp_path, monkeypatch):

@@ -55,10 +55,12 @@ def check(args: argparse.Namespace) -> list[float]:
         if args.workload == "article-example":
             raise ValueError("--url: give the --workload to sweep (a trace or a named one)")
         for flag, value in (("--router", args.router), ("--report", args.report),
-                            ("--scheduler", args.scheduler != "fcfs")):
+                            ("--scheduler", args.scheduler != "fcfs"),
+                            ("--max-waiting", args.max_waiting is not None),
+                            ("--max-queue-time-s", args.max_queue_time_s is not None)):
             if value:
                 raise ValueError(f"{flag}: not with --url (a simulated run's option; the "
-                                 "server runs its own policy)")
+                                 "server runs its own policy and admission limit)")
     return parse_rates(args.sweep_rate) if args.sweep_rate is not None else []
 
 
@@ -105,6 +107,11 @@ def _sweep(args: argparse.Namespace, names: list[str], rates: list[float]) -> in
              f"{slo_title(args)}; {args.sweep_repeats} repeats")
     if args.profile:
         title += f"; profile {args.profile}"
+    limits = [f"{name} {value:g}{unit}" for name, value, unit in (
+        ("max_waiting", args.max_waiting, ""), ("max_queue_time_s", args.max_queue_time_s, " s"))
+        if value is not None]
+    if limits:
+        title += f"; admission limit: {', '.join(limits)}"
     _print_curves(args, curves, title)
     return 0
 

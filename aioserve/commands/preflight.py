@@ -4,14 +4,17 @@ refusal a ValueError that names its flag.
 
 A command runs :func:`preflight` with its list of checks (:data:`GENERATE`, :data:`SERVE`);
 a new flag whose value can be judged without the model adds its check function here and to
-those lists (room is left for a dtype check, an API key file, a TLS certificate), rather
-than checking it after the model has loaded.
+those lists (room is left for a dtype check), rather than checking it after the model has
+loaded. ``serve``'s key file and TLS files are checked here (:func:`check_api_key`,
+:func:`check_tls`); serve reads them again, from checked inputs, to build its settings.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -167,11 +170,38 @@ def check_base_url(args: argparse.Namespace) -> None:
                          "e.g. http://127.0.0.1:8000")
 
 
+def check_api_key(args: argparse.Namespace) -> None:
+    """``serve``'s key: ``--api-key`` and ``--api-key-file`` both given, a key file that
+    cannot be read or holds no key, or a blank key (flag or ``$AIOSERVE_API_KEY``); warns
+    (stderr) when the key file is readable by other users."""
+    from aioserve.server.security_flags import API_KEY_ENV, api_key_of, key_file_warning
+
+    explicit = args.api_key if args.api_key != os.environ.get(API_KEY_ENV) else None
+    api_key_of(explicit, args.api_key_file)
+    warning = None if args.api_key_file is None else key_file_warning(args.api_key_file)
+    if warning is not None:
+        print(warning, file=sys.stderr)
+
+
+def check_tls(args: argparse.Namespace) -> None:
+    """``serve``'s TLS files: a key or CA without a certificate, a file that cannot be read,
+    a certificate that is not PEM, expired or not yet valid, a key that does not match it,
+    a CA bundle that cannot be loaded (the context is built once here and discarded); and
+    TLS with ``--ray``, whose proxy serves plain HTTP."""
+    from aioserve.server.security_flags import tls_context
+
+    tls_context(args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs)
+    if args.ray and args.ssl_certfile is not None:
+        raise ValueError("--ssl-certfile: not with --ray (Ray Serve's proxy serves HTTP; "
+                         "terminate TLS in front of it)")
+
+
 #: The checks of the commands that load a model (after the options' own types).
 ENGINE: list[Check] = [check_max_model_len, check_tokenizer]
 #: ``aioserve generate``.
 GENERATE: list[Check] = [check_prompt, *ENGINE, check_max_tokens]
-#: ``aioserve serve`` (a key file and a TLS certificate check join here).
-SERVE: list[Check] = [*ENGINE, check_ray_only, check_chat_template, check_step_log]
+#: ``aioserve serve``.
+SERVE: list[Check] = [*ENGINE, check_ray_only, check_chat_template, check_step_log,
+                      check_api_key, check_tls]
 #: ``aioserve bench serve`` (against a running server).
 BENCH_SERVE: list[Check] = [check_base_url]

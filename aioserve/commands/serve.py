@@ -244,16 +244,13 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     config = admission_config(engine_config(args), args)  # every refusal that needs no
-    preflight(args, SERVE)  # model, before torch loads
-    settings = server_config(args)
+    preflight(args, SERVE)  # model, key file, TLS files: before torch loads
+    settings = server_config(args)  # from checked inputs
     tls = tls_context(args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_loading(args.log_level == "debug")
     if args.ray:
-        if tls is not None:
-            raise ValueError("--ssl-certfile: not with --ray (Ray Serve's proxy serves HTTP; "
-                             "terminate TLS in front of it)")
         return run_ray(args, config, settings)
     process_s, clock = process_age_s(), PhaseClock()
     import aioserve.runners.torch.runner  # noqa: F401  torch, transformers: timed

@@ -15,6 +15,7 @@ from aioserve.commands.common import (
     check_model,
     flag_error,
     non_negative_float,
+    positive_float,
     positive_int,
     scheduler_params,
 )
@@ -65,9 +66,9 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
     add("--profile", (SIMULATE, CAPACITY), default=None, metavar="FILE.json",
         help="a calibrated step cost (aioserve calibrate): this engine on this machine, one "
         "step ahead; its slots and cache unless given")
-    add("--slots", _LAB, type=positive_int, default=None,
+    add("--slots", (SIMULATE, CALIBRATE), type=positive_int, default=None, unlisted=cap,
         help="slots (default 4, or the profile's)")
-    add("--kv-blocks", _LAB, type=positive_int, default=None,
+    add("--kv-blocks", (SIMULATE, CALIBRATE), type=positive_int, default=None, unlisted=cap,
         help="KV cache size in blocks (default: a full context per slot, or the profile's)")
     add("--max-model-len", (SIMULATE, CALIBRATE), type=positive_int, default=None,
         unlisted=cap, help="context length in tokens (default 2048, or the profile's): "
@@ -87,6 +88,12 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
     add("--max-concurrency", cap, type=positive_int, default=None, unlisted=sim,
         help="most requests in the engine at once; later arrivals wait for one to finish, as "
         "vLLM bench's --max-concurrency (default: no limit)")
+    add("--max-waiting", cap, type=positive_int, default=None, unlisted=sim,
+        help="the admission limit, as serve's: most requests waiting for a slot; one more "
+        "is refused (queue_full), and the answer counts the refused (default: no limit)")
+    add("--max-queue-time-s", cap, type=positive_float, default=None, unlisted=sim,
+        help="the admission limit, as serve's: seconds a request may wait before it is first "
+        "scheduled, then it is refused (queue_timeout) (default: no limit)")
     add("--real", sim, nargs="?", const=True, default=False, metavar="MODEL",
         help="run the workload on the real engine instead: a model directory, or random "
         "weights of a shape (smollm2-135m, qwen3-0.6b or a config.json)")
@@ -146,8 +153,8 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
     unlisted = sorted(f"--{dest.replace('_', '-')}" for dest, where in UNLISTED_IN.items()
                       if command in where)
     if unlisted:
-        parser.epilog = (f"also taken (usually set by a --profile, or for the real engine): "
-                         f"{', '.join(unlisted)}")
+        parser.epilog = (f"also taken (usually set by a --profile, for the real engine, or "
+                         f"an admission limit as serve's): {', '.join(unlisted)}")
 
 
 def refuse_foreign(args: argparse.Namespace, command: str) -> None:
@@ -196,7 +203,8 @@ def sim_config(args: argparse.Namespace, workload: list[WorkloadRequest]) -> Sim
             source.get("enable_prefix_caching", False)),
         cost_model=model, overlap=overlap,
         max_model_len=pick(args.max_model_len, "max_model_len", None),
-        max_concurrency=args.max_concurrency,
+        max_concurrency=args.max_concurrency, max_waiting=args.max_waiting,
+        max_queue_time_s=args.max_queue_time_s,
     )
 
 
@@ -234,7 +242,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             block_size=args.block_size or 16,
             max_num_batched_tokens=args.max_num_batched_tokens or 4096,
             enable_prefix_caching=args.enable_prefix_caching, forward=args.forward,
-            device=args.device,
+            device=args.device, max_waiting=args.max_waiting,
+            max_queue_time_s=args.max_queue_time_s,
         )
     except ValueError as exc:
         raise flag_error(exc, args) from None

@@ -19,13 +19,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from aioserve.errors import QueueFullError, QueueTimeoutError
+from aioserve.errors import AdmissionError, QueueFullError, QueueTimeoutError
 from aioserve.request import Request
 
 #: Reasons a request is refused, as ``/metrics`` labels them.
 REFUSAL_REASONS = (QueueFullError.reason, QueueTimeoutError.reason)
 #: Bounds of the ``Retry-After`` advice in seconds.
 RETRY_AFTER_BOUNDS = (1, 60)
+
+
+def refusal_reason(error: AdmissionError) -> str:
+    """A refusal as the reports count it: its reason first (``queue_full: ...``), so
+    :func:`~aioserve.reports.figures.reason_kind` names the limit that said no."""
+    return f"{error.reason}: {error}"
 
 
 def retry_after_s(waited_s: float) -> int:

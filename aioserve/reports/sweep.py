@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from aioserve.engine.admission import REFUSAL_REASONS
 from aioserve.reports.compare import Table, format_table, png_of, write_page
-from aioserve.reports.figures import outcomes
+from aioserve.reports.figures import outcomes, rejections
 from aioserve.reports.slo import meets_slo
 from aioserve.sim.capacity import INTERVALS, Curve, run_point, sweep_spec
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
@@ -21,6 +23,12 @@ def met(result: SimResult, slo_ttft_ms: float | None,
         slo_tpot_ms: float | None) -> list[tuple[float, bool]]:
     """(arrival s, met every objective) of each request; rejected ones did not."""
     return [(o.arrival_s, meets_slo(o, slo_ttft_ms, slo_tpot_ms)) for o in outcomes(result)]
+
+
+def admission_refused(result: SimResult) -> int:
+    """Requests the admission limit refused (``queue_full``, ``queue_timeout``)."""
+    return sum(count for kind, count in rejections(outcomes(result)).items()
+               if kind in REFUSAL_REASONS)
 
 
 async def simulate_sweep(
@@ -41,7 +49,9 @@ async def simulate_sweep(
                 workload = workloads[rate, i]
                 result = await simulate(workload, policy, config_for(workload),
                                         scheduler_params=(params or {}).get(policy))
-                points.append(run_point(rate, met(result, slo_ttft_ms, slo_tpot_ms)))
+                point = run_point(rate, met(result, slo_ttft_ms, slo_tpot_ms))
+                points.append(replace(point, requests=len(workload),
+                                      refused=admission_refused(result)))
             curve.runs.append(points)
         curves.append(curve)
     return curves
@@ -74,6 +84,12 @@ def sweep_notes(curves: list[Curve], target: float) -> list[str]:
             line += f" (a bound: met at every rate swept, up to {curve.rates[-1]:g} req/s)"
         interval = curve.capacity_interval(target)
         notes.append(line + (f"; {interval}" if interval else ""))
+        refused = curve.refused()
+        if any(n for n, _ in refused):
+            shares = ", ".join(f"{n / total:.0%} ({n} of {total}) at {rate:.3g}/s"
+                               for rate, (n, total) in zip(curve.rates, refused) if total)
+            notes.append(f"{curve.policy}: refused by the admission limit (queue_full, "
+                         f"queue_timeout): {shares}")
         if not curve.monotonic():
             notes.append(f"{curve.policy}: warning: attainment rises with the rate beyond its "
                          "intervals (not monotonic): the runs measured something else too "

@@ -11,7 +11,6 @@ import datetime
 import os
 import ssl
 import stat
-import sys
 
 #: The environment variable the key may come from.
 API_KEY_ENV = "AIOSERVE_API_KEY"
@@ -27,17 +26,26 @@ def read_api_key_file(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as file:
             key = file.readline().strip()
-            mode = os.fstat(file.fileno()).st_mode
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise ValueError(f"--api-key-file: cannot read {path}: {reason}") from None
     if not key:
         raise ValueError(f"--api-key-file: {path} holds no key (its first line is empty); "
                          "the server would be open to anyone")
-    if mode & (stat.S_IRWXG | stat.S_IRWXO) and stat.S_ISREG(mode):
-        print(f"warning: --api-key-file {path} is readable by other users "
-              f"(mode {stat.S_IMODE(mode):o}); chmod 600 it", file=sys.stderr)
     return key
+
+
+def key_file_warning(path: str) -> str | None:
+    """A warning when the key file ``path`` is a regular file other users may read or
+    write (said once, by the start-up check); None otherwise or when it cannot be read."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO) and stat.S_ISREG(mode):
+        return (f"warning: --api-key-file {path} is readable by other users "
+                f"(mode {stat.S_IMODE(mode):o}); chmod 600 it")
+    return None
 
 
 def api_key_of(flag: str | None, file: str | None,

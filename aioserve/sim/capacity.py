@@ -70,12 +70,16 @@ def measured(outcomes: Sequence[tuple[float, bool]]) -> list[tuple[float, bool]]
 
 @dataclass(frozen=True)
 class RunPoint:
-    """One run at one rate: attainment (0-1), goodput (req/s), counted requests."""
+    """One run at one rate: attainment (0-1), goodput (req/s), counted requests; and of the
+    whole run, the requests sent and those the admission limit refused (``queue_full``,
+    ``queue_timeout``: 0 without a limit)."""
 
     rate: float
     attainment: float
     goodput: float
     counted: int
+    requests: int = 0
+    refused: int = 0
 
     @property
     def good(self) -> int:
@@ -161,6 +165,11 @@ class Curve:
         rates = [c.rate for c in found]
         low, high = bootstrap(rates)
         return f"repeats {statistics.fmean(rates):.3g} [{low:.3g}, {high:.3g}]"
+
+    def refused(self) -> list[tuple[int, int]]:
+        """(refused by the admission limit, requests) at each rate, over its repeats."""
+        return [(sum(p.refused for p in points), sum(p.requests for p in points))
+                for points in self.runs]
 
     def monotonic(self) -> bool:
         """Whether mean attainment never rises with rate by more than its intervals allow

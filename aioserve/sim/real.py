@@ -11,7 +11,9 @@ from dataclasses import replace
 from typing import Any
 
 from aioserve.engine import AsyncEngine
+from aioserve.engine.admission import refusal_reason
 from aioserve.engine.observation import scheduler_name
+from aioserve.errors import AdmissionError
 from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
@@ -35,6 +37,8 @@ def sim_config_of(engine: AsyncEngine, **overrides: Any) -> SimConfig:
         "max_num_batched_tokens": core.max_num_batched_tokens,
         "enable_prefix_caching": core.blocks.enable_caching,
         "max_model_len": core.max_model_len, "overlap": True,
+        "max_waiting": core.admission.max_waiting,
+        "max_queue_time_s": core.admission.max_queue_time_s,
     }
     fields.update(overrides)
     return SimConfig(**fields)
@@ -71,11 +75,15 @@ async def _one(engine: AsyncEngine, item: WorkloadRequest, at: float, vocab_size
     except ValueError as exc:
         rejected[item.id] = str(exc)
         return
+    except AdmissionError as exc:  # the waiting queue is full
+        rejected[item.id] = refusal_reason(exc)
+        return
     try:
         while True:
             out = await stream.queue.get()
             if isinstance(out, BaseException):
-                rejected[item.id] = str(out)
+                rejected[item.id] = (refusal_reason(out) if isinstance(out, AdmissionError)
+                                     else str(out))
                 return
             if out.finished:
                 return

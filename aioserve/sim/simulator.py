@@ -14,10 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from aioserve.engine.admission import AdmissionLimit, refusal_reason
 from aioserve.engine.core import EngineCore
 from aioserve.engine.observation import EngineListener, ListenerHub, SnapshotBuilder, scheduler_name
 from aioserve.engine.output import Delivery
 from aioserve.engine.step_loop import StepInFlight, StepLoop
+from aioserve.errors import AdmissionError
 from aioserve.kv_cache import BlockManager, blocks_for_tokens
 from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
@@ -56,7 +58,11 @@ class SimConfig:
             ``max_tokens`` defaults to what is left of it, never to its true length.
         max_concurrency: most requests in the engine at once (a client's limit, as vLLM
             bench's ``--max-concurrency``): a request arriving at the limit is sent when
-            one finishes, and its TTFT counts from then; None: no limit."""
+            one finishes, and its TTFT counts from then; None: no limit.
+        max_waiting, max_queue_time_s: the engine's admission limit (``EngineConfig``'s,
+            enforced by the same :class:`~aioserve.engine.admission.AdmissionLimit`): a
+            request refused is counted in ``SimResult.rejected`` with its reason
+            (``queue_full: ...``, ``queue_timeout: ...``); None: no limit."""
 
     slots: int = 4
     step_ms: float = 50.0
@@ -69,6 +75,8 @@ class SimConfig:
     overlap: bool = False
     max_model_len: int | None = None
     max_concurrency: int | None = None
+    max_waiting: int | None = None
+    max_queue_time_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,8 @@ class SimResult:
 
     Attributes:
         finished: engine requests that ended, by id (tokens and metrics inside).
-        rejected: id -> why, for requests that can never fit.
+        rejected: id -> why, for requests that can never fit or that the admission limit
+            refused (the reason first: ``queue_full: ...``).
         feedback: what every step did (the engine's StepFeedback).
         num_preemptions, num_preempted_tokens: overrides of the core's counts (None: its).
         policy: the policy of this run (the core's may have been replaced since).
@@ -174,6 +183,7 @@ def _make_core(
         max_model_len=max_model_len,
         eos_token_ids=runner.eos_token_ids,
         clock=runner.clock,
+        admission=AdmissionLimit(config.max_waiting, config.max_queue_time_s),
     )
     return core, runner
 
@@ -206,6 +216,8 @@ def _submit(result: SimResult, item: WorkloadRequest, prompt: list[int] | None =
         core.add(request)
     except ValueError as exc:
         result.rejected[item.id] = str(exc)
+    except AdmissionError as exc:  # the waiting queue is full
+        result.rejected[item.id] = refusal_reason(exc)
 
 
 def upper_bound(scheduler_params: Mapping[str, Any] | None) -> bool:
@@ -361,7 +373,10 @@ def _replica(
         listeners.add(listener, None)
 
     def finished(request: Request) -> None:
-        result.finished[request.request_id] = request
+        if request.refusal is not None:  # ended by max_queue_time_s before it was scheduled
+            result.rejected[request.request_id] = refusal_reason(request.refusal)
+        else:
+            result.finished[request.request_id] = request
         listeners.notify_finish(request)
 
     def stepped(feedback: StepFeedback) -> None:

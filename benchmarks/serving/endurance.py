@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import random
 import re
@@ -28,17 +29,20 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from aioserve.bench.online.metrics import percentile
-from aioserve.bench.online.workload_file import workload_requests
-from aioserve.bench.workloads import BenchRequest
-
-from aioserve.bench.online.serving import RequestRecord, run_serving
+from aioserve.bench.online.serving import run_serving
 from aioserve.bench.server_process import ServerProcess
+from aioserve.commands.common import positive_float, positive_floats, positive_int
+from aioserve.reports.outcome import Outcome
+from aioserve.reports.stats import percentile
+from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.scenarios import load_workload
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure-llm-2023-conv.csv"
 #: The Azure trace's span in seconds (its README).
 TRACE_SPAN_S = 3502.0
 KEY = "endurance-key"
+#: The vocabulary the trace's prompts are drawn from (stories260K has 512 tokens).
+VOCAB = 512
 
 
 def load() -> str:
@@ -57,11 +61,13 @@ class Sample:
 
 @dataclass
 class Phase:
-    """One replay: its records (request order), send times and samples."""
+    """One replay: its outcomes (request order; ``arrival_s`` is when each was sent), the
+    requested output length of each by id, and the samples."""
 
     name: str
     rate: float
-    records: list[RequestRecord] = field(default_factory=list)
+    records: list[Outcome] = field(default_factory=list)
+    output_len: dict[str, int] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -95,61 +101,68 @@ async def sample(server: ServerProcess, phase: Phase, every_s: float,
             await asyncio.wait_for(stop.wait(), every_s)
 
 
-def hour(requests: list[BenchRequest], rate: float, duration_s: float,
-         seed: int) -> list[BenchRequest]:
+def hour(requests: list[WorkloadRequest], rate: float, duration_s: float,
+         seed: int) -> list[WorkloadRequest]:
     """The hour thinned to ``rate * duration_s`` requests (seeded, order kept) on a clock
     compressed into ``duration_s``."""
     count = min(len(requests), max(1, round(rate * duration_s)))
     keep = sorted(random.Random(seed).sample(range(len(requests)), count))
     scale = duration_s / TRACE_SPAN_S
-    return [replace(requests[i], arrival_s=(requests[i].arrival_s or 0.0) * scale)
+    return [replace(requests[i], arrival_s=requests[i].arrival_s * scale)
             for i in keep]
 
 
-async def probe(url: str, requests: list[BenchRequest]) -> float:
-    """Completed requests per second with ``requests`` sent at once (the capacity)."""
-    burst = [replace(r, arrival_s=None) for r in requests]
-    records, wall, _ = await run_serving(url, burst, endpoint="completions", api_key=KEY)
-    return sum(r.ok for r in records) / wall
+async def probe(url: str, requests: list[WorkloadRequest]) -> float:
+    """Completed requests per second with ``requests`` sent at once (the capacity; their
+    ``arrival_s`` unused)."""
+    records, wall, _ = await run_serving(url, requests, endpoint="completions", api_key=KEY,
+                                         vocab_size=VOCAB)
+    wanted = {r.id: r.output_len for r in requests}
+    return sum(complete(r, wanted) for r in records) / wall
 
 
-async def replay(server: ServerProcess, phase: Phase, requests: list[BenchRequest],
+async def replay(server: ServerProcess, phase: Phase, requests: list[WorkloadRequest],
                  sample_s: float) -> None:
+    """Send ``requests`` at their ``arrival_s`` while sampling the server."""
     stop = asyncio.Event()
     sampler = asyncio.create_task(sample(server, phase, sample_s, stop))
     start = time.perf_counter()
-    phase.records, _, _ = await run_serving(server.url, requests, endpoint="completions",
+    phase.output_len = {r.id: r.output_len for r in requests}
+    phase.records, _, _ = await run_serving(server.url, requests, at_arrivals=True,
+                                            vocab_size=VOCAB, endpoint="completions",
                                             api_key=KEY)
     phase.wall_s = time.perf_counter() - start
     stop.set()
     await sampler
 
 
-def refused(record: RequestRecord) -> bool:
+def refused(record: Outcome) -> bool:
+    """Answered 429 (the admission limit said no)."""
     return record.error is not None and record.error.startswith("HTTP 429")
 
 
-def complete(record: RequestRecord) -> bool:
-    return record.ok and record.output_tokens == record.output_len
+def complete(record: Outcome, output_len: dict[str, int]) -> bool:
+    """Finished with every output token its workload request asked for."""
+    return record.ok and record.output_tokens == output_len[record.id]
 
 
 def windows(phase: Phase, window_s: float) -> list[dict[str, float]]:
     """Per window of send time: sent, completed, refused, errors, p99 TTFT of the
     completed (ms), and the last sample's RSS (MiB), open files and tasks."""
-    origin = min(r.start for r in phase.records)
+    wanted = phase.output_len
     rows = []
-    count = max(1, int(max(r.start - origin for r in phase.records) // window_s) + 1)
+    count = max(1, int(max(r.arrival_s for r in phase.records) // window_s) + 1)
     for w in range(count):
         lo, hi = w * window_s, (w + 1) * window_s
-        inside = [r for r in phase.records if lo <= r.start - origin < hi]
-        done = [r for r in inside if complete(r)]
+        inside = [r for r in phase.records if lo <= r.arrival_s < hi]
+        done = [r for r in inside if complete(r, wanted)]
         samples = [s for s in phase.samples if s.t < hi] or phase.samples[:1]
         last = samples[-1]
         rows.append({
             "from_s": lo, "sent": len(inside), "completed": len(done),
             "refused": sum(refused(r) for r in inside),
-            "errors": sum(not complete(r) and not refused(r) for r in inside),
-            "p99_ttft_ms": 1000 * percentile([r.ttft for r in done], 99) if done else 0.0,
+            "errors": sum(not complete(r, wanted) and not refused(r) for r in inside),
+            "p99_ttft_ms": 1000 * (percentile(ttfts(done), 99) or 0.0),
             "rss_mib": last.rss_mib, "open_files": last.open_files,
             "tasks": last.tasks if last.tasks is not None else -1,
         })
@@ -167,36 +180,50 @@ def report(phase: Phase, window_s: float) -> list[dict[str, float]]:
               f"{row['refused']:>5} {row['errors']:>6} {row['p99_ttft_ms']:>11.1f} "
               f"{row['rss_mib']:>8.1f} {row['open_files']:>6} {row['tasks']:>6}")
     for record in phase.records:
-        if not complete(record) and not refused(record):
+        if not complete(record, phase.output_len) and not refused(record):
             print(f"  error: {record.error or 'short: ' + str(record.output_tokens)}")
             break
     return rows
 
 
-def p99_ttft(records: list[RequestRecord]) -> float:
-    done = [r.ttft for r in records if complete(r)]
-    return 1000 * percentile(done, 99) if done else float("nan")
+def ttfts(records: list[Outcome]) -> list[float]:
+    """The TTFTs (s) of ``records`` that have one."""
+    return [r.ttft for r in records if r.ttft is not None]
+
+
+def p99_ttft(phase: Phase, records: list[Outcome]) -> float:
+    """p99 TTFT (ms) of the complete ``records`` of ``phase``; NaN when none completed."""
+    found = percentile(ttfts([r for r in records if complete(r, phase.output_len)]), 99)
+    return float("nan") if found is None else 1000 * found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--trace", default=str(TRACE))
-    parser.add_argument("--duration-s", type=float, default=900.0,
+    parser.add_argument("--duration-s", type=positive_float, default=900.0,
                         help="the hour compressed into this many seconds (>= 900 for the floor)")
-    parser.add_argument("--window-s", type=float, default=300.0, help="rows of the report")
-    parser.add_argument("--sample-s", type=float, default=5.0, help="server readings")
-    parser.add_argument("--max-num-seqs", type=int, default=8)
-    parser.add_argument("--max-model-len", type=int, default=512)
-    parser.add_argument("--max-waiting", type=int, default=None,
+    parser.add_argument("--window-s", type=positive_float, default=300.0,
+                        help="rows of the report")
+    parser.add_argument("--sample-s", type=positive_float, default=5.0, help="server readings")
+    parser.add_argument("--max-num-seqs", type=positive_int, default=8)
+    parser.add_argument("--max-model-len", type=positive_int, default=512)
+    parser.add_argument("--max-waiting", type=positive_int, default=None,
                         help="the 1.5x phase's admission limit (default: --max-num-seqs)")
-    parser.add_argument("--probe-n", type=int, default=64)
-    parser.add_argument("--loads", default="0.9,1.5", help="multiples of capacity")
+    parser.add_argument("--probe-n", type=positive_int, default=64)
+    parser.add_argument("--loads", type=positive_floats, default=[0.9, 1.5],
+                        help="multiples of capacity (comma list)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    for flag in ("duration_s", "window_s", "sample_s"):  # refused before a server starts
+        if math.isinf(getattr(args, flag)):
+            parser.error(f"--{flag.replace('_', '-')}: must be finite")
     max_waiting = args.max_waiting or args.max_num_seqs
     spec = f"{args.trace}:len_scale=auto,max_len={args.max_model_len}"
-    requests = workload_requests(spec, 512)
+    try:
+        requests = load_workload(spec)
+    except ValueError as exc:
+        parser.error(f"--trace: {exc}")
     print(f"load average before: {load()}; trace {len(requests)} requests; the box may be "
           "shared: figures are this run's")
     common = ["--model", args.model, "--max-num-seqs", str(args.max_num_seqs),
@@ -204,7 +231,7 @@ def main() -> None:
               "--stats-log-interval", "0"]
     phases: list[Phase] = []
     capacity = end_capacity = 0.0
-    for load_factor in (float(x) for x in args.loads.split(",")):
+    for load_factor in args.loads:
         limited = load_factor > 1
         extra = ["--max-waiting", str(max_waiting)] if limited else []
         server = ServerProcess(common + extra, env={"AIOSERVE_API_KEY": KEY})
@@ -234,18 +261,19 @@ def main() -> None:
         rss = [s.rss_mib for s in base.samples]
         first = [s.rss_mib for s in base.samples if s.t <= min(300.0, args.window_s)]
         quarter = len(base.records) // 4
-        ordered = sorted(base.records, key=lambda r: r.start)
-        errors = sum(not complete(r) for r in base.records)
+        ordered = sorted(base.records, key=lambda r: r.arrival_s)
+        errors = sum(not complete(r, base.output_len) for r in base.records)
         print(f"  {base.name}: errors {errors}; RSS end / after the first window "
               f"{rss[-1] / first[-1]:.3f}; p99 TTFT last / first quarter "
-              f"{p99_ttft(ordered[-quarter:]) / p99_ttft(ordered[:quarter]):.2f}")
+              f"{p99_ttft(base, ordered[-quarter:]) / p99_ttft(base, ordered[:quarter]):.2f}")
     for over in (p for p in phases if p.rate > capacity):
-        done = sum(complete(r) for r in over.records)
+        done = sum(complete(r, over.output_len) for r in over.records)
         refused_n = sum(refused(r) for r in over.records)
         other = len(over.records) - done - refused_n
         print(f"  {over.name}: completed {done / over.wall_s / capacity:.2f}x capacity, "
               f"refused {refused_n / len(over.records):.1%}, neither {other}; admitted p99 "
-              f"TTFT {p99_ttft(over.records):.0f} ms vs {p99_ttft(base.records) if base else 0:.0f}"
+              f"TTFT {p99_ttft(over, over.records):.0f} ms vs "
+              f"{p99_ttft(base, base.records) if base else 0:.0f}"
               " ms at 0.9x")
     print(f"load average after: {load()}")
 
