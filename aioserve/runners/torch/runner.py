@@ -129,7 +129,7 @@ class TorchRunner:
         graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
             and not config.enforce_eager
         head_major = self.device.type == "cpu" and self.backend.head_major
-        if self.device.type == "cpu" and self.dtype == torch.float32:
+        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             native_kernels.available()  # loaded, or built in the background (switch: on_idle)
         self._kernels = native_kernels.KernelSwitch()
         clock.mark("native kernels")
