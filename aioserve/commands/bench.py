@@ -29,6 +29,7 @@ from aioserve.commands.common import (
     positive_int,
 )
 from aioserve.config import EngineConfig
+from aioserve.runners.cpu.native_dtypes import check_dtype
 
 if TYPE_CHECKING:
     from aioserve.commands.common import Subparsers
@@ -68,7 +69,8 @@ def _add_throughput(sub: Any) -> None:
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=4096,
                    help="most tokens in one step")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: float32 on CPU, bfloat16 on CUDA")
+                   help="auto: on the CPU the checkpoint's dtype where the CPU runs it "
+                   "natively, else float32; bfloat16 on CUDA")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     add_prefix_caching_option(p)
     add_runner_options(p)
@@ -190,6 +192,7 @@ def _throughput(args: argparse.Namespace) -> int:
     if args.random_model is None:
         check_model(model)
     check_device(args.device)
+    check_dtype(args.dtype, args.device)
     from aioserve.bench.offline import run_offline
 
     if args.random_model is not None:

@@ -26,6 +26,7 @@ from aioserve.runners.model.lean_llama import LeanLlama
 from aioserve.runners.torch.batch_sampler import BatchSampler, SampledBatch
 from aioserve.runners.torch.input_batch import InputBatch, StepInputs
 from aioserve.runners.torch.setup import (
+    checkpoint_dtype,
     choose_forward,
     context_length,
     cpu_threads,
@@ -105,7 +106,8 @@ class TorchRunner:
     def _load(self, config: EngineConfig) -> None:
         clock = PhaseClock()  # its parts: self.load_times
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, None if config.dtype != "auto"
+                                   else checkpoint_dtype(config.model))
         self.invariance = BatchInvariance(config.batch_invariant)
         self.backend: AttentionBackend = backend_for(config.attention_backend, self.device,
                                                      config.forward, self.invariance)
