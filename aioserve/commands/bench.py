@@ -60,8 +60,10 @@ def _add_throughput(sub: Any) -> None:
     model.add_argument("--model", help="model directory or hub id")
     model.add_argument("--random-model", metavar="CONFIG",
                        help="random weights of a real shape: a transformers config.json, or "
-                            "a shipped shape (smollm2-135m, qwen3-0.6b); built once, float32, "
-                            "into ~/.cache/aioserve/random-models/ (no tokenizer)")
+                            "a shipped shape (smollm2-135m, qwen3-0.6b); built once, in the "
+                            "config's torch_dtype (the shipped shapes: bfloat16, as their "
+                            "checkpoints), into ~/.cache/aioserve/random-models/ (no "
+                            "tokenizer)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer (default: the model's; none with --random-model)")
     p.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")

@@ -146,7 +146,10 @@ def padding_probe(
     for module in model.modules():
         if type(module) is torch.nn.Linear:
             linears.append(module.weight)
-        elif packed and isinstance(module, PackedLinear):  # taken now: kept past release
+        elif isinstance(module, PackedLinear) and (
+                packed or module.weight.dtype != torch.float32):
+            # taken now: kept past release; bfloat16 packed products are probed always (the
+            # float32 ones were measured exact at every row count)
             linears.append(LinearProduct.of(module))
     widths = {r.k_dim for r in rules.values()}  # rotary tables
     return lambda: invariance.row_padding(linears, device, widths=widths)
