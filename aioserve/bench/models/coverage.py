@@ -6,6 +6,7 @@ import asyncio
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.bench.models import tiny_models
@@ -76,7 +77,7 @@ async def _collect(
 
 def check(
     model_type: str, directory: Path, tokenizer_dir: str, prompt_ids: list[list[int]],
-    max_tokens: int = 16, **engine_settings: int,
+    max_tokens: int = 16, **engine_settings: Any,
 ) -> Verdict:
     model = save(model_type, directory, tokenizer_dir)
     references = [tiny_models.greedy(model, p, max_tokens) for p in prompt_ids]  # type: ignore[arg-type]
