@@ -92,6 +92,26 @@ def test_a_sequence_gets_the_same_bits_with_any_batch_mates(native):
     assert torch.equal(run([2, 0]), together[[2, 0]])
 
 
+@pytest.mark.parametrize("head_major", [False, True])
+def test_bfloat16_caches_give_the_float32_kernels_bits_on_their_widened_values(native,
+                                                                              head_major):
+    block = 16
+    k32, v32 = both_layouts(3, 64, 40 * block)[int(head_major)]
+    k16, v16 = k32.to(torch.bfloat16), v32.to(torch.bfloat16)
+    starts = [70, 5, 200, 0, 16, 129]
+    tables = torch.tensor([t + [t[0]] * (13 - len(t)) for t in decoders(starts, block, 40)])
+    lens = torch.tensor([s + 1 for s in starts])
+    q = torch.randn(len(starts), 9, 64, generator=torch.Generator().manual_seed(7))
+    got = native_kernels.decode_attention(q.bfloat16(), k16, v16, tables, lens, block, None)
+    want = native_kernels.decode_attention(q.bfloat16().float(), k16.float(), v16.float(),
+                                           tables, lens, block, None)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want.bfloat16())
+    assert torch.equal(native_kernels.decode_attention(q[[3, 1]].bfloat16(), k16, v16,
+                                                       tables[[3, 1]], lens[[3, 1]], block,
+                                                       None), got[[3, 1]])
+
+
 def test_bad_shapes_raise_and_name_the_argument(native):
     k_cache, v_cache = both_layouts(3, 64, 4 * 16)[0]
     tables = torch.zeros((2, 1), dtype=torch.int64)

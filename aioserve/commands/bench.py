@@ -25,6 +25,7 @@ from aioserve.commands.common import (
 )
 from aioserve.commands.preflight import BENCH_SERVE, preflight
 from aioserve.config import EngineConfig
+from aioserve.runners.cpu.native_dtypes import check_dtype
 from aioserve.workloads.request import WorkloadRequest
 from aioserve.workloads.synthetic import (
     prefix_repetition_requests,
@@ -60,8 +61,10 @@ def _add_throughput(sub: Any) -> None:
     model.add_argument("--model", help="model directory or hub id")
     model.add_argument("--random-model", metavar="CONFIG",
                        help="random weights of a real shape: a transformers config.json, or "
-                            "a shipped shape (smollm2-135m, qwen3-0.6b); built once, float32, "
-                            "into ~/.cache/aioserve/random-models/ (no tokenizer)")
+                            "a shipped shape (smollm2-135m, qwen3-0.6b); built once, in the "
+                            "config's torch_dtype (the shipped shapes: bfloat16, as their "
+                            "checkpoints), into ~/.cache/aioserve/random-models/ (no "
+                            "tokenizer)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer (default: the model's; none with --random-model)")
     p.add_argument("--scheduler", default="fcfs", help="policy name or package.module:Class")
@@ -69,7 +72,8 @@ def _add_throughput(sub: Any) -> None:
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=4096,
                    help="most tokens in one step")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: float32 on CPU, bfloat16 on CUDA")
+                   help="auto: on the CPU the checkpoint's dtype where the CPU runs it "
+                   "natively, else float32; bfloat16 on CUDA")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     add_prefix_caching_option(p)
     add_runner_options(p)
@@ -191,6 +195,7 @@ def _throughput(args: argparse.Namespace) -> int:
     if args.random_model is None:
         check_model(model)
     check_device(args.device)
+    check_dtype(args.dtype, args.device)
     from aioserve.bench.offline import run_offline
 
     if args.random_model is not None:

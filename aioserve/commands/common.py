@@ -16,6 +16,7 @@ from aioserve.commands.memory_size import parse_memory
 from aioserve.config import EngineConfig
 from aioserve.model_path import check_model_path
 from aioserve.runners.attention import registry as attention_registry
+from aioserve.runners.cpu.native_dtypes import check_dtype
 from aioserve.scheduling.registry import load_scheduler, params_by_policy
 
 if TYPE_CHECKING:
@@ -125,7 +126,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                              "(default: the model's max_position_embeddings)")
     parser.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights and KV cache dtype (auto: float32 on CPU, bfloat16 on CUDA)",
+        help="weights and KV cache dtype (auto: on the CPU the checkpoint's dtype where the "
+             "CPU runs it natively, else float32; bfloat16 on CUDA)",
     )
     parser.add_argument("--device", default="auto",
                         help="auto (CUDA when present), cpu or cuda[:N]")
@@ -258,6 +260,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     check_scheduler(args.scheduler, params[args.scheduler])
     check_model(args.model)
     check_device(args.device)
+    check_dtype(args.dtype, args.device)
     try:
         return EngineConfig(
             model=args.model,

@@ -6,6 +6,7 @@ import asyncio
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.bench.models import tiny_models
@@ -40,13 +41,13 @@ def save(model_type: str, directory: Path, tokenizer_dir: str, seed: int = 0) ->
 
 async def serve(
     model_dir: Path, prompt_ids: list[list[int]], max_tokens: int, *, max_num_seqs: int = 4,
-    max_num_batched_tokens: int = 256, block_size: int = 8,
+    max_num_batched_tokens: int = 256, block_size: int = 8, dtype: str = "float32",
 ) -> list[list[int]]:
     """Greedy continuations from the engine, some requests joining a decoding batch."""
     config = EngineConfig(
         model=str(model_dir), scheduler="fcfs", max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-        dtype="float32", device="cpu",
+        dtype=dtype, device="cpu",
     )
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     async with AsyncEngine(config) as engine:
@@ -76,7 +77,7 @@ async def _collect(
 
 def check(
     model_type: str, directory: Path, tokenizer_dir: str, prompt_ids: list[list[int]],
-    max_tokens: int = 16, **engine_settings: int,
+    max_tokens: int = 16, **engine_settings: Any,
 ) -> Verdict:
     model = save(model_type, directory, tokenizer_dir)
     references = [tiny_models.greedy(model, p, max_tokens) for p in prompt_ids]  # type: ignore[arg-type]

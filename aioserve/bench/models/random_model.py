@@ -58,14 +58,16 @@ def model_key(config: dict[str, Any], seed: int) -> str:
 
 
 def build(config: dict[str, Any], directory: Path, seed: int = 0) -> None:
-    """Write the random-weight float32 causal LM of ``config`` to ``directory``."""
+    """Write the random-weight causal LM of ``config`` to ``directory``: drawn in float32, saved
+    in the config's ``torch_dtype`` (as the real checkpoint ships; float32 when unstated)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     settings = dict(config)
+    dtype = getattr(torch, str(settings.pop("torch_dtype", None) or "float32"))
     hf_config = AutoConfig.for_model(settings.pop("model_type"), **settings)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval().to(dtype)
     text = hf_config.get_text_config()
     model.generation_config = GenerationConfig(
         bos_token_id=getattr(text, "bos_token_id", None),

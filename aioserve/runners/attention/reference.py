@@ -16,7 +16,10 @@ from aioserve.runners.attention.paged_metadata import PagedAttentionMetadata
 from aioserve.runners.batch_invariance import BatchInvariance
 from aioserve.runners.cpu import native_kernels
 
-__all__ = ["ReferenceBackend"]
+__all__ = ["NATIVE_DECODE_DTYPES", "ReferenceBackend"]
+
+#: KV cache dtypes the compiled decode kernel reads (bfloat16 widened to float32 exactly).
+NATIVE_DECODE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class ReferenceBackend:
@@ -41,10 +44,11 @@ class ReferenceBackend:
         block_tables: list[list[int]] | np.ndarray, block_size: int,
         device: torch.device, windows: tuple[int, ...],
     ) -> tuple[PagedAttentionMetadata, torch.Tensor]:
-        # plain float32 layers on the CPU decode through the compiled kernel when it is
-        # loaded (windowed models keep the masked paths)
+        # plain float32 or bfloat16 layers on the CPU decode through the compiled kernel when
+        # it is loaded (windowed models keep the masked paths)
         native = (device.type == "cpu" and not windows
-                  and kv_caches[0][0].dtype == torch.float32 and native_kernels.available())
+                  and kv_caches[0][0].dtype in NATIVE_DECODE_DTYPES
+                  and native_kernels.available())
         return paged_metadata.build_metadata(
             kv_caches, start_positions, num_new_tokens, block_tables, block_size, device,
             windows=windows, buffers=self.buffers, native_decode=native,

@@ -155,20 +155,23 @@ def decode_attention(
     """Attention of one query per sequence over its own context in the paged cache.
 
     Args:
-        q: ``[b, heads, k_dim]`` float32; head h reads KV head ``h // (heads // kv_heads)``.
-        k_cache, v_cache: ``[rows, kv_heads, dim]`` float32, unit stride over dim.
+        q: ``[b, heads, k_dim]`` float32 or bfloat16 (widened to float32); head h reads KV head
+            ``h // (heads // kv_heads)``.
+        k_cache, v_cache: ``[rows, kv_heads, dim]`` float32 or bfloat16 (both the same), unit
+            stride over dim; bfloat16 rows are widened to float32 as they are read.
         block_tables: ``[b, W]`` int64, contiguous; seq_lens: ``[b]`` int64 tokens.
         scaling: score scale (default ``k_dim ** -0.5``).
 
     Returns:
-        ``[b, heads, v_dim]`` float32. RuntimeError for other shapes, dtypes or layouts."""
-    q = q.contiguous()
+        ``[b, heads, v_dim]`` in ``q``'s dtype (float32 sums, rounded once at the end).
+        RuntimeError for other shapes, dtypes or layouts."""
+    q32 = q.to(torch.float32).contiguous()
     scale = scaling if scaling is not None else int(q.shape[-1]) ** -0.5
-    out = q.new_empty((int(q.shape[0]), int(q.shape[1]), int(v_cache.shape[-1])))
+    out = q32.new_empty((int(q.shape[0]), int(q.shape[1]), int(v_cache.shape[-1])))
     torch.ops.aioserve_cpu.decode_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out
+        q32, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out
     )
-    return out
+    return out.to(q.dtype)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""Linear layers on pre-packed float32 CPU weights: oneDNN's blocked layout (faster than MKL's
-``sgemm`` at decode row counts, and its rows measured the same at any row count), or compiled
-panels where they give oneDNN's bits. Small models are not packed: oneDNN's per-call cost
+"""Linear layers on pre-packed float32 or bfloat16 CPU weights: oneDNN's blocked layout (faster
+than MKL's ``sgemm`` at decode row counts, and its rows measured the same at any row count; in
+bfloat16 its AVX512-BF16/AMX kernels, where the CPU has them), or compiled float32 panels where
+they give oneDNN's bits. Small models are not packed: oneDNN's per-call cost
 outweighs the gain. Each layer keeps its dense weight (transformers reads ``.weight``)."""
 
 from __future__ import annotations
@@ -10,21 +11,31 @@ import torch
 from aioserve.runners.cpu import panel_linear
 from aioserve.runners.cpu.panel_linear import PanelWeight
 
-__all__ = ["PackedLinear", "PackedWeight", "available", "can_pack", "linear_parameters",
-           "linear_pointwise", "pack_linears", "pack_weight"]
+__all__ = ["PACKED_DTYPES", "PackedLinear", "PackedWeight", "available", "can_pack",
+           "linear_parameters", "linear_pointwise", "native_bf16", "pack_linears", "pack_weight"]
 
 #: Row count oneDNN is told to expect when it picks the packed layout (a decode step).
 EXPECTED_ROWS = 32
+
+#: Weight dtypes packed (bfloat16 only where :func:`native_bf16`).
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 #: Parameters from which a model's linear layers are packed (see the module's text).
 MIN_PARAMETERS = 20_000_000
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Float32 on the CPU with oneDNN in this torch."""
-    return (device.type == "cpu" and dtype == torch.float32
+    """Float32, or bfloat16 where oneDNN runs it natively, on the CPU with oneDNN in this torch."""
+    return (device.type == "cpu" and dtype in PACKED_DTYPES
             and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and (dtype == torch.float32 or native_bf16()))
+
+
+def native_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 products on bfloat16 instructions here (AVX512-BF16, AMX)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check is not None and check())
 
 
 def available(device: torch.device, dtype: torch.dtype, num_parameters: int) -> bool:
@@ -51,7 +62,7 @@ def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Packe
 def linear_pointwise(
     rows: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` float32 -> ``[n, out]``."""
+    """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` in the weight's dtype -> ``[n, out]``."""
     if isinstance(packed, PanelWeight):
         return panel_linear.linear(rows, packed, bias)
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
@@ -89,11 +100,12 @@ class PackedLinear(torch.nn.Module):
 
 
 def pack_linears(model: torch.nn.Module) -> int:
-    """Replace each float32 ``torch.nn.Linear`` of ``model`` by a :class:`PackedLinear`."""
+    """Replace each float32 or bfloat16 ``torch.nn.Linear`` of ``model`` by a
+    :class:`PackedLinear`."""
     targets = [(parent, name, child)
                for parent in model.modules()
                for name, child in parent.named_children()
-               if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32]
+               if type(child) is torch.nn.Linear and child.weight.dtype in PACKED_DTYPES]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child))
     return len(targets)

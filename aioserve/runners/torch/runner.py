@@ -26,6 +26,7 @@ from aioserve.runners.model.lean_llama import LeanLlama
 from aioserve.runners.torch.batch_sampler import BatchSampler, SampledBatch
 from aioserve.runners.torch.input_batch import InputBatch, StepInputs
 from aioserve.runners.torch.setup import (
+    checkpoint_dtype,
     choose_forward,
     context_length,
     cpu_threads,
@@ -107,7 +108,8 @@ class TorchRunner(ModelRunner):
     def _load(self, config: EngineConfig) -> None:
         clock = PhaseClock()  # its parts: self.load_times
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, None if config.dtype != "auto"
+                                   else checkpoint_dtype(config.model))
         self.invariance = BatchInvariance(config.batch_invariant)
         self.backend: AttentionBackend = backend_for(config.attention_backend, self.device,
                                                      config.forward, self.invariance)
@@ -131,7 +133,7 @@ class TorchRunner(ModelRunner):
         graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
             and not config.enforce_eager
         head_major = self.device.type == "cpu" and self.backend.head_major
-        if self.device.type == "cpu" and self.dtype == torch.float32:
+        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             native_kernels.available()  # loaded, or built in the background (switch: on_idle)
         self._kernels = native_kernels.KernelSwitch()
         clock.mark("native kernels")

@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
+from transformers import AutoConfig, GenerationConfig
 
 from aioserve.config import EngineConfig
 from aioserve.runners.attention.backend import AttentionBackend
 from aioserve.runners.attention.layer_rules import LayerRules
 from aioserve.runners.batch_invariance import BatchInvariance
-from aioserve.runners.cpu import packed_linear
+from aioserve.runners.cpu import native_dtypes, packed_linear
 from aioserve.runners.cpu.packed_linear import PackedLinear
 from aioserve.runners.cpu.row_padding import LinearProduct, RowPadding
 from aioserve.runners.cpu.threads.cpu_budget import affinity_cpus, usable_cpus
@@ -25,6 +25,7 @@ from aioserve.runners.model import loader as model_loader
 
 logger = logging.getLogger("aioserve.threads")
 padding_logger = logging.getLogger("aioserve.runners.cpu.row_padding")
+dtype_logger = logging.getLogger("aioserve.dtype")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,9 +53,33 @@ def context_length(requested: int | None, text_config: object) -> int:
     return requested
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def checkpoint_dtype(model_path: str) -> str | None:
+    """The dtype the checkpoint's config states (``dtype`` or ``torch_dtype``), or None."""
+    try:
+        config = AutoConfig.from_pretrained(model_path).get_text_config()
+    except (OSError, ValueError):  # the loader names the problem
+        return None
+    stated = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return None if stated is None else str(stated).removeprefix("torch.")
+
+
+def resolve_dtype(name: str, device: torch.device, checkpoint: str | None = None) -> torch.dtype:
+    """``name``'s dtype; ``"auto"``: bfloat16 on CUDA; on the CPU the ``checkpoint``'s dtype where
+    the CPU runs it natively (and oneDNN does, for bfloat16), else float32 (logged either way).
+
+    Raises:
+        ValueError: float16 on a CPU without native half-precision arithmetic."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda":
+            return torch.bfloat16
+        native = native_dtypes.native_dtypes()
+        if not packed_linear.native_bf16() and "bfloat16" in native:
+            native.remove("bfloat16")
+        choice = native_dtypes.auto_dtype(checkpoint, native)
+        dtype_logger.info("dtype auto: %s (%s)", choice.dtype, choice.reason)
+        return _DTYPES[choice.dtype]
+    if device.type == "cpu":
+        native_dtypes.check_dtype(name, "cpu")
     return _DTYPES[name]
 
 
@@ -121,7 +146,10 @@ def padding_probe(
     for module in model.modules():
         if type(module) is torch.nn.Linear:
             linears.append(module.weight)
-        elif packed and isinstance(module, PackedLinear):  # taken now: kept past release
+        elif isinstance(module, PackedLinear) and (
+                packed or module.weight.dtype != torch.float32):
+            # taken now: kept past release; bfloat16 packed products are probed always (the
+            # float32 ones were measured exact at every row count)
             linears.append(LinearProduct.of(module))
     widths = {r.k_dim for r in rules.values()}  # rotary tables
     return lambda: invariance.row_padding(linears, device, widths=widths)

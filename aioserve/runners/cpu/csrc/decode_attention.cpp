@@ -22,8 +22,10 @@ namespace {
 using namespace aioserve_cpu;
 
 void check(const at::Tensor& cache, const at::Tensor& block_tables, const at::Tensor& seq_lens) {
-  TORCH_CHECK(cache.dim() == 3 && cache.scalar_type() == at::kFloat && cache.stride(2) == 1,
-              "cache: [rows, kv_heads, dim] float32 with unit stride over dim");
+  TORCH_CHECK(cache.dim() == 3 &&
+                  (cache.scalar_type() == at::kFloat || cache.scalar_type() == at::kBFloat16) &&
+                  cache.stride(2) == 1,
+              "cache: [rows, kv_heads, dim] float32 or bfloat16 with unit stride over dim");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kLong &&
                   block_tables.is_contiguous(), "block_tables: contiguous [b, W] int64");
   TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kLong &&
@@ -53,6 +55,13 @@ inline float softmax_numerators(float* scores, int64_t count) {
   }
   return 1.f / lane_sum(sum);
 }
+
+template <typename T>
+void attend(const float* q_ptr, const T* k_ptr, const T* v_ptr, float* o_ptr,
+            const int64_t* lens, const int64_t* tables, int64_t batch, int64_t heads,
+            int64_t kv_heads, int64_t dim, int64_t v_dim, int64_t width, int64_t block_size,
+            int64_t longest, int64_t k_row, int64_t k_head, int64_t v_row, int64_t v_head,
+            float alpha);
 
 // out[b, h] = softmax_t(scale * q[b, h] . K[slot(b, t), h / group]) @ V[slot(b, t), ...]
 // over t < seq_lens[b], slot(b, t) = block_tables[b, t / block_size] * block_size +
@@ -85,13 +94,31 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::
     TORCH_CHECK(tables[i] >= 0 && (tables[i] + 1) * block_size <= rows,
                 "block_tables: a block outside the cache");
   }
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k_cache and v_cache: one dtype");
   const float* q_ptr = q.data_ptr<float>();
-  const float* k_ptr = k_cache.data_ptr<float>();
-  const float* v_ptr = v_cache.data_ptr<float>();
   float* o_ptr = out.data_ptr<float>();
   const int64_t k_row = k_cache.stride(0), k_head = k_cache.stride(1);
   const int64_t v_row = v_cache.stride(0), v_head = v_cache.stride(1);
   const float alpha = static_cast<float>(scale);
+  if (k_cache.scalar_type() == at::kFloat) {
+    attend(q_ptr, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), o_ptr, lens, tables,
+           batch, heads, kv_heads, dim, v_dim, width, block_size, longest, k_row, k_head, v_row,
+           v_head, alpha);
+  } else {  // bfloat16 rows, widened to floats as they are read (exact)
+    attend(q_ptr, reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>()),
+           reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>()), o_ptr, lens,
+           tables, batch, heads, kv_heads, dim, v_dim, width, block_size, longest, k_row, k_head,
+           v_row, v_head, alpha);
+  }
+}
+
+template <typename T>
+void attend(const float* q_ptr, const T* k_ptr, const T* v_ptr, float* o_ptr,
+            const int64_t* lens, const int64_t* tables, int64_t batch, int64_t heads,
+            int64_t kv_heads, int64_t dim, int64_t v_dim, int64_t width, int64_t block_size,
+            int64_t longest, int64_t k_row, int64_t k_head, int64_t v_row, int64_t v_head,
+            float alpha) {
+  const int64_t group = heads / kv_heads;
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer(group * longest);
     for (int64_t pair = begin; pair < end; ++pair) {
@@ -100,7 +127,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::
       const int64_t* table = tables + b * width;
       float* scores = buffer.data();
       for (int64_t start = 0; start < len; start += block_size) {
-        const float* k = k_ptr + table[start / block_size] * block_size * k_row + kvh * k_head;
+        const T* k = k_ptr + table[start / block_size] * block_size * k_row + kvh * k_head;
         const int64_t stop = std::min(len, start + block_size);
         int64_t t = start;
         for (; t + 4 <= stop; t += 4, k += 4 * k_row) {
@@ -125,7 +152,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::
       float* ob = o_ptr + (b * heads + kvh * group) * v_dim;
       for (int64_t i = 0; i < group * v_dim; ++i) ob[i] = 0.f;
       for (int64_t start = 0; start < len; start += block_size) {
-        const float* v = v_ptr + table[start / block_size] * block_size * v_row + kvh * v_head;
+        const T* v = v_ptr + table[start / block_size] * block_size * v_row + kvh * v_head;
         const int64_t count = std::min(len, start + block_size) - start;
         for (int64_t g = 0; g < group; ++g) {
           weighted_rows(ob + g * v_dim, scores + g * len + start, v, v_row, count, v_dim);
