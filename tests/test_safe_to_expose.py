@@ -11,12 +11,12 @@ import datetime
 import re
 import ssl
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
+from cli_support import refuse as refuse_cli
 from scripted_runner import ScriptedRunner
 from server_support import base_url, idle, metric, serve, wait_until
 
@@ -264,26 +264,9 @@ def test_key_sources(tmp_path):
     assert api_key_of(None, None, {}) is None
 
 
-PROBE = """
-import sys
-from aioserve.cli import main
-try:
-    status = main(sys.argv[1:])
-finally:
-    print("torch imported:", "torch" in sys.modules)
-sys.exit(status)
-"""
-
-
 def refuse(*args: str) -> str:
     """The one error line of a refused ``serve`` that never imported torch."""
-    result = subprocess.run([sys.executable, "-c", PROBE, "serve", "--port", "0", *args],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "torch imported: False"
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("aioserve: error: "), lines
-    return lines[0]
+    return refuse_cli("serve", "--port", "0", *args)
 
 
 def test_unusable_key_files_and_certificates_are_refused_before_the_model_loads(
