@@ -1,6 +1,7 @@
-"""vLLM CPU (offline) against aioserve on a real-shape random-weight model, same workload.
+"""How fast is aioserve against vLLM's CPU build on a real-shape model, same workload, at
+each dtype? (random weights; vLLM offline, aioserve through its Python API)
 
-The workload is ``aioserve bench throughput``'s (``workloads.py`` loaded by file): all requests
+The workload is ``aioserve bench throughput``'s (``aioserve.workloads.synthetic``): all requests
 at t=0, greedy, EOS ignored, exact output lengths; figure of merit output tokens / wall s. Each
 engine runs in its own process (vLLM from ``--vllm-python``, ``VLLM_CPU_OMP_THREADS_BIND`` from
 ``--vllm-bind``, at each ``--vllm-dtype``; aioserve through its Python API from each
@@ -9,9 +10,10 @@ run; neither detokenizes. ``--rounds`` repeats the aioserve runs, alternating. O
 run; then aioserve's bfloat16-vs-float32 greedy agreement (share of identical sequences, first
 divergence; reported, not asserted) and aioserve's median against vLLM's best.
 
-    python3 benchmarks/peers_real_shape.py                      # smollm2-135m, bind auto
-    python3 benchmarks/peers_real_shape.py --vllm-bind auto,0-1 --random-model qwen3-0.6b
-    python3 benchmarks/peers_real_shape.py --aioserve-repo before=/tmp/base,after=. --rounds 3"""
+    python3 benchmarks/serving/peers_real_shape.py               # smollm2-135m, bind auto
+    python3 benchmarks/serving/peers_real_shape.py --vllm-bind auto,0-1 --random-model qwen3-0.6b
+    python3 benchmarks/serving/peers_real_shape.py --aioserve-repo before=/tmp/base,after=. \
+        --rounds 3"""
 
 from __future__ import annotations
 
