@@ -112,11 +112,11 @@ class WorkloadRequest:
             max_model_len - self.prompt_len, 1)
 
     def meta_from(self, unix_epoch: float | None = None) -> RequestMeta:
-        """Its meta with its true output length (the ``oracle`` predictor reads it) and,
-        for a run whose zero is ``unix_epoch``, the deadline in Unix seconds."""
-        at = self.meta.deadline if self.deadline_s is None or unix_epoch is None else (
-            unix_epoch + self.deadline_s)
-        return replace(self.meta, deadline=at)
+        """Its meta; for a run whose zero is ``unix_epoch``, with the deadline in Unix
+        seconds (no copy when nothing changes)."""
+        if self.deadline_s is None or unix_epoch is None:
+            return self.meta
+        return replace(self.meta, deadline=unix_epoch + self.deadline_s)
 
     def prompt_token_ids(self, vocab_size: int, low_id: int) -> list[int]:
         """Its group's shared prefix (or prefix blocks), then tokens of its own (ids in
