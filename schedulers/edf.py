@@ -14,10 +14,10 @@ from aioserve.scheduling import (
     SchedulerState,
     StepFeedback,
 )
-from schedulers.length_predictor import LengthPredictor, make_predictor
+from schedulers.length_predictor import LengthPredictor, PredictorHooks, make_predictor
 
 
-class EDFScheduler(OrderedScheduler):
+class EDFScheduler(PredictorHooks, OrderedScheduler):
     """Admit by earliest due time of the *next* token (Liu and Layland's EDF), ties by
     arrival.
 
@@ -97,15 +97,6 @@ class EDFScheduler(OrderedScheduler):
         self.num_late = self.num_shed = 0
         self.predictor = make_predictor(predictor if predictor is not None else "learned",
                                         predictor_config)
-
-    def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
-        self.predictor.observe(request)
-
-    def on_finish(self, request: RequestView, state: SchedulerState) -> None:
-        self.predictor.ended(request)
-
-    def close(self) -> None:
-        self.predictor.close()
 
     def due(self, request: RequestView) -> float:
         """When the request's next token is due (engine clock, seconds): the earliest of

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from aioserve.scheduling import RequestView
+from aioserve.scheduling import RequestView, Scheduler, SchedulerState
 from aioserve.scheduling.registry import instantiate, load_object
 
 
@@ -75,6 +75,23 @@ class OraclePredictor(HintPredictor):
     def predict(self, request: RequestView) -> int:
         true = self.lengths.get(request.request_id)
         return true if true is not None else super().predict(request)
+
+
+class PredictorHooks(Scheduler):
+    """A policy with a length predictor (``self.predictor``), told what the policy sees:
+    each arrival, each end (finished or aborted) and the policy's close."""
+
+    predictor: LengthPredictor
+
+    def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
+        self.predictor.observe(request)
+
+    def on_finish(self, request: RequestView, state: SchedulerState) -> None:
+        self.predictor.ended(request)
+
+    def close(self) -> None:
+        """Close the predictor (``learned`` saves its state at ``state_path``)."""
+        self.predictor.close()
 
 
 #: The predictors ``make_predictor`` knows by name.

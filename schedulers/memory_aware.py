@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from aioserve.scheduling import RequestView, Scheduler, SchedulerOutput, SchedulerState
-from schedulers.length_predictor import LengthPredictor, make_predictor
+from aioserve.scheduling import RequestView, SchedulerOutput, SchedulerState
+from schedulers.length_predictor import LengthPredictor, PredictorHooks, make_predictor
 
 
-class MemoryAwareScheduler(Scheduler):
+class MemoryAwareScheduler(PredictorHooks):
     """Admit in queue order (preempted requests first, then arrival order) while the
     projected KV use of the running requests plus the candidate stays under
     ``watermark`` of the cache. A request's projection is the blocks for its prompt
@@ -48,16 +48,6 @@ class MemoryAwareScheduler(Scheduler):
         self.predictor = make_predictor(predictor, predictor_config)
         self.watermark = watermark
         self.preemptions = 0
-
-    def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
-        self.predictor.observe(request)
-
-    def on_finish(self, request: RequestView, state: SchedulerState) -> None:
-        self.predictor.ended(request)
-
-    def close(self) -> None:
-        """Close the predictor (``learned`` saves its state at ``state_path``)."""
-        self.predictor.close()
 
     def projected_blocks(self, state: SchedulerState, request: RequestView) -> int:
         """KV blocks the request is projected to hold when it finishes."""

@@ -7,13 +7,13 @@ from collections import deque
 from typing import Any, ClassVar
 
 from aioserve.scheduling import OrderedScheduler, PolicyReport, RequestView, SchedulerState
-from schedulers.length_predictor import LengthPredictor, make_predictor
+from schedulers.length_predictor import LengthPredictor, PredictorHooks, make_predictor
 
 #: Finished requests whose (predicted, true) lengths a policy keeps for reports.
 OUTCOMES_KEPT = 65536
 
 
-class SPFScheduler(OrderedScheduler):
+class SPFScheduler(PredictorHooks, OrderedScheduler):
     """Admit the waiting requests with the fewest predicted output tokens left first
     (SRPT on the predicted *remaining* length, as TRAIL; a preempted request is ranked by
     what it has left); otherwise (slots, KV blocks, the watermark, preemption of the
@@ -63,7 +63,7 @@ class SPFScheduler(OrderedScheduler):
 
     def on_arrival(self, request: RequestView, state: SchedulerState) -> None:
         """Tell the predictor; keep its prediction at arrival for the report."""
-        self.predictor.observe(request)
+        super().on_arrival(request, state)
         self.predicted[request.request_id] = self.predictor.predict(request)
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
@@ -71,11 +71,7 @@ class SPFScheduler(OrderedScheduler):
         predicted = self.predicted.pop(request.request_id, None)
         if predicted is not None and request.finish_reason in ("stop", "length"):
             self.outcomes.append((request.request_id, predicted, request.num_output_tokens))
-        self.predictor.ended(request)
-
-    def close(self) -> None:
-        """Close the predictor (``learned`` saves its state at ``state_path``)."""
-        self.predictor.close()
+        super().on_finish(request, state)
 
     def report(self) -> PolicyReport:
         """``predicted_mean``: the mean predicted output (tokens, at arrival) of the
