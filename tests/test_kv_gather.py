@@ -59,7 +59,7 @@ def test_attention_output_outlives_the_buffers_reuse():
     other = torch.randn(sum(counts), 4, 8, generator=gen)
     backend.attend(other, v_cache, k_cache, meta, rules, None)  # rewrites both buffers
     assert torch.equal(first, kept)
-    # one decode-only group: attend_groups returns _attend's result itself (no copy)
+    # one decode-only group: attend_layer returns _attend's result itself (no copy)
     single, _ = backend.build_metadata([(k_cache, v_cache)], [5, 9], [1, 1], tables[:2, :3],
                                        BLOCK, torch.device("cpu"), ())
     assert len(single.groups) == 1

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from aioserve.runners.attention.paged import attend_groups
+from aioserve.runners.attention.paged import attend_layer
 from aioserve.runners.attention.paged_metadata import build_metadata
 from aioserve.runners.cpu import native_kernels
 from tests.test_sparse_decode import both_layouts, sdpa_per_sequence
@@ -61,9 +61,9 @@ def test_decode_matches_sdpa(native, q_heads, kv_heads, dim, head_major):
         calls.append(1)
         return kernel(*args)
 
-    native_kernels.decode_attention = spy  # attend_groups takes the kernels
+    native_kernels.decode_attention = spy  # attend_layer takes the kernels
     try:
-        got = attend_groups(q, *caches, meta, None)
+        got = attend_layer(None, None, q, *caches, meta)
     finally:
         native_kernels.decode_attention = kernel
     assert calls

@@ -14,7 +14,7 @@ from isa_support import LEVELS, onednn_level
 
 from aioserve import EngineConfig
 from aioserve.runners.attention.layer_rules import LayerRules
-from aioserve.runners.attention.paged import attend_groups
+from aioserve.runners.attention.paged import attend_layer
 from aioserve.runners.attention.paged_metadata import build_metadata
 from aioserve.runners.cpu import packed_linear
 from aioserve.runners.model import loader as model_loader
@@ -111,6 +111,6 @@ def test_head_major_cache_attends_as_token_major(kind):
     meta, _ = build_metadata([caches[False]], starts, counts, tables, 4,
                              torch.device("cpu"), windows=windows)
     q = torch.randn(int(counts.sum()), 8, k_dim)
-    want = attend_groups(q, *caches[False], meta, 0.25, rules)
-    got = attend_groups(q, *caches[True], meta, 0.25, rules)
+    want = attend_layer(0.25, rules, q, *caches[False], meta)
+    got = attend_layer(0.25, rules, q, *caches[True], meta)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -20,7 +20,7 @@ import torch
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
 from aioserve.runners.attention import sparse_decode
 from aioserve.runners.attention.layer_rules import LayerRules
-from aioserve.runners.attention.paged import attend_groups
+from aioserve.runners.attention.paged import attend_layer
 from aioserve.runners.attention.paged_metadata import build_metadata
 from aioserve.runners.cpu import native_kernels
 from aioserve.runners.model import loader as model_loader
@@ -70,7 +70,7 @@ def test_in_place_decode_matches_sdpa(q_heads, kv_heads, dim):
     tables = [list(rng.permutation(np.arange(1, 40))[: (s + 1 + 3) // 4]) for s in starts]
     meta, _ = build_metadata([head_major], starts, counts, tables, 4, CPU)
     q = torch.randn(6, q_heads, dim, generator=torch.Generator().manual_seed(2))
-    got = attend_groups(q, *head_major, meta, None)
+    got = attend_layer(None, None, q, *head_major, meta)
     assert all(group.sparse_indices for group in meta.groups)  # took the sparse kernels
     want = sdpa_per_sequence(q, *head_major, starts, tables, 4)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -83,11 +83,11 @@ def test_a_sequence_gets_the_same_bits_with_any_batch_mates():
     starts = np.array([13, 5, 29, 0, 9])
     ones = np.ones(5, dtype=np.int64)
     meta, _ = build_metadata([(k_cache, v_cache)], starts, ones, tables, 4, CPU)
-    together = attend_groups(q, k_cache, v_cache, meta, None)
+    together = attend_layer(None, None, q, k_cache, v_cache, meta)
     for row in range(5):
         alone_meta, _ = build_metadata([(k_cache, v_cache)], starts[row : row + 1], ones[:1],
                                        [tables[row]], 4, CPU)
-        alone = attend_groups(q[row : row + 1], k_cache, v_cache, alone_meta, None)
+        alone = attend_layer(None, None, q[row : row + 1], k_cache, v_cache, alone_meta)
         assert torch.equal(alone[0], together[row])
 
 
@@ -95,7 +95,7 @@ def test_narrow_heads_keep_the_block_gather():
     _, head_major = both_layouts(2, 16, 8 * 4)
     meta, _ = build_metadata([head_major], np.array([5, 9]), np.ones(2, dtype=np.int64),
                              [[1, 2], [3, 4, 5]], 4, CPU)
-    attend_groups(torch.randn(2, 6, 16), *head_major, meta, None)
+    attend_layer(None, None, torch.randn(2, 6, 16), *head_major, meta)
     assert sparse_decode.MIN_HEAD_DIM > 16 and not meta.groups[0].sparse_indices
 
 

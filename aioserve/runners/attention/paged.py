@@ -20,25 +20,10 @@ from aioserve.runners.attention import eager as eager_attention
 from aioserve.runners.attention import layer_rules, sparse_decode
 from aioserve.runners.attention.kv_gather import GatherBuffers, gather, gather_index, is_head_major
 from aioserve.runners.attention.layer_rules import LayerRules
-from aioserve.runners.attention.paged_metadata import (
-    AttentionGroup,
-    PagedAttentionMetadata,
-    build_metadata,
-)
+from aioserve.runners.attention.paged_metadata import AttentionGroup, PagedAttentionMetadata
 from aioserve.runners.cpu import native_kernels
 
 ATTENTION_NAME = "aioserve_paged"
-
-__all__ = [
-    "ATTENTION_NAME",
-    "attend_groups",
-    "attend_layer",
-    "PagedAttentionMetadata",
-    "build_metadata",
-    "paged_attention",
-    "register",
-]
-
 
 def _in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether a decode group reads the cache in place through the sparse kernels."""
@@ -167,15 +152,6 @@ def attend_layer(
             _attend(part, k_cache, v_cache, group, scaling, size, rules, sinks, meta.buffers),
         )
     return out
-
-
-def attend_groups(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: PagedAttentionMetadata, scaling: float | None,
-    rules: LayerRules | None = None, sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """:func:`attend_layer` with the tensors first."""
-    return attend_layer(scaling, rules, q, k_cache, v_cache, meta, sinks)
 
 
 def register() -> str:

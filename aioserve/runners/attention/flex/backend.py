@@ -9,7 +9,6 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 from transformers import AttentionInterface
@@ -151,24 +150,8 @@ class FlexBackend:
             return f"head width {rules.k_dim} < 16, below the Triton flex kernels' tiles"
         return None
 
-    def build_metadata(
-        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        start_positions: list[int] | np.ndarray, num_new_tokens: list[int] | np.ndarray,
-        block_tables: list[list[int]] | np.ndarray, block_size: int,
-        device: torch.device, windows: tuple[int, ...],
-    ) -> tuple[FlexMetadata, torch.Tensor]:
-        return flex_metadata.build_metadata(
-            kv_caches, start_positions, num_new_tokens, block_tables, block_size, device, windows
-        )
-
-    def decode_metadata(
-        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], slot_mapping: torch.Tensor,
-        block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-        windows: tuple[int, ...],
-    ) -> FlexMetadata:
-        return flex_metadata.decode_metadata(
-            kv_caches, slot_mapping, block_table, seq_lens, block_size, windows
-        )
+    build_metadata = staticmethod(flex_metadata.build_metadata)
+    decode_metadata = staticmethod(flex_metadata.decode_metadata)
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
