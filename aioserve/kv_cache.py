@@ -52,9 +52,6 @@ class BlockManager:
         """Blocks needed to hold ``num_tokens`` tokens."""
         return blocks_for_tokens(num_tokens, self.block_size)
 
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= self.num_free_blocks
-
     def allocate(self, num_blocks: int) -> list[int] | None:
         """Take ``num_blocks`` blocks (free ones first, then evicting cached ones), or
         None and nothing if too few are available."""

@@ -17,7 +17,7 @@ import pytest
 from server_support import wait_until
 
 from aioserve import AsyncEngine, EngineConfig, SamplingParams
-from aioserve.runners.cpu import native_build, native_kernels
+from aioserve.runners.cpu import build_lock, native_build, native_kernels
 from aioserve.runners.cpu.native_build import BuildFolder, build, environment_key
 
 
@@ -72,7 +72,7 @@ def test_another_hosts_lock_is_waited_for_until_stale(tmp_path, fake_compile, ca
     folder = BuildFolder(root=tmp_path)
     folder.path.mkdir(parents=True)
     folder.lock.write_text("1 some-other-host\n")
-    old = time.time() - native_build.STALE_LOCK_S - 60
+    old = time.time() - build_lock.STALE_LOCK_S - 60
     os.utime(folder.lock, (old, old))
     assert folder.state() == "building"
     assert build(folder) and "stale build lock" in caplog.text

@@ -17,7 +17,7 @@ import torch
 
 from aioserve.runners.attention.paged import attend_layer
 from aioserve.runners.attention.paged_metadata import build_metadata
-from aioserve.runners.cpu import native_kernels
+from aioserve.runners.cpu import build_lock, native_kernels
 from tests.test_sparse_decode import both_layouts, sdpa_per_sequence
 
 CPU = torch.device("cpu")
@@ -178,11 +178,11 @@ def test_a_failed_build_falls_back_to_stock_kernels(tmp_path, caplog):
 
 def test_a_killed_builds_lock_is_removed_and_a_missing_one_is_not_waited_for(tmp_path, caplog):
     lock = tmp_path / "lock"
-    native_kernels.wait_for_build_lock(lock)  # no lock: returns at once
+    build_lock.wait_for_build_lock(lock)  # no lock: returns at once
     lock.touch()
-    old = time.time() - native_kernels.STALE_LOCK_S - 60
+    old = time.time() - build_lock.STALE_LOCK_S - 60
     os.utime(lock, (old, old))
-    native_kernels.wait_for_build_lock(lock)
+    build_lock.wait_for_build_lock(lock)
     assert not lock.exists() and "stale build lock" in caplog.text
 
 

@@ -203,7 +203,8 @@ async def test_custom_scheduler_example_run_alone_compares_policies():
 
 
 def test_kv_cache_memory_budget_sets_the_block_count(model_dir):
-    from aioserve.runners.torch.runner import TorchRunner, free_memory_bytes
+    from aioserve.runners.torch.runner import TorchRunner
+    from aioserve.runners.torch.setup import free_memory_bytes
 
     runner = TorchRunner(EngineConfig(model=model_dir, kv_cache_memory_bytes=1 << 20))
     try:

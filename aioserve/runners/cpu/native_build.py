@@ -20,17 +20,8 @@ import threading
 import time
 from pathlib import Path
 
-from aioserve.runners.cpu.build_lock import (
-    STALE_LOCK_S,
-    heartbeat,
-    lock_owner_alive,
-    take_lock,
-    wait_for_build_lock,
-)
+from aioserve.runners.cpu.build_lock import heartbeat, lock_owner_alive, take_lock
 from aioserve.runners.cpu.cpu_info import cpu_flags_line
-
-__all__ = ["BuildFolder", "STALE_LOCK_S", "build", "build_in_background", "environment_key",
-           "wait_for_build_lock"]
 
 logger = logging.getLogger("aioserve.runners.cpu.native_kernels")
 

@@ -18,10 +18,7 @@ import weakref
 import torch
 
 from aioserve.runners.cpu import native_build
-from aioserve.runners.cpu.native_build import STALE_LOCK_S, BuildFolder, wait_for_build_lock
-
-__all__ = ["KernelSwitch", "STALE_LOCK_S", "activate", "available", "build_now",
-           "decode_attention", "greedy_tokens", "rope_and_cache", "wait_for_build_lock"]
+from aioserve.runners.cpu.native_build import BuildFolder
 
 logger = logging.getLogger(__name__)
 

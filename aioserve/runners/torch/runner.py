@@ -32,7 +32,6 @@ from aioserve.runners.torch.setup import (
     cpu_threads,
     eos_token_ids,
     exact_row_padding,
-    free_memory_bytes,
     num_kv_blocks,
     probe_steps,
     resolve_device,
@@ -40,8 +39,6 @@ from aioserve.runners.torch.setup import (
     thread_governor,
 )
 from aioserve.startup_clock import PhaseClock
-
-__all__ = ["TorchRunner", "free_memory_bytes"]
 
 
 class PendingOutput:
@@ -125,9 +122,10 @@ class TorchRunner(ModelRunner):
         self.max_model_len = context_length(config.max_model_len, text_config)
         embeddings: Any = model.get_input_embeddings()  # an nn.Embedding (or a subclass)
         self.vocab_size = int(embeddings.num_embeddings)
-        self.eos_token_ids = eos_token_ids(config.model, getattr(model, "generation_config", None))
+        self.eos_token_ids = eos_token_ids(getattr(model, "generation_config", None))
         self.block_size = config.block_size
-        self.kv_block_bytes = self.kv_bytes_per_block()
+        self.kv_block_bytes = model_loader.kv_bytes_per_token(self.layer_rules,
+                                                              self.dtype) * self.block_size
         self.num_kv_blocks = num_kv_blocks(config, self.device, self.kv_block_bytes,
                                            self.max_model_len)
         graphs = self.device.type == "cuda" and hasattr(self.backend, "decode_metadata") \
@@ -205,9 +203,6 @@ class TorchRunner(ModelRunner):
                           self.forward_note, self.kv_block_bytes, threads,
                           tuple(governor.counts) if governor is not None else (),
                           self.load_times)
-
-    def kv_bytes_per_block(self) -> int:
-        return model_loader.kv_bytes_per_token(self.layer_rules, self.dtype) * self.block_size
 
     def submit(self, batch: ScheduledBatch) -> asyncio.Future[RunnerOutput]:
         """Queue the step on the worker thread and return at once."""

@@ -83,7 +83,7 @@ def resolve_dtype(name: str, device: torch.device, checkpoint: str | None = None
     return _DTYPES[name]
 
 
-def eos_token_ids(model_path: str, generation_config: GenerationConfig | None) -> tuple[int, ...]:
+def eos_token_ids(generation_config: GenerationConfig | None) -> tuple[int, ...]:
     eos = generation_config.eos_token_id if generation_config is not None else None
     if eos is None:
         return ()
