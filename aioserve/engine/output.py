@@ -46,9 +46,6 @@ class RequestStream:
             request.num_cached_tokens,
         ))
 
-    def push_final(self) -> None:
-        self.put([], "", None)
-
     def put(self, tokens: list[int], text: str, logprobs: list[TokenLogprob] | None) -> None:
         if self.closed:
             return
@@ -141,7 +138,7 @@ class Delivery:
                     f"request shed by the scheduler: {request.shed_reason}"))
             elif stream is not None and not stream.closed:
                 try:
-                    stream.push_final()
+                    stream.put([], "", None)
                 except Exception as exc:
                     self.fail_request(core, request, stream, exc)
 

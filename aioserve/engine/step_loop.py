@@ -108,7 +108,7 @@ class StepLoop:
             batch = core.schedule()
         except Exception as exc:  # a faulty policy: end what it was deciding on
             logger.exception("scheduler %r failed", core.scheduler)
-            self.fail_all(exc)
+            self.fail([*core.running, *core.waiting], exc, "scheduler failed")
             return
         self.delivery.flush_finished(core)  # requests the schedule ended (KV cache too small)
         if batch is None:
@@ -117,10 +117,6 @@ class StepLoop:
 
     def fan_out(self, output: RunnerOutput, results: list[StepResult]) -> None:
         self.delivery.fan_out(self.core, output, results)
-
-    def fail_all(self, exc: Exception) -> None:
-        core = self.core
-        self.fail([*core.running, *core.waiting], exc, "scheduler failed")
 
     def fail(self, requests: list[Request], exc: Exception, what: str = "model step failed",
              ) -> None:
