@@ -105,7 +105,6 @@ def _group(
     dtype: torch.dtype,
     device: torch.device,
     everything: bool,
-    always_mask: bool,
     windows: tuple[int, ...] = (),
     native_decode: bool = False,
     min_context: int = MIN_CONTEXT_WIDTH,
@@ -121,7 +120,7 @@ def _group(
     mask_array: np.ndarray | None
     if max_new == 1:
         token_index = offsets
-        short = always_mask or int(seq_lens.min()) < width
+        short = int(seq_lens.min()) < width
         mask_array = visible_prefix(seq_lens, width)[:, None, None, :] if short else None
     else:
         token_index = np.concatenate([np.arange(o, o + c) for o, c in zip(offsets, counts)])
@@ -136,7 +135,7 @@ def _group(
         causal = context[None, None, :] <= (starts[:, None] + j)[:, :, None]
         allowed = (causal & in_context[:, None, :])[:, None]
         mask_array = None
-        if always_mask or not allowed.all():
+        if not allowed.all():
             mask_array = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
     mask = None if mask_array is None else to_device(mask_array, device).to(dtype)
     # each (padded) query's position; a padding query repeats its sequence's last
@@ -186,8 +185,6 @@ def build_metadata(
     block_size: int,
     device: torch.device,
     *,
-    split_cost: int | None = None,
-    always_mask: bool = False,
     windows: tuple[int, ...] = (),
     buffers: GatherBuffers | None = None,
     native_decode: bool = False,
@@ -198,8 +195,7 @@ def build_metadata(
     Args:
         start_positions, num_new_tokens: per sequence, first new position and count (>= 1).
         block_tables: lists, or a ``[B, W]`` int64 array (entries past a table any valid block).
-        split_cost: one more call's cost for :func:`split_by_length` (None: ``SPLIT_COST``).
-        always_mask: give every group a mask; windows: one mask per sliding window.
+        windows: one mask per sliding window.
         native_decode: one decode group with ``seq_lens`` for the compiled kernel.
         min_context: the batch-invariance floor (1 when off)."""
     batch = len(start_positions)
@@ -221,15 +217,14 @@ def build_metadata(
     decode = np.flatnonzero(counts == 1)
     prefill = np.flatnonzero(counts > 1)
     seq_lens = starts + counts
-    cost = SPLIT_COST if split_cost is None else split_cost
     parts = [
-        *split_by_length(decode, seq_lens, cost, 1 if native_decode else MAX_DECODE_GROUPS),
+        *split_by_length(decode, seq_lens, SPLIT_COST, 1 if native_decode else MAX_DECODE_GROUPS),
         # a prefill row costs about (new tokens x context) query-key pairs
-        *split_by_length(prefill, seq_lens * counts, cost),
+        *split_by_length(prefill, seq_lens * counts, SPLIT_COST),
     ]
     groups = tuple(
         _group(rows, tables, starts, counts, offsets, block_size, dtype, device,
-               rows.size == batch, always_mask, windows, native_decode, min_context)
+               rows.size == batch, windows, native_decode, min_context)
         for rows in parts
         if rows.size
     )

@@ -56,14 +56,14 @@ def _age(path: Path) -> float:
         return 0.0
 
 
-def wait_for_build_lock(lock: Path, stale_s: float = STALE_LOCK_S) -> None:
+def wait_for_build_lock(lock: Path) -> None:
     """Wait while another process builds; remove a killed build's lock."""
     while True:
         try:
             age = time.time() - lock.stat().st_mtime
         except FileNotFoundError:
             return
-        if age > stale_s:
+        if age > STALE_LOCK_S:
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()
             logger.warning("removed a stale build lock %s (%.0f s old)", lock, age)
