@@ -108,15 +108,3 @@ def filtered_out(
     outside[:, 0] = False
     return drop | torch.empty_like(outside).scatter_(1, order, outside)
 
-
-def splitmix64_reference(seed: int, count: int) -> list[int]:
-    """SplitMix64's first ``count`` outputs in plain Python: the tests' reference."""
-    out = []
-    state = seed % _U64
-    for _ in range(count):
-        state = (state + 0x9E3779B97F4A7C15) % _U64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % _U64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % _U64
-        out.append(z ^ (z >> 31))
-    return out
