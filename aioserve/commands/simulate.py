@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             over_time = series or {}  # the simulator's only (--real: none)
             path = write_comparison_html(
                 runs, args.report, f"aioserve: {args.workload}", kind,
-                [series_table(over_time)] if over_time else [],
+                [series_table(over_time)] if any(s.series for s in over_time.values()) else [],
                 {"policy report() over time": lambda: series_png(over_time)})
             print(f"report: {path}", file=sys.stderr)
         if args.plot:
