@@ -20,7 +20,9 @@ from server_support import GatedRunner, base_url, idle, scripted_engine, serve, 
 
 from aioserve import AsyncEngine, EngineConfig
 from aioserve.cli import main
+from aioserve.scheduling.registry import available_schedulers
 from aioserve.server import ServerConfig
+from aioserve.server.policy_report import policy_report
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -111,6 +113,67 @@ async def test_dashboard_in_chromium_shows_the_engines_slots(tokenizer, browser)
         shown = await page_shows(page, lambda shown: shown["running"] == "0")
         assert all(s["id"] is None and s["phase"] == "free" for s in shown["slots"])
         assert shown["queue"] == [] and shown["step"] == engine.snapshot().step
+
+
+async def panel_shows(page, ready, timeout: float = 10.0) -> dict:
+    """Poll the policy report panel until ``ready(shown)`` holds: step, rows by name."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = await page.evaluate("""() => ({
+            step: Number(document.body.dataset.step),
+            scheduler: document.body.dataset.scheduler,
+            panel: document.getElementById('policy-report') !== null,
+            rows: Object.fromEntries([...document.querySelectorAll('#policy-report .report')]
+                .map(r => [r.dataset.name, r.textContent])),
+        })""")
+        if ready(shown):
+            return shown
+        assert time.monotonic() < deadline, f"panel stuck at step {shown['step']}: {shown}"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("name", available_schedulers())
+async def test_live_page_and_metrics_show_each_builtin_policys_report(tokenizer, browser, name):
+    # Issue 50: the report() panel updates with the slots and /metrics exports the same
+    # entries, for every built-in policy (fcfs, static and memory_aware report nothing:
+    # an empty panel and no sample)
+    runner = GatedRunner([300, 301, 302], num_kv_blocks=128, delay=0.005)
+    engine = AsyncEngine(EngineConfig(model="scripted", max_num_seqs=4, scheduler=name),
+                         runner=runner, tokenizer=tokenizer)
+    async with serve(engine, ServerConfig(stats_interval=0.0)) as server, \
+            aiohttp.ClientSession() as http:
+        url = base_url(server)
+        page = await browser.new_page()
+        await page.goto(url + "/dashboard")
+        await page.wait_for_selector("body[data-connected=true]", timeout=10_000)
+        load = [asyncio.create_task(http.post(url + "/v1/completions", json={
+            "model": "scripted", "prompt": "Once upon a time", "max_tokens": 200,
+            "ignore_eos": True, "user": "ab"[i % 2]})) for i in range(6)]
+        await wait_until(lambda: engine.core.step_count >= 10, timeout=10)
+        runner.gate.clear()
+        await wait_until(lambda: runner.at_gate, timeout=10)  # quiescent
+        step = engine.snapshot().step
+        _, report = policy_report(engine)
+        shown = await panel_shows(page, lambda shown: shown["step"] == step)
+        assert shown["scheduler"] == name and shown["panel"]
+        assert set(shown["rows"]) == set(report)
+        for entry, value in report.items():
+            assert shown["rows"][entry].startswith(f"{entry}: ")
+            if isinstance(value, dict):  # each key of a keyed entry, tenants included
+                assert all(f"{key} " in shown["rows"][entry] for key in value)
+        async with http.get(url + "/metrics") as response:
+            text = await response.text()
+        assert "# TYPE aioserve:policy_report gauge" in text
+        samples = [line for line in text.splitlines()
+                   if line.startswith("aioserve:policy_report{")]
+        exported = {line.split('name="')[1].split('"')[0] for line in samples
+                    if f'policy="{name}"' in line}
+        assert exported == {e for e, v in report.items() if not isinstance(v, dict) or v}
+        for task in load:
+            task.cancel()
+        runner.gate.set()
+        await asyncio.gather(*load, return_exceptions=True)
+        await wait_until(lambda: idle(engine), timeout=10)
 
 
 async def test_dashboard_asks_for_the_key_once_and_keeps_it_out_of_urls(tokenizer, browser):

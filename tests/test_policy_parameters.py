@@ -27,6 +27,7 @@ BAD = [
     ("mlfq", {"promote_after_s": -2}, "promote_after_s"),
     ("mlfq", {"max_evictions": -1}, "max_evictions"),
     ("mlfq", {"evict_gap": 0}, "evict_gap"),
+    ("mlfq", {"evict_margin": 0.5}, "evict_margin"),
     ("mlfq", {"promote_share": 1.5}, "promote_share"),
 ]
 

@@ -29,6 +29,7 @@ from aioserve.commands.simulate_options import (
 from aioserve.config import EngineConfig
 from aioserve.reports.compare import format_comparison, plot_comparison, write_comparison_html
 from aioserve.reports.figures import outcomes, policy_figures, rejection_warning
+from aioserve.reports.policy_series import PolicySeries, series_png, series_table
 from aioserve.reports.replay import FrameRecorder, write_html
 from aioserve.reports.report import format_report, summarize
 from aioserve.sim.simulator import SimResult, simulate, timing_line
@@ -53,7 +54,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], names: list[str],
-                   real: EngineConfig | None,
+                   real: EngineConfig | None, series: dict[str, PolicySeries] | None = None,
                    ) -> tuple[list[SimResult], dict[str, FrameRecorder]]:
     params = policy_params(args.scheduler_config, names)
     results: list[SimResult] = []
@@ -69,9 +70,13 @@ async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], na
     config = sim_config(args, workload)
     for name in names:
         recorder = FrameRecorder(f"simulated: {args.workload}") if args.html else None
+        sampled = PolicySeries() if series is not None else None
         result = await simulate(workload, name, config, listener=recorder,
-                                scheduler_params=params[name])
+                                scheduler_params=params[name],
+                                on_step=sampled.on_step if sampled is not None else None)
         results.append(result)
+        if series is not None and sampled is not None:
+            series[result.scheduler] = sampled
         if recorder is not None:
             recorders[result.scheduler] = recorder
     return results, recorders
@@ -127,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
         return run_cluster(args, workload, names, sim_config(args, workload), *routers)
     if real is not None:
         real = with_model(args, real)
-    results, recorders = asyncio.run(_run_all(args, workload, names, real))
+    series: dict[str, PolicySeries] | None = {} if args.report else None
+    results, recorders = asyncio.run(_run_all(args, workload, names, real, series))
     for result in results:
         warning = rejection_warning(result.scheduler, outcomes(result))
         if warning is not None:
@@ -141,7 +147,11 @@ def run(args: argparse.Namespace) -> int:
         runs = [policy_figures(r, args.slo_ttft_ms, args.slo_tpot_ms) for r in results]
         print(format_comparison(runs, f"{kind}: {args.workload}\n{timing}"))
         if args.report:
-            path = write_comparison_html(runs, args.report, f"aioserve: {args.workload}", kind)
+            over_time = series or {}  # the simulator's only (--real: none)
+            path = write_comparison_html(
+                runs, args.report, f"aioserve: {args.workload}", kind,
+                [series_table(over_time)] if any(s.series for s in over_time.values()) else [],
+                {"policy report() over time": lambda: series_png(over_time)})
             print(f"report: {path}", file=sys.stderr)
         if args.plot:
             plot_comparison(runs, args.plot, f"{kind}: {args.workload}")

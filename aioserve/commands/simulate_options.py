@@ -142,7 +142,8 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
         help="sweep a running server instead (its key from $OPENAI_API_KEY or "
         "$AIOSERVE_API_KEY)")
     add("--report", (SIMULATE, CAPACITY), default=None, metavar="FILE.html",
-        help="also write the tables and plots as a self-contained HTML page")
+        help="also write the tables and plots as a self-contained HTML page (simulate: with "
+             "each policy's report() over virtual time)")
     add("--json", (SIMULATE, CAPACITY), action="store_true",
         help="print one JSON object per run as the last line(s)")
     add("--plot", (SIMULATE, CAPACITY), default=None, metavar="FILE.png",

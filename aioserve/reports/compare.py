@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import textwrap
 from collections.abc import Callable
@@ -217,24 +218,32 @@ img{max-width:100%;background:#fff;border-radius:6px}h1{font-size:20px}h2{font-s
 {% endfor %}
 {% if png %}<section><h2>plots</h2>
 <img alt="plots" src="data:image/png;base64,{{ png }}"></section>{% endif %}
+{% for heading, image in more %}<section><h2>{{ heading }}</h2>
+<img alt="{{ heading }}" src="data:image/png;base64,{{ image }}"></section>{% endfor %}
 </body></html>""", autoescape=True)
 
 
 def write_comparison_html(runs: list[dict[str, Any]], path: str | Path, title: str,
-                          note: str = "") -> Path:
-    """A self-contained HTML report: each table once in its own section, then the plots."""
-    return write_page(path, title, note, comparison_tables(runs), lambda: plot_comparison(runs))
+                          note: str = "", tables: list[Table] | None = None,
+                          more: dict[str, Callable[[], bytes]] | None = None) -> Path:
+    """A self-contained HTML report: each table once in its own section (the comparison's,
+    then ``tables``), then the plots (the comparison's, then each of ``more``: heading ->
+    PNG maker)."""
+    return write_page(path, title, note, comparison_tables(runs) + (tables or []),
+                      lambda: plot_comparison(runs), more)
 
 
 def write_page(path: str | Path, title: str, note: str, tables: list[Table],
-               plot: Callable[[], bytes]) -> Path:
-    """The report page: ``tables`` each in a section, then ``plot()``'s PNG (left out
-    when matplotlib is missing: ``plot`` raises ValueError)."""
-    try:
-        png = base64.b64encode(plot()).decode("ascii")
-    except ValueError:
-        png = ""
+               plot: Callable[[], bytes],
+               more: dict[str, Callable[[], bytes]] | None = None) -> Path:
+    """The report page: ``tables`` each in a section, then ``plot()``'s PNG and each of
+    ``more``'s (each left out when matplotlib is missing: its maker raises ValueError)."""
+    images = []
+    for heading, maker in {"": plot, **(more or {})}.items():
+        with contextlib.suppress(ValueError):
+            images.append((heading, base64.b64encode(maker()).decode("ascii")))
+    png = images.pop(0)[1] if images and images[0][0] == "" else ""
     path = Path(path)
-    path.write_text(_PAGE.render(title=title, note=note, tables=tables, png=png),
+    path.write_text(_PAGE.render(title=title, note=note, tables=tables, png=png, more=images),
                     encoding="utf-8")
     return path

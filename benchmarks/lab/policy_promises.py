@@ -2,11 +2,16 @@
 checkout's), alternating on the simulator's virtual clock (figures exact and
 deterministic; only the wall time depends on the machine).
 
-    python benchmarks/lab/policy_promises.py [--base 2735061] [--quick]
+    python benchmarks/lab/policy_promises.py [--base 2735061] [--quick] [--policies mlfq,vtc]
+    python benchmarks/lab/policy_promises.py --real-edf ../shared/models/stories260K-hf
 
 Prints one line per floor: the figure before and after, and the floor. ``--base`` loads
 the policies of that git revision (schedulers/*.py) next to this checkout's; the engine is
-this checkout's for both. ``--quick`` runs the CI's window sizes."""
+this checkout's for both. ``--quick`` runs the CI's window sizes. ``--real-edf MODEL``
+runs only edf's real-engine check: the edf mix (200 requests) at the rate where the
+simulator, on a profile fitted here on the same requests all at t=0, gives fcfs about 50%
+attainment, once per policy on the engine and in the simulator (mlfq's real-engine check
+is ``sim_vs_real.py --policies fcfs,mlfq --trace ...``)."""
 
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import vtc_promises  # noqa: E402
 from test_sched_promises import independent_mix, three_levels  # noqa: E402
 from trace_promises import (  # noqa: E402
     POLICIES,
@@ -50,6 +56,8 @@ from aioserve.workloads.request import WorkloadRequest  # noqa: E402
 from aioserve.workloads.scenarios import heavy_tail  # noqa: E402
 
 CONFIG = SimConfig(slots=8, kv_blocks=64, step_ms=20)
+#: the policies trace_floors runs (--policies)
+TRACE_POLICIES: list[str] = list(POLICIES)
 MODULES = {"mlfq": "MLFQScheduler", "vtc": "VTCScheduler", "edf": "EDFScheduler",
            "priority": "PriorityScheduler", "spf": "SPFScheduler"}
 
@@ -110,8 +118,39 @@ async def vtc_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
     fcfs = ttfts(await simulate(workload, "fcfs", CONFIG))
     vtc = ttfts(await simulate(workload, p["vtc"](), CONFIG))
     p99 = int(0.99 * (len(vtc) - 1))
-    return {"burst: a's mean TTFT / fcfs": sum(vtc) / sum(fcfs),
-            "burst: a's p99 TTFT / fcfs": vtc[p99] / fcfs[p99]}
+    out = {"burst: a's mean TTFT / fcfs": sum(vtc) / sum(fcfs),
+           "burst: a's p99 TTFT / fcfs": vtc[p99] / fcfs[p99]}
+    return out | await vtc_isolation_floors(p, quick)
+
+
+async def vtc_isolation_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
+    """tests/vtc_promises.py's setting, 3 seeds: Theorem 4.11, isolation, the paper's rule."""
+    n_light = 30 if quick else 100
+    cap = await vtc_promises.capacity()
+    bound: list[float] = []  # each seed's longest light dispatch wait over 2(n-1)U/a
+    isolation, paper, alone, over_alone = [], [], [], []
+    for seed in (0, 1, 2):
+        ttft: dict[float, float] = {}
+        for load in (1.2, 2.0, 4.0):
+            workload = vtc_promises.mix(load, cap, seed, n_light)
+            rate = vtc_promises.ServiceRate()
+            result = await simulate(workload, p["vtc"](), vtc_promises.CONFIG,
+                                    on_step=rate.on_step)
+            ttft[load] = vtc_promises.light_ttft(result)
+            if load == 2.0:
+                bound.append(max(vtc_promises.light_dispatch_waits(result))
+                             / vtc_promises.dispatch_bound(rate.least()))
+                rule = await simulate(workload, p["vtc"](preempt=False), vtc_promises.CONFIG)
+                paper.append(ttft[load] / vtc_promises.light_ttft(rule))
+                lights = [w for w in workload if w.meta.tenant == "light"]
+                alone.append(vtc_promises.light_ttft(
+                    await simulate(lights, p["vtc"](), vtc_promises.CONFIG)))
+                over_alone.append(ttft[load] / alone[-1])
+        isolation.append(ttft[4.0] / ttft[1.2])
+    return {"Thm 4.11: longest light wait / 2(n-1)U/a (max of 3)": max(bound),
+            "isolation: light TTFT at 4x / at 1.2x (median)": median(isolation),
+            "light TTFT / paper rule's, 2x (median)": median(paper),
+            "light TTFT / alone, 2x (median; reported)": median(over_alone)}
 
 
 async def edf_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
@@ -183,32 +222,73 @@ async def trace_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
     n, starts = (300, (600.0,)) if quick else (600, (600.0, 1800.0, 3000.0))
     for trace in sorted(TRACES):
         for load in (0.9, 1.2):
-            ratios: dict[str, list[float]] = {name: [] for name in POLICIES}
+            ratios: dict[str, list[float]] = {name: [] for name in TRACE_POLICIES}
             for start in starts:
                 cap = await capacity(trace, n, start)
                 workload = window(trace, n, load * cap, start)
                 fcfs = figures(await simulate(workload, "fcfs", config(trace)))
-                for name in POLICIES:
+                for name in TRACE_POLICIES:
                     got = figures(await simulate(workload, p[name](), config(trace)))
                     figure = PROMISES[name][0]
                     ratios[name].append(got[figure] / fcfs[figure] if fcfs[figure] else 1.0)
                     ratios.setdefault(f"{name} kept", []).append(float(kept(name, got, fcfs)))
-            for name in POLICIES:
+            for name in TRACE_POLICIES:
                 out[f"{trace} {load}x {name}: {PROMISES[name][0]} / fcfs (median)"] = median(
                     ratios[name])
                 out[f"{trace} {load}x {name}: windows kept"] = sum(ratios[f"{name} kept"])
     return out
 
 
+async def real_edf_order(model: str, n: int = 200) -> None:
+    """edf against fcfs on the real engine and in the simulator, on the same workload."""
+    from aioserve import AsyncEngine, EngineConfig
+    from aioserve.sim.calibrate import calibrate
+    from aioserve.sim.real import replay, sim_config_of
+
+    async with AsyncEngine(EngineConfig(model=model, max_num_seqs=8, num_kv_blocks=48)) as engine:
+        at_zero = [replace(w, arrival_s=0.0) for w in independent_mix(n, 1.0)]
+        cfg = sim_config_of(engine, cost_model=await calibrate(engine, at_zero))
+        rate, best = 2.0, 2.0  # the simulated rate where fcfs attains nearest 50%
+        for candidate in (2.0 * step for step in range(1, 400)):
+            got = policy_figures(await simulate(independent_mix(n, candidate), "fcfs",
+                                                cfg))["slo_attainment"]
+            if abs(got - 0.5) < best:
+                rate, best = candidate, abs(got - 0.5)
+            if got < 0.4:
+                break
+        workload = independent_mix(n, rate)
+        print(f"rate {rate:g} req/s ({n} requests)")
+        for policy in ("fcfs", "edf"):
+            real = policy_figures(await replay(engine, workload, policy))
+            sim = policy_figures(await simulate(workload, policy, cfg))
+            print(f"  {policy:5s} " + "  ".join(
+                f"{k} real {real[k]:.3f} sim {sim[k]:.3f}"
+                for k in ("slo_attainment", "mean_ttft_s", "mean_e2e_s")))
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="2735061", help="git revision of the 'before' policies")
     parser.add_argument("--quick", action="store_true", help="the CI's window sizes")
+    parser.add_argument("--policies", default=",".join(MODULES),
+                        help="comma list: only these policies' floors (and on the traces)")
+    parser.add_argument("--real-edf", metavar="MODEL",
+                        help="only edf's real-engine check, on this model")
     args = parser.parse_args()
+    if args.real_edf:
+        print(f"load average {os.getloadavg()}")
+        await real_edf_order(args.real_edf)
+        print(f"load average {os.getloadavg()}")
+        return
+    chosen = args.policies.split(",")
+    if set(chosen) - set(MODULES):
+        parser.error(f"--policies: unknown {sorted(set(chosen) - set(MODULES))}")
+    TRACE_POLICIES[:] = [name for name in POLICIES if name in chosen]
     print(f"load average {os.getloadavg()}; cores {os.cpu_count()}")
     sides = {"before": base_policies(args.base), "after": head_policies()}
-    for floors in (mlfq_floors, vtc_floors, edf_floors, priority_floors, spf_floor,
-                   trace_floors):
+    named = {"mlfq": mlfq_floors, "vtc": vtc_floors, "edf": edf_floors,
+             "priority": priority_floors, "spf": spf_floor}
+    for floors in [named[name] for name in chosen] + [trace_floors]:
         got: dict[str, dict[str, float]] = {}
         start = time.perf_counter()
         for side, policies in sides.items():  # alternating, on the same workloads
