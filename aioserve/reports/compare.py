@@ -126,14 +126,7 @@ def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
 def comparison_figure(runs: list[dict[str, Any]], title: str = "") -> Any:
     """Throughput, goodput, TTFT p50/p99 and per-tenant TTFT and service share, axes from
     zero (ValueError when matplotlib is missing)."""
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise ValueError(f"plots need matplotlib: pip install 'aioserve[plots]' ({exc})") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = [r["scheduler"] for r in runs]
     tenants = sorted({t for r in runs for t in r["tenants"]})
     panels = 4 if len(tenants) > 1 else 2
@@ -185,9 +178,28 @@ def comparison_figure(runs: list[dict[str, Any]], title: str = "") -> Any:
 def plot_comparison(runs: list[dict[str, Any]], path: str | Path | None = None,
                     title: str = "") -> bytes:
     """A PNG of :func:`comparison_figure`, written to ``path`` if given."""
+    return png_of(comparison_figure(runs, title), path)
 
-    fig = comparison_figure(runs, title)
-    return png_of(fig, path)
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Write a matplotlib figure (PNG, SVG or PDF by the suffix) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend; ValueError naming the extra when missing."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ValueError(f"plots need matplotlib: pip install 'aioserve[plots]' ({exc})") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def png_of(fig: Any, path: str | Path | None = None) -> bytes:
