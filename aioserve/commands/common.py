@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,37 +24,24 @@ if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-def positive_int(value: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
+def _number(kind: type[float], words: str, fits: Callable[[float], bool]
+            ) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` of ``value`` where ``fits`` it, else an error in ``words``."""
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {words}, got {value!r}") from None
+        if not fits(number):  # NaN too
+            raise argparse.ArgumentTypeError(f"must be {words}, got {value}")
+        return number
+    return parse
 
 
-def non_negative_float(value: str) -> float:
-    """An argparse type: a number >= 0."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value!r}") from None
-    if not number >= 0:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
-    return number
-
-
-def positive_float(value: str) -> float:
-    """An argparse type: a number > 0 (``inf`` allowed)."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}") from None
-    if not number > 0:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
-    return number
+#: Argparse types: an integer >= 1, a number >= 0, a number > 0 (``inf`` allowed).
+positive_int: Callable[[str], int] = _number(int, "a positive integer", lambda n: n > 0)
+non_negative_float: Callable[[str], float] = _number(float, "a number >= 0", lambda n: n >= 0)
+positive_float: Callable[[str], float] = _number(float, "a number > 0", lambda n: n > 0)
 
 
 def positive_floats(value: str) -> list[float]:

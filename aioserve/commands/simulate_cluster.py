@@ -13,7 +13,7 @@ from aioserve.commands.common import json_object, scheduler_params
 from aioserve.reports.cluster import cluster_figures, format_cluster
 from aioserve.reports.figures import outcomes, rejection_warning
 from aioserve.routing.registry import available_routers, load_router
-from aioserve.scheduling.registry import load_scheduler, params_by_policy
+from aioserve.scheduling.registry import params_by_policy
 from aioserve.sim.cluster import simulate_cluster
 from aioserve.sim.simulator import SimConfig
 from aioserve.workloads.request import WorkloadRequest
@@ -63,13 +63,9 @@ def run_cluster(args: argparse.Namespace, workload: list[WorkloadRequest], polic
                 config: SimConfig, routers: list[str],
                 params: dict[str, dict[str, Any] | None]) -> int:
     """Every policy x router on ``--replicas`` replicas (``routers`` and ``params`` from
-    :func:`check_cluster`): the tables, then one JSON object per run with ``--json``."""
+    :func:`check_cluster`; the policies already checked): the tables, then one JSON object
+    per run with ``--json``."""
     policy_params = params_by_policy(policies, scheduler_params(args.scheduler_config))
-    for policy in policies:
-        try:
-            load_scheduler(policy, policy_params[policy])
-        except ValueError as exc:
-            raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
     runs = []
     for policy in policies:
         for router in routers:
