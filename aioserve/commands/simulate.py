@@ -21,7 +21,6 @@ from aioserve.commands.simulate_options import (
     load,
     old_spelling,
     policy_params,
-    real_engine,
     refuse_foreign,
     sim_config,
     with_model,
@@ -59,9 +58,10 @@ async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], na
     results: list[SimResult] = []
     recorders: dict[str, FrameRecorder] = {}
     if real is not None:
+        from aioserve.bench.throughput import started_engine
         from aioserve.sim.real import replay
 
-        async with real_engine(real, args.random_model is None) as engine:
+        async with started_engine(real, args.random_model is None) as engine:
             await replay(engine, workload[: max(4, len(workload) // 8)], "fcfs")  # warm-up
             for name in names:
                 results.append(await replay(engine, workload, name, params[name]))
