@@ -9,7 +9,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.common import check_output, check_scheduler
 from aioserve.commands.simulate_cluster import check_cluster, run_cluster, wants_cluster
@@ -52,9 +52,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], names: list[str],
-                   real: EngineConfig | None,
+                   params: dict[str, dict[str, Any] | None], real: EngineConfig | None,
                    ) -> tuple[list[SimResult], dict[str, FrameRecorder]]:
-    params = policy_params(args.scheduler_config, names)
     results: list[SimResult] = []
     recorders: dict[str, FrameRecorder] = {}
     if real is not None:
@@ -124,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.workload).exists() or Path(split_spec(args.workload)[0]).exists():
         print(f"workload: {describe(workload)}", file=sys.stderr)
     if routers is not None:
-        return run_cluster(args, workload, names, sim_config(args, workload), *routers)
+        return run_cluster(args, workload, params, sim_config(args, workload), *routers)
     if real is not None:
         real = with_model(args, real)
-    results, recorders = asyncio.run(_run_all(args, workload, names, real))
+    results, recorders = asyncio.run(_run_all(args, workload, names, params, real))
     for result in results:
         warning = rejection_warning(result.scheduler, outcomes(result))
         if warning is not None:
