@@ -95,7 +95,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """Add --model, --scheduler, --max-num-seqs and the cache options."""
     parser.add_argument("--model", required=True, help="model directory or hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
-    add_scheduler_options(parser)
+    parser.add_argument("--scheduler", default="fcfs",
+                        help="policy name (fcfs, static, spf, memory_aware, priority, vtc, edf, "
+                             "mlfq, or an entry point) or package.module:Class")
+    parser.add_argument("--scheduler-config", default=None, metavar="JSON",
+                        help="the policy's parameters as a JSON object, e.g. "
+                             "'{\"max_wait_s\": 5}' (see docs/schedulers.md)")
     parser.add_argument("--max-num-seqs", type=positive_int, default=32,
                         help="slots: most requests running at once")
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=4096,
@@ -121,15 +126,6 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without one")
     add_prefix_caching_option(parser)
     add_runner_options(parser)
-
-
-def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scheduler", default="fcfs",
-                        help="policy name (fcfs, static, spf, memory_aware, priority, vtc, edf, "
-                             "mlfq, or an entry point) or package.module:Class")
-    parser.add_argument("--scheduler-config", default=None, metavar="JSON",
-                        help="the policy's parameters as a JSON object, e.g. "
-                             "'{\"max_wait_s\": 5}' (see docs/schedulers.md)")
 
 
 def scheduler_params(text: str | None) -> dict[str, Any] | None:
@@ -192,7 +188,14 @@ def check_model(spec: str) -> None:
 
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
     """Add ``--forward`` and ``--attention-backend`` (how the runner runs the model)."""
-    add_forward_option(parser)
+    parser.add_argument(
+        "--forward", default=EngineConfig.forward,
+        choices=["auto", *attention_registry.FORWARDS],
+        help="the model's forward: auto (the default: the lean forward where it applies and "
+             "its logits equal transformers' bit for bit at load, else transformers'), the "
+             "model's own (any decoder), or the lean forward of Llama checkpoints (fewer "
+             "Python calls; on the CPU; checked bit for bit against transformers' at load)",
+    )
     parser.add_argument(
         "--attention-backend", default="reference",
         choices=list(attention_registry.backend_names()),
@@ -206,19 +209,6 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
         "--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
         help="a request's greedy tokens in any batch equal its tokens alone (row padding "
              "and a 32-key context floor on the CPU); --no-batch-invariant saves that time",
-    )
-
-
-def add_forward_option(parser: argparse.ArgumentParser, scope: str = "") -> None:
-    """Add ``--forward``, defaulting to :class:`EngineConfig`'s; ``scope`` ends its help."""
-    parser.add_argument(
-        "--forward", default=EngineConfig.forward,
-        choices=["auto", *attention_registry.FORWARDS],
-        help="the model's forward: auto (the default: the lean forward where it applies and "
-             "its logits equal transformers' bit for bit at load, else transformers'), the "
-             "model's own (any decoder), or the lean forward of Llama checkpoints (fewer "
-             "Python calls; on the CPU; checked bit for bit against transformers' at load)"
-             + scope,
     )
 
 
