@@ -188,14 +188,7 @@ def check_model(spec: str) -> None:
 
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
     """Add ``--forward`` and ``--attention-backend`` (how the runner runs the model)."""
-    parser.add_argument(
-        "--forward", default=EngineConfig.forward,
-        choices=["auto", *attention_registry.FORWARDS],
-        help="the model's forward: auto (the default: the lean forward where it applies and "
-             "its logits equal transformers' bit for bit at load, else transformers'), the "
-             "model's own (any decoder), or the lean forward of Llama checkpoints (fewer "
-             "Python calls; on the CPU; checked bit for bit against transformers' at load)",
-    )
+    add_forward_option(parser)
     parser.add_argument(
         "--attention-backend", default="reference",
         choices=list(attention_registry.backend_names()),
@@ -209,6 +202,18 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
         "--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
         help="a request's greedy tokens in any batch equal its tokens alone (row padding "
              "and a 32-key context floor on the CPU); --no-batch-invariant saves that time",
+    )
+
+
+def add_forward_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--forward``, defaulting to :class:`EngineConfig`'s."""
+    parser.add_argument(
+        "--forward", default=EngineConfig.forward,
+        choices=["auto", *attention_registry.FORWARDS],
+        help="the model's forward: auto (the default: the lean forward where it applies and "
+             "its logits equal transformers' bit for bit at load, else transformers'), the "
+             "model's own (any decoder), or the lean forward of Llama checkpoints (fewer "
+             "Python calls; on the CPU; checked bit for bit against transformers' at load)",
     )
 
 

@@ -25,15 +25,16 @@ from aioserve.sim.simulator import (
 from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
 
 
-def sim_config_of(engine: AsyncEngine) -> SimConfig:
-    """The :class:`SimConfig` of a running engine, one step ahead as the engine runs."""
+def sim_config_of(engine: AsyncEngine, **overrides: Any) -> SimConfig:
+    """The :class:`SimConfig` of a running engine, one step ahead as the engine runs, with
+    ``overrides`` of its fields (a calibrated ``cost_model``)."""
     core = engine._require_core()
-    return SimConfig(
+    return replace(SimConfig(
         slots=core.max_num_seqs, kv_blocks=core.blocks.num_blocks,
         block_size=core.blocks.block_size, max_num_batched_tokens=core.max_num_batched_tokens,
         enable_prefix_caching=core.blocks.enable_caching, max_model_len=core.max_model_len,
         overlap=True, max_waiting=core.admission.max_waiting,
-        max_queue_time_s=core.admission.max_queue_time_s)
+        max_queue_time_s=core.admission.max_queue_time_s), **overrides)
 
 
 class _Recorder:
