@@ -51,7 +51,8 @@ class Table:
     rows: list[list[str]]
 
 
-def _cell(value: Any, scale: float, digits: int) -> str:
+def cell(value: Any, scale: float = 1.0, digits: int = 2) -> str:
+    """A table cell: text as it is, a number times ``scale`` to ``digits`` places, None "-"."""
     if isinstance(value, str):
         return value
     return "-" if value is None else f"{value * scale:.{digits}f}"
@@ -62,7 +63,7 @@ def comparison_tables(runs: list[dict[str, Any]], text: bool = False) -> list[Ta
     columns), then TTFT per tenant and per priority where there are several."""
     columns = TEXT_COLUMNS if text else COLUMNS
     tables = [Table("policies", ["policy", *(h for _, h, _, _ in columns)],
-                    [[r["scheduler"], *(_cell(r.get(k), s, d) for k, _, s, d in columns)]
+                    [[r["scheduler"], *(cell(r.get(k), s, d) for k, _, s, d in columns)]
                      for r in runs])]
     for group, title in (("tenants", "per tenant"), ("priorities", "per priority")):
         names = sorted({name for run in runs for name in run[group]})
@@ -74,8 +75,8 @@ def comparison_tables(runs: list[dict[str, Any]], text: bool = False) -> list[Ta
             for name in names:
                 row = run[group].get(name)
                 cells.append("-" if row is None else
-                             f"{_cell(row['mean_ttft_s'], 1, 3)} / "
-                             f"{_cell(row['p99_ttft_s'], 1, 3)} / {row['requests']}")
+                             f"{cell(row['mean_ttft_s'], 1, 3)} / "
+                             f"{cell(row['p99_ttft_s'], 1, 3)} / {row['requests']}")
             rows.append([run["scheduler"], *cells])
         tables.append(Table(f"{title}: {GROUP_CELL}", ["policy", *names], rows))
     return tables
