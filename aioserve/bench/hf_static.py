@@ -49,22 +49,20 @@ def run_hf_static(
     requests: list[WorkloadRequest],
     *,
     batch_size: int = 32,
-    pad_token_id: int = 0,
     progress: bool = False,
-    warmup: bool = True,
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    """Time ``generate()`` over batches; only requested tokens count (as vLLM's ``hf`` backend)."""
+    """Time ``generate()`` over batches (padding with token 0), after an untimed warm-up;
+    only requested tokens count (as vLLM's ``hf`` backend)."""
     from tqdm import tqdm
 
-    if warmup:
-        generate_static(model, [token_request(i, list(r.prompt_ids), 4)
-                  for i, r in enumerate(requests[:2])], 0)
+    generate_static(model, [token_request(i, list(r.prompt_ids), 4)
+                            for i, r in enumerate(requests[:2])], 0)
     outputs: list[list[int]] = []
     bar = tqdm(total=len(requests), desc="hf-static", unit="req", disable=not progress)
     start = time.perf_counter()
     for first in range(0, len(requests), batch_size):
         chunk = requests[first : first + batch_size]
-        outputs.extend(generate_static(model, chunk, pad_token_id))
+        outputs.extend(generate_static(model, chunk, 0))
         bar.update(len(chunk))
     elapsed = time.perf_counter() - start
     bar.close()

@@ -20,16 +20,9 @@ class NullRunner(ModelRunner):
 
     overlaps = True
 
-    def __init__(
-        self,
-        *,
-        num_kv_blocks: int = 8192,
-        block_size: int = 16,
-        max_model_len: int = 4096,
-        token_id: int = 300,
-    ) -> None:
-        self.num_kv_blocks = num_kv_blocks
-        self.block_size = block_size
+    def __init__(self, *, max_model_len: int = 4096, token_id: int = 300) -> None:
+        self.num_kv_blocks = 8192
+        self.block_size = 16
         self.max_model_len = max_model_len
         self.eos_token_ids: tuple[int, ...] = (2,)
         self.vocab_size = 512
@@ -82,14 +75,13 @@ async def measure_overhead(
     *,
     prompt_len: int = 16,
     tokenizer: Any = None,
-    scheduler: str = "fcfs",
 ) -> OverheadResult:
     """Time ``num_steps`` steady steps of ``num_requests`` requests on a :class:`NullRunner`."""
     if num_requests < 1 or num_steps < 1:
         raise ValueError("num_requests and num_steps must be >= 1")
     runner = NullRunner(max_model_len=prompt_len + num_steps + 8)
     config = EngineConfig(
-        model="null", scheduler=scheduler, max_num_seqs=num_requests,
+        model="null", scheduler="fcfs", max_num_seqs=num_requests,
         max_num_batched_tokens=max(4096, num_requests * prompt_len),
     )
     totals = {"schedule": 0.0, "update": 0.0, "fan_out": 0.0}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -119,28 +121,33 @@ def run_aioserve(
     requests: list[WorkloadRequest],
     *,
     progress: bool = False,
-    warmup: bool = True,
     backend: str = "aioserve",
     tokenizer: bool = True,
 ) -> tuple[ThroughputResult, list[list[int]]]:
     """Start and warm an engine (untimed), empty its prefix cache, then time :func:`run_engine`."""
 
     async def main() -> tuple[ThroughputResult, list[list[int]]]:
-        runner = None
-        if not tokenizer:  # an engine given its runner loads no tokenizer
-            from aioserve.runners.torch.runner import TorchRunner
-
-            runner = await asyncio.to_thread(TorchRunner, config)
-        try:
-            async with AsyncEngine(config, runner=runner) as engine:
-                if warmup:
-                    short = [token_request(i, list(r.prompt_ids), 4)
-                  for i, r in enumerate(requests[:2])]
-                    await run_engine(engine, short)
-                    engine.reset_prefix_cache()
-                return await run_engine(engine, requests, progress=progress, backend=backend)
-        finally:
-            if runner is not None:  # also when the engine failed to start (close is idempotent)
-                runner.close()
+        async with started_engine(config, tokenizer) as engine:
+            await run_engine(engine, [token_request(i, list(r.prompt_ids), 4)
+                                      for i, r in enumerate(requests[:2])])
+            engine.reset_prefix_cache()
+            return await run_engine(engine, requests, progress=progress, backend=backend)
 
     return asyncio.run(main())
+
+
+@contextlib.asynccontextmanager
+async def started_engine(config: EngineConfig, tokenizer: bool = True
+                         ) -> AsyncIterator[AsyncEngine]:
+    """The started engine of ``config``; ``tokenizer=False`` loads none (a random model)."""
+    runner = None
+    if not tokenizer:  # an engine given its runner loads no tokenizer
+        from aioserve.runners.torch.runner import TorchRunner
+
+        runner = await asyncio.to_thread(TorchRunner, config)
+    try:
+        async with AsyncEngine(config, runner=runner) as engine:
+            yield engine
+    finally:
+        if runner is not None:  # also when the engine failed to start (close is idempotent)
+            runner.close()

@@ -65,11 +65,11 @@ def check(args: argparse.Namespace) -> None:
 
 async def _calibrate(args: argparse.Namespace, real: EngineConfig,
                      workload: list[WorkloadRequest] | None) -> int:
-    from aioserve.commands.simulate_options import real_engine
+    from aioserve.bench.throughput import started_engine
     from aioserve.sim.calibrate import calibrate
     from aioserve.sim.fit_report import format_fit
 
-    async with real_engine(real, args.random_model is None) as engine:
+    async with started_engine(real, args.random_model is None) as engine:
         model = await calibrate(engine, workload, rounds=args.repeats)
     if args.random_model is not None:
         model.source["random_model"] = args.random_model

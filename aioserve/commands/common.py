@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,37 +24,24 @@ if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-def positive_int(value: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
+def _number(kind: type[float], words: str, fits: Callable[[float], bool]
+            ) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` of ``value`` where ``fits`` it, else an error in ``words``."""
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {words}, got {value!r}") from None
+        if not fits(number):  # NaN too
+            raise argparse.ArgumentTypeError(f"must be {words}, got {value}")
+        return number
+    return parse
 
 
-def non_negative_float(value: str) -> float:
-    """An argparse type: a number >= 0."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value!r}") from None
-    if not number >= 0:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
-    return number
-
-
-def positive_float(value: str) -> float:
-    """An argparse type: a number > 0 (``inf`` allowed)."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}") from None
-    if not number > 0:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
-    return number
+#: Argparse types: an integer >= 1, a number >= 0, a number > 0 (``inf`` allowed).
+positive_int: Callable[[str], int] = _number(int, "a positive integer", lambda n: n > 0)
+non_negative_float: Callable[[str], float] = _number(float, "a number >= 0", lambda n: n >= 0)
+positive_float: Callable[[str], float] = _number(float, "a number > 0", lambda n: n > 0)
 
 
 def positive_floats(value: str) -> list[float]:
@@ -108,7 +95,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """Add --model, --scheduler, --max-num-seqs and the cache options."""
     parser.add_argument("--model", required=True, help="model directory or hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
-    add_scheduler_options(parser)
+    parser.add_argument("--scheduler", default="fcfs",
+                        help="policy name (fcfs, static, spf, memory_aware, priority, vtc, edf, "
+                             "mlfq, or an entry point) or package.module:Class")
+    parser.add_argument("--scheduler-config", default=None, metavar="JSON",
+                        help="the policy's parameters as a JSON object, e.g. "
+                             "'{\"max_wait_s\": 5}' (see docs/schedulers.md)")
     parser.add_argument("--max-num-seqs", type=positive_int, default=32,
                         help="slots: most requests running at once")
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=4096,
@@ -134,15 +126,6 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without one")
     add_prefix_caching_option(parser)
     add_runner_options(parser)
-
-
-def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scheduler", default="fcfs",
-                        help="policy name (fcfs, static, spf, memory_aware, priority, vtc, edf, "
-                             "mlfq, or an entry point) or package.module:Class")
-    parser.add_argument("--scheduler-config", default=None, metavar="JSON",
-                        help="the policy's parameters as a JSON object, e.g. "
-                             "'{\"max_wait_s\": 5}' (see docs/schedulers.md)")
 
 
 def scheduler_params(text: str | None) -> dict[str, Any] | None:
@@ -222,16 +205,15 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_forward_option(parser: argparse.ArgumentParser, scope: str = "") -> None:
-    """Add ``--forward``, defaulting to :class:`EngineConfig`'s; ``scope`` ends its help."""
+def add_forward_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--forward``, defaulting to :class:`EngineConfig`'s."""
     parser.add_argument(
         "--forward", default=EngineConfig.forward,
         choices=["auto", *attention_registry.FORWARDS],
         help="the model's forward: auto (the default: the lean forward where it applies and "
              "its logits equal transformers' bit for bit at load, else transformers'), the "
              "model's own (any decoder), or the lean forward of Llama checkpoints (fewer "
-             "Python calls; on the CPU; checked bit for bit against transformers' at load)"
-             + scope,
+             "Python calls; on the CPU; checked bit for bit against transformers' at load)",
     )
 
 

@@ -49,25 +49,27 @@ def model_config(spec: str) -> dict[str, Any] | None:
     return text if isinstance(text, dict) else config
 
 
+def _max_positions(model: str) -> int | None:
+    """The model's ``max_position_embeddings`` from its ``config.json``, else None."""
+    config = model_config(model)
+    length = None if config is None else config.get("max_position_embeddings")
+    valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
+    return length if valid else None
+
+
 def model_context(args: argparse.Namespace) -> tuple[int, str] | None:
     """(context length in tokens, where it comes from) as the runner will use it, when
     ``config.json`` alone decides it; None otherwise."""
     if getattr(args, "max_model_len", None) is not None:
         return args.max_model_len, "--max-model-len"
-    config = model_config(args.model)
-    length = None if config is None else config.get("max_position_embeddings")
-    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
-        return length, "the model's max_position_embeddings"
-    return None
+    length = _max_positions(args.model)
+    return None if length is None else (length, "the model's max_position_embeddings")
 
 
 def check_max_model_len(args: argparse.Namespace) -> None:
     """``--max-model-len`` beyond the model's ``max_position_embeddings``."""
-    if args.max_model_len is None:
-        return
-    config = model_config(args.model)
-    length = None if config is None else config.get("max_position_embeddings")
-    if isinstance(length, int) and args.max_model_len > length:
+    length = None if args.max_model_len is None else _max_positions(args.model)
+    if length is not None and args.max_model_len > length:
         raise ValueError(f"--max-model-len {args.max_model_len}: beyond the model's context "
                          f"of {length} tokens (max_position_embeddings in its config.json)")
 

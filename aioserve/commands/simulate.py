@@ -9,7 +9,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aioserve.commands.common import check_output, check_scheduler
 from aioserve.commands.simulate_cluster import check_cluster, run_cluster, wants_cluster
@@ -21,7 +21,6 @@ from aioserve.commands.simulate_options import (
     load,
     old_spelling,
     policy_params,
-    real_engine,
     refuse_foreign,
     sim_config,
     with_model,
@@ -54,15 +53,16 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 async def _run_all(args: argparse.Namespace, workload: list[WorkloadRequest], names: list[str],
-                   real: EngineConfig | None, series: dict[str, PolicySeries] | None = None,
+                   params: dict[str, dict[str, Any] | None], real: EngineConfig | None,
+                   series: dict[str, PolicySeries] | None = None,
                    ) -> tuple[list[SimResult], dict[str, FrameRecorder]]:
-    params = policy_params(args.scheduler_config, names)
     results: list[SimResult] = []
     recorders: dict[str, FrameRecorder] = {}
     if real is not None:
+        from aioserve.bench.throughput import started_engine
         from aioserve.sim.real import replay
 
-        async with real_engine(real, args.random_model is None) as engine:
+        async with started_engine(real, args.random_model is None) as engine:
             await replay(engine, workload[: max(4, len(workload) // 8)], "fcfs")  # warm-up
             for name in names:
                 results.append(await replay(engine, workload, name, params[name]))
@@ -129,11 +129,11 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.workload).exists() or Path(split_spec(args.workload)[0]).exists():
         print(f"workload: {describe(workload)}", file=sys.stderr)
     if routers is not None:
-        return run_cluster(args, workload, names, sim_config(args, workload), *routers)
+        return run_cluster(args, workload, params, sim_config(args, workload), *routers)
     if real is not None:
         real = with_model(args, real)
     series: dict[str, PolicySeries] | None = {} if args.report else None
-    results, recorders = asyncio.run(_run_all(args, workload, names, real, series))
+    results, recorders = asyncio.run(_run_all(args, workload, names, params, real, series))
     for result in results:
         warning = rejection_warning(result.scheduler, outcomes(result))
         if warning is not None:

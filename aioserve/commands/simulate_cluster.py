@@ -9,11 +9,10 @@ import json
 import sys
 from typing import Any
 
-from aioserve.commands.common import json_object, scheduler_params
+from aioserve.commands.common import json_object
 from aioserve.reports.cluster import cluster_figures, format_cluster
 from aioserve.reports.figures import outcomes, rejection_warning
 from aioserve.routing.registry import available_routers, load_router
-from aioserve.scheduling.registry import load_scheduler, params_by_policy
 from aioserve.sim.cluster import simulate_cluster
 from aioserve.sim.simulator import SimConfig
 from aioserve.workloads.request import WorkloadRequest
@@ -59,19 +58,14 @@ def check_cluster(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[s
     return names, params
 
 
-def run_cluster(args: argparse.Namespace, workload: list[WorkloadRequest], policies: list[str],
-                config: SimConfig, routers: list[str],
-                params: dict[str, dict[str, Any] | None]) -> int:
-    """Every policy x router on ``--replicas`` replicas (``routers`` and ``params`` from
-    :func:`check_cluster`): the tables, then one JSON object per run with ``--json``."""
-    policy_params = params_by_policy(policies, scheduler_params(args.scheduler_config))
-    for policy in policies:
-        try:
-            load_scheduler(policy, policy_params[policy])
-        except ValueError as exc:
-            raise ValueError(f"--scheduler/--scheduler-config: {exc}") from None
+def run_cluster(args: argparse.Namespace, workload: list[WorkloadRequest],
+                policy_params: dict[str, dict[str, Any] | None], config: SimConfig,
+                routers: list[str], params: dict[str, dict[str, Any] | None]) -> int:
+    """Every policy (checked, with its parameters) x router on ``--replicas`` replicas
+    (``routers`` and ``params`` from :func:`check_cluster`): the tables, then one JSON
+    object per run with ``--json``."""
     runs = []
-    for policy in policies:
+    for policy in policy_params:
         for router in routers:
             result = asyncio.run(simulate_cluster(
                 workload, args.replicas or 1, router, policy, config, params[router],

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aioserve.commands.common import (
     check_device,
@@ -27,9 +24,6 @@ from aioserve.sim.simulator import SimConfig
 from aioserve.sim.step_cost import StepCostModel
 from aioserve.workloads.request import WorkloadRequest
 from aioserve.workloads.scenarios import load_workload
-
-if TYPE_CHECKING:
-    from aioserve.engine import AsyncEngine
 
 #: The lab's commands; every option of the three is known to each, so that one given to the
 #: wrong command is refused naming the command that takes it.
@@ -270,24 +264,6 @@ def slo_title(args: argparse.Namespace) -> str:
 def policy_params(text: str | None, names: list[str]) -> dict[str, dict[str, Any] | None]:
     """Each policy's parameters from ``--scheduler-config``; ValueError for an unknown key."""
     return params_by_policy(names, scheduler_params(text))
-
-
-@contextlib.asynccontextmanager
-async def real_engine(config: EngineConfig, tokenizer: bool = True) -> AsyncIterator[AsyncEngine]:
-    """The started engine of ``config``; ``tokenizer=False`` loads none (a random model)."""
-    from aioserve.engine import AsyncEngine
-
-    runner = None
-    if not tokenizer:  # an engine given its runner loads no tokenizer
-        from aioserve.runners.torch.runner import TorchRunner
-
-        runner = await asyncio.to_thread(TorchRunner, config)
-    try:
-        async with AsyncEngine(config, runner=runner) as engine:
-            yield engine
-    finally:
-        if runner is not None:  # also when the engine failed to start
-            runner.close()
 
 
 def load(args: argparse.Namespace) -> list[WorkloadRequest]:

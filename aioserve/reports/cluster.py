@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from aioserve.reports.compare import Table, format_table
+from aioserve.reports.compare import Table, cell, format_table
 from aioserve.reports.figures import makespan, outcomes, rejections
 from aioserve.reports.slo import good_count, goodput
 from aioserve.reports.stats import mean, percentile
@@ -63,20 +63,16 @@ def cluster_figures(result: ClusterResult, slo_ttft_ms: float | None = None,
     }
 
 
-def _cell(value: Any, scale: float = 1.0, digits: int = 2) -> str:
-    return "-" if value is None else f"{value * scale:.{digits}f}"
-
-
 def format_cluster(runs: list[dict[str, Any]], title: str = "") -> str:
     """One table of the routers, then one of the replicas per router."""
     routers = Table("routers", [
         "router", "policy", "goodput/s", "/replica", "SLO %", "TTFT mean", "TTFT p99",
         "prefix %", "imb. req", "imb. busy"],
-        [[r["router"], r["scheduler"], _cell(r["goodput_req_s"]),
-          _cell(r["goodput_per_replica_req_s"]), _cell(r["slo_attainment"], 100, 1),
-          _cell(r["mean_ttft_s"], digits=3), _cell(r["p99_ttft_s"], digits=3),
-          _cell(r["prefix_hit_rate"], 100, 1), _cell(r["imbalance_requests"]),
-          _cell(r["imbalance_busy"])] for r in runs])
+        [[r["router"], r["scheduler"], cell(r["goodput_req_s"]),
+          cell(r["goodput_per_replica_req_s"]), cell(r["slo_attainment"], 100, 1),
+          cell(r["mean_ttft_s"], digits=3), cell(r["p99_ttft_s"], digits=3),
+          cell(r["prefix_hit_rate"], 100, 1), cell(r["imbalance_requests"]),
+          cell(r["imbalance_busy"])] for r in runs])
     blocks = [title] if title else []
     blocks += [format_table(routers), "goodput: requests/s meeting their SLO; TTFT in s; imb.: "
                "max / mean over replicas", "(1: even; every figure: --json)"]
@@ -85,9 +81,9 @@ def format_cluster(runs: list[dict[str, Any]], title: str = "") -> str:
             "replica", "requests", "prompt tok", "output tok", "busy (s)", "prefix %",
             "goodput/s", "TTFT mean", "preempt"],
             [[str(row["replica"]), str(row["requests"]), str(row["prompt_tokens"]),
-              str(row["output_tokens"]), _cell(row["busy_s"], digits=1),
-              _cell(row["prefix_hit_rate"], 100, 1), _cell(row["goodput_req_s"]),
-              _cell(row["mean_ttft_s"], digits=3), str(row["preemptions"])]
+              str(row["output_tokens"]), cell(row["busy_s"], digits=1),
+              cell(row["prefix_hit_rate"], 100, 1), cell(row["goodput_req_s"]),
+              cell(row["mean_ttft_s"], digits=3), str(row["preemptions"])]
              for row in run["per_replica"]])
         blocks.append(f"\n{table.title}\n{format_table(table)}")
     return "\n".join(blocks)

@@ -52,7 +52,8 @@ class Table:
     rows: list[list[str]]
 
 
-def _cell(value: Any, scale: float, digits: int) -> str:
+def cell(value: Any, scale: float = 1.0, digits: int = 2) -> str:
+    """A table cell: text as it is, a number times ``scale`` to ``digits`` places, None "-"."""
     if isinstance(value, str):
         return value
     return "-" if value is None else f"{value * scale:.{digits}f}"
@@ -63,7 +64,7 @@ def comparison_tables(runs: list[dict[str, Any]], text: bool = False) -> list[Ta
     columns), then TTFT per tenant and per priority where there are several."""
     columns = TEXT_COLUMNS if text else COLUMNS
     tables = [Table("policies", ["policy", *(h for _, h, _, _ in columns)],
-                    [[r["scheduler"], *(_cell(r.get(k), s, d) for k, _, s, d in columns)]
+                    [[r["scheduler"], *(cell(r.get(k), s, d) for k, _, s, d in columns)]
                      for r in runs])]
     for group, title in (("tenants", "per tenant"), ("priorities", "per priority")):
         names = sorted({name for run in runs for name in run[group]})
@@ -75,8 +76,8 @@ def comparison_tables(runs: list[dict[str, Any]], text: bool = False) -> list[Ta
             for name in names:
                 row = run[group].get(name)
                 cells.append("-" if row is None else
-                             f"{_cell(row['mean_ttft_s'], 1, 3)} / "
-                             f"{_cell(row['p99_ttft_s'], 1, 3)} / {row['requests']}")
+                             f"{cell(row['mean_ttft_s'], 1, 3)} / "
+                             f"{cell(row['p99_ttft_s'], 1, 3)} / {row['requests']}")
             rows.append([run["scheduler"], *cells])
         tables.append(Table(f"{title}: {GROUP_CELL}", ["policy", *names], rows))
     return tables
@@ -127,14 +128,7 @@ def format_comparison(runs: list[dict[str, Any]], title: str = "") -> str:
 def comparison_figure(runs: list[dict[str, Any]], title: str = "") -> Any:
     """Throughput, goodput, TTFT p50/p99 and per-tenant TTFT and service share, axes from
     zero (ValueError when matplotlib is missing)."""
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise ValueError(f"plots need matplotlib: pip install 'aioserve[plots]' ({exc})") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = [r["scheduler"] for r in runs]
     tenants = sorted({t for r in runs for t in r["tenants"]})
     panels = 4 if len(tenants) > 1 else 2
@@ -186,9 +180,28 @@ def comparison_figure(runs: list[dict[str, Any]], title: str = "") -> Any:
 def plot_comparison(runs: list[dict[str, Any]], path: str | Path | None = None,
                     title: str = "") -> bytes:
     """A PNG of :func:`comparison_figure`, written to ``path`` if given."""
+    return png_of(comparison_figure(runs, title), path)
 
-    fig = comparison_figure(runs, title)
-    return png_of(fig, path)
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Write a matplotlib figure (PNG, SVG or PDF by the suffix) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend; ValueError naming the extra when missing."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ValueError(f"plots need matplotlib: pip install 'aioserve[plots]' ({exc})") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def png_of(fig: Any, path: str | Path | None = None) -> bytes:

@@ -107,13 +107,9 @@ def outcome_figures(every: list[Outcome], duration_s: float, slo_ttft_ms: float 
     }
 
 
-def backlogged_service(result: SimResult) -> dict[str | None, float]:
-    """Each tenant's service (input + 2 x output tokens) while every tenant had one waiting."""
-    return backlogged_window(result)[0]
-
-
 def backlogged_window(result: SimResult) -> tuple[dict[str | None, float], int]:
-    """:func:`backlogged_service` and the number of steps it counts (Jain's window)."""
+    """Each tenant's service (input + 2 x output tokens) while every tenant had one waiting,
+    and the number of steps it counts (Jain's window)."""
     queued: dict[str | None, list[tuple[float, float]]] = defaultdict(list)
     tenant_of = {w.id: w.meta.tenant for w in result.workload}
     for w in result.workload:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from aioserve.reports.compare import save_figure
 from aioserve.sim.simulator import SimResult
 
 #: (slot, request id, start s, end s): one request's uninterrupted stay in one slot.
@@ -97,10 +98,4 @@ def timeline_figure(results: list[SimResult], summaries: list[dict[str, Any]],
 def plot(results: list[SimResult], summaries: list[dict[str, Any]], path: str | Path,
          title: str = "") -> Path:
     """Write :func:`timeline_figure` as an image (format from the suffix); returns the path."""
-    import matplotlib.pyplot as plt
-
-    fig = timeline_figure(results, summaries, title)
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(timeline_figure(results, summaries, title), path)

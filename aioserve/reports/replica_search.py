@@ -69,15 +69,11 @@ def format_replica_search(searches: list[ReplicaSearch], title: str = "") -> str
     replica, and the attainment one replica fewer."""
     rows = []
     for s in searches:
-        if s.replicas is None:
-            attained, goodput = s.tried[s.max_replicas]
-            rows.append([s.policy, s.router, f"> {s.max_replicas}", f"{attained * 100:.1f}",
-                         f"{goodput / s.max_replicas:.2f}", "-"])
-            continue
-        attained, goodput = s.tried[s.replicas]
-        below = s.tried.get(s.replicas - 1)
-        rows.append([s.policy, s.router, str(s.replicas), f"{attained * 100:.1f}",
-                     f"{goodput / s.replicas:.2f}",
+        count = s.max_replicas if s.replicas is None else s.replicas
+        attained, goodput = s.tried[count]
+        below = None if s.replicas is None else s.tried.get(count - 1)
+        rows.append([s.policy, s.router, f"> {count}" if s.replicas is None else str(count),
+                     f"{attained * 100:.1f}", f"{goodput / count:.2f}",
                      "-" if below is None else f"{below[0] * 100:.1f}"])
     target = searches[0].target if searches else 0.0
     table = Table("fewest replicas", [

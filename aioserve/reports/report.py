@@ -3,10 +3,9 @@ linearly interpolated; throughput: output tokens per second of makespan)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from aioserve.reports.figures import outcomes, rejections
+from aioserve.reports.figures import makespan, outcomes, rejections
 from aioserve.reports.stats import mean, percentile
 from aioserve.sim.simulator import SimResult
 
@@ -35,34 +34,23 @@ MIX_NOTE = (
 )
 
 
-def request_rows(result: SimResult) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for item in result.workload:
-        row: dict[str, Any] = {
-            "id": item.id, "status": "rejected", "arrival_s": item.arrival_s,
-            "first_token_s": None, "finish_s": None, "latency_s": None, "output_tokens": 0,
-            "preemptions": 0}
-        request = result.finished.get(item.id)
-        if request is None:
-            row["reason"] = result.rejected.get(item.id, "never finished")
-        else:
-            m = request.metrics
-            finish = m.finished_time if m.finished_time is not None else math.nan
-            row.update(status="finished", first_token_s=m.first_token_time, finish_s=finish,
-                       latency_s=finish - item.arrival_s,
-                       output_tokens=request.num_output_tokens, preemptions=m.num_preemptions)
-        rows.append(row)
-    return rows
-
-
 def summarize(result: SimResult, workload: str = "") -> dict[str, Any]:
     """The ``--json`` object: totals, latency figures and the per-request rows."""
-    rows = request_rows(result)
+    every = outcomes(result)
+    rows: list[dict[str, Any]] = []
+    for o in every:
+        finished = o.id in result.finished
+        row: dict[str, Any] = {
+            "id": o.id, "status": "finished" if finished else "rejected",
+            "arrival_s": o.arrival_s, "first_token_s": o.first_token_s, "finish_s": o.finish_s,
+            "latency_s": o.e2e, "output_tokens": o.output_tokens, "preemptions": o.preemptions}
+        if not finished:
+            row["reason"] = o.error
+        rows.append(row)
     done = [r for r in rows if r["status"] == "finished"]
     latencies = [r["latency_s"] for r in done]
     ttfts = [r["first_token_s"] - r["arrival_s"] for r in done]
-    start = min((r.arrival_s for r in result.workload), default=0.0)
-    makespan = max((r["finish_s"] for r in done), default=start) - start
+    span = makespan(every)
     tokens = sum(r["output_tokens"] for r in done)
     config = result.config
     return {
@@ -73,8 +61,8 @@ def summarize(result: SimResult, workload: str = "") -> dict[str, Any]:
         "calibrated": config.cost_model is not None,
         "kv_blocks": result.core.blocks.num_blocks,
         "block_size": config.block_size,
-        "makespan_s": makespan,
-        "throughput_tok_s": tokens / makespan if makespan > 0 else 0.0,
+        "makespan_s": span,
+        "throughput_tok_s": tokens / span if span > 0 else 0.0,
         "mean_latency_s": mean(latencies),
         "p50_latency_s": percentile(latencies, 50),
         "p99_latency_s": percentile(latencies, 99),
@@ -82,7 +70,7 @@ def summarize(result: SimResult, workload: str = "") -> dict[str, Any]:
         "preemptions": result.preemptions,
         "finished": len(done),
         "rejected": len(rows) - len(done),
-        "rejected_by_reason": rejections(outcomes(result)),
+        "rejected_by_reason": rejections(every),
         "requests": rows,
     }
 

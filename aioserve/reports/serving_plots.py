@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from aioserve.reports.compare import save_figure
 from aioserve.reports.outcome import Outcome
 
 
@@ -72,10 +73,4 @@ def serving_figure(records: list[Outcome], title: str = "") -> Any:
 
 def plot_serving(records: list[Outcome], path: str | Path, title: str = "") -> Path:
     """Save :func:`serving_figure` (PNG, SVG or PDF by suffix); returns the path."""
-    import matplotlib.pyplot as plt
-
-    fig = serving_figure(records, title)
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(serving_figure(records, title), path)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from aioserve.engine.admission import REFUSAL_REASONS
-from aioserve.reports.compare import Table, format_table, png_of, write_page
+from aioserve.reports.compare import Table, format_table, png_of, pyplot, write_page
 from aioserve.reports.figures import outcomes, rejections
 from aioserve.reports.slo import meets_slo
 from aioserve.sim.capacity import INTERVALS, Curve, run_point, sweep_spec
@@ -121,14 +121,7 @@ def plot_sweep(curves: list[Curve], target: float, path: str | Path | None = Non
                title: str = "") -> bytes:
     """A PNG: attainment and goodput against rate (95% CI bars), the target and each
     capacity marked; written to ``path`` if given (ValueError without matplotlib)."""
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise ValueError(f"plots need matplotlib: pip install 'aioserve[plots]' ({exc})") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(11, 4))
     for curve in curves:
         attained, goodput = curve.figure("attainment"), curve.figure("goodput")
         line = left.errorbar(curve.rates, [m * 100 for m, _, _ in attained],

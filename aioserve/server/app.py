@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -82,18 +81,13 @@ async def dashboard(request: web.Request) -> web.Response:
 
 
 def create_app(
-    engine: AsyncEngine | EngineConfig,
-    config: ServerConfig | None = None,
-    *,
-    client_max_size: int | None = None,
+    engine: AsyncEngine | EngineConfig, config: ServerConfig | None = None
 ) -> web.Application:
     """An aiohttp app serving ``engine``; the engine starts and stops with the app.
 
     Args:
         engine: an engine (not started) or a config to build one from.
         config: server settings (names, chat template, limits); default ``ServerConfig()``.
-        client_max_size: largest request body in bytes; overrides
-            ``config.max_body_bytes`` (kept for older callers).
 
     Run it with ``handler_cancellation=True`` (as ``aioserve serve`` does) so a
     disconnect cancels its handler at once; without it handlers still notice within
@@ -102,8 +96,6 @@ def create_app(
     if isinstance(engine, EngineConfig):
         engine = AsyncEngine(engine)
     config = config or ServerConfig()
-    if client_max_size is not None:
-        config = dataclasses.replace(config, max_body_bytes=client_max_size)
     middlewares: list[Middleware] = [error_middleware]
     if config.api_key is not None:
         middlewares.append(access.api_key_middleware(config.api_key, config.metrics_public))

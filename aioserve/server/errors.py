@@ -55,6 +55,11 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_val
     return ApiError(400, message, param=param, code=code)
 
 
+def too_large(limit: int) -> str:
+    """The 413's message: the body limit in bytes and the flag that sets it."""
+    return f"request body too large: the limit is {limit} bytes (see --max-body-bytes)"
+
+
 def api_error(exc: Exception, request_id: str | None = None) -> ApiError:
     """The error answered for ``exc``, on HTTP and on the websocket.
 
@@ -109,12 +114,7 @@ async def error_middleware(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        message = exc.reason
-        if exc.status == 413:
-            message = (
-                f"request body too large: the limit is {request.client_max_size} bytes "
-                "(see --max-body-bytes)"
-            )
+        message = too_large(request.client_max_size) if exc.status == 413 else exc.reason
         body = error_body(exc.status, message, code=_HTTP_CODES.get(exc.status))
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         response = web.json_response(body, status=exc.status, headers=headers)

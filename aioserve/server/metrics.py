@@ -94,6 +94,15 @@ class RequestLatencies:
                    since(metrics.finished_time), tpot)
 
 
+def _core_counts(core: EngineCore) -> dict[str, int]:
+    """The engine's counters that outlive its core (kept by :meth:`ServerMetrics.detach`)."""
+    return {"num_preemptions": core.num_preemptions,
+            "prefix_cache_queries": core.prefix_cache_queries,
+            "prefix_cache_hits": core.prefix_cache_hits,
+            "scheduler_failures": core.guard.failures, "num_requests_shed": core.num_shed,
+            **core.admission.refused}
+
+
 class _EngineCollector(Collector):
     def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics
@@ -125,30 +134,27 @@ class _EngineCollector(Collector):
             yield GaugeMetricFamily(
                 PREFIX + "cpu_threads", "Intra-op CPU threads the model's forward runs on "
                 "now (the thread governor's choice, or the fixed count).", value=threads)
+        counts = {**(_core_counts(core) if core is not None else m.last),
+                  "prompt_tokens": m.finished_prompt_tokens + sum(
+                      r.num_prompt_tokens for r in live),
+                  "generation_tokens": m.finished_generation_tokens + sum(
+                      r.num_output_tokens for r in live)}
         counters = (
-            ("prompt_tokens", "Prompt tokens of accepted requests.",
-             m.finished_prompt_tokens + sum(r.num_prompt_tokens for r in live)),
-            ("generation_tokens", "Generated tokens (each counted once).",
-             m.finished_generation_tokens + sum(r.num_output_tokens for r in live)),
-            ("num_preemptions", "Preemptions (recompute).",
-             core.num_preemptions if core is not None else m.last_preemptions),
-            ("prefix_cache_queries", "Tokens looked up in the prefix cache at admission.",
-             core.prefix_cache_queries if core is not None else m.last_prefix_queries),
-            ("prefix_cache_hits", "Tokens found in the prefix cache at admission.",
-             core.prefix_cache_hits if core is not None else m.last_prefix_hits),
+            ("prompt_tokens", "Prompt tokens of accepted requests."),
+            ("generation_tokens", "Generated tokens (each counted once)."),
+            ("num_preemptions", "Preemptions (recompute)."),
+            ("prefix_cache_queries", "Tokens looked up in the prefix cache at admission."),
+            ("prefix_cache_hits", "Tokens found in the prefix cache at admission."),
             ("scheduler_failures", "Policy calls that raised or returned a malformed "
-             "decision (contained: the FCFS decision was used, or the hook skipped).",
-             core.guard.failures if core is not None else m.last_scheduler_failures),
-            ("num_requests_shed", "Requests the scheduling policy shed (HTTP 503).",
-             core.num_shed if core is not None else m.last_shed),
+             "decision (contained: the FCFS decision was used, or the hook skipped)."),
+            ("num_requests_shed", "Requests the scheduling policy shed (HTTP 503)."),
         )
-        for name, doc, value in counters:
-            yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        for name, doc in counters:
+            yield CounterMetricFamily(PREFIX + name, doc, value=counts.get(name, 0))
         refused = CounterMetricFamily(
             PREFIX + "num_requests_refused", "Requests the admission limit refused (HTTP "
             "429), by reason: queue_full (--max-waiting), queue_timeout (--max-queue-time-s).",
             labels=["reason"])
-        counts = core.admission.refused if core is not None else m.last_refused
         for reason in REFUSAL_REASONS:
             refused.add_metric([reason], counts.get(reason, 0))
         yield refused
@@ -166,12 +172,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.finished_prompt_tokens = 0
         self.finished_generation_tokens = 0
-        self.last_preemptions = 0
-        self.last_prefix_queries = 0
-        self.last_prefix_hits = 0
-        self.last_scheduler_failures = 0
-        self.last_shed = 0
-        self.last_refused: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.last: dict[str, int] = {}  # _core_counts of the last core, once it stopped
         r = self.registry
         self.request_success = Counter(
             PREFIX + "request_success", "Finished requests by finish reason.",
@@ -254,11 +255,7 @@ class ServerMetrics:
         """Unused: gauges are read from the engine when scraped."""
 
     def on_finish(self, request: Request) -> None:
-        """Engine listener: record a finished request."""
-        self.record_finished(request)
-
-    def record_finished(self, request: Request) -> None:
-        """Count a finished request's tokens and observe its latencies."""
+        """Engine listener: count a finished request's tokens and observe its latencies."""
         self.finished_prompt_tokens += request.num_prompt_tokens
         self.finished_generation_tokens += request.num_output_tokens
         reason = request.finish_reason.value if request.finish_reason is not None else "unknown"
@@ -293,12 +290,7 @@ class ServerMetrics:
         """Stop listening."""
         self.engine.remove_listener(self)
         if self.engine.core is not None:
-            self.last_preemptions = self.engine.core.num_preemptions
-            self.last_prefix_queries = self.engine.core.prefix_cache_queries
-            self.last_prefix_hits = self.engine.core.prefix_cache_hits
-            self.last_scheduler_failures = self.engine.core.guard.failures
-            self.last_shed = self.engine.core.num_shed
-            self.last_refused = dict(self.engine.core.admission.refused)
+            self.last = _core_counts(self.engine.core)
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus text format."""

@@ -15,7 +15,7 @@ from aioserve.engine.output import RequestStream
 from aioserve.errors import EngineError
 from aioserve.request_meta import RequestMeta
 from aioserve.sampling_params import SamplingParams
-from aioserve.server.errors import ApiError, api_error, bad_request
+from aioserve.server.errors import ApiError, api_error, bad_request, too_large
 from aioserve.server.schema.requests import Body, RequestFieldError, Served, parse
 from aioserve.server.state import ENGINE_KEY, MODEL_NAMES_KEY
 
@@ -25,12 +25,8 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise ApiError(
-            413,
-            f"request body too large: the limit is {request.client_max_size} bytes "
-            "(see --max-body-bytes)",
-            code="request_too_large",
-        ) from None
+        raise ApiError(413, too_large(request.client_max_size),
+                       code="request_too_large") from None
     return decode(raw)
 
 

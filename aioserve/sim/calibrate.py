@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 
 from aioserve.engine import AsyncEngine
 from aioserve.engine.step_log import describe
 from aioserve.sim.real import replay
-from aioserve.sim.simulator import SimConfig
 from aioserve.sim.step_cost import StepCostModel, fit_profile
 from aioserve.workloads.request import WorkloadRequest
 
@@ -54,24 +52,3 @@ async def calibrate(engine: AsyncEngine, workload: list[WorkloadRequest] | None 
             steps += (await replay(engine, each, "fcfs")).feedback
     return fit_profile(steps, source=describe(engine))
 
-
-async def match_throughput(config: SimConfig, measured_req_s: float,
-                           throughput: Callable[[SimConfig], Awaitable[float]]
-                           ) -> tuple[SimConfig, float]:
-    """``config`` with its profile scaled by the factor at which ``throughput(config)`` (a
-    simulated burst's requests per second) equals ``measured_req_s`` (the same burst served
-    for real), and the factor. What a served path adds to each step (HTTP, streams, a proxy
-    on the same cores), which an in-process calibration does not see, folded into one
-    number; two fixed-point rounds (a burst's throughput is about inverse to its step cost).
-
-    Raises:
-        ValueError: ``config`` has no profile, or ``measured_req_s`` is not > 0."""
-    if config.cost_model is None:
-        raise ValueError("match_throughput needs a calibrated profile (SimConfig.cost_model)")
-    if not measured_req_s > 0:
-        raise ValueError(f"measured_req_s must be > 0, got {measured_req_s!r}")
-    profile, factor = config.cost_model, 1.0
-    for _ in range(2):
-        simulated = await throughput(replace(config, cost_model=profile.scaled(factor)))
-        factor *= simulated / measured_req_s
-    return replace(config, cost_model=profile.scaled(factor)), factor

@@ -1,25 +1,15 @@
-"""The step-cost fit presented: each term's share, R², the residuals by step shape, and
-the residuals of a profile on steps it was not fitted on."""
+"""The step-cost fit presented: each term's share, R², the residuals by step shape, and a
+profile's drift on steps it was not fitted on."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from aioserve.sim.step_cost import FEATURES, StepCostModel, feedback_features, residuals_by_shape
+from aioserve.sim.step_cost import FEATURES, StepCostModel, feedback_features
 
 if TYPE_CHECKING:
     from aioserve.scheduling import StepFeedback
-
-
-def held_out_residuals(model: StepCostModel, steps: Sequence[StepFeedback]
-                       ) -> list[dict[str, Any]]:
-    """:func:`residuals_by_shape` of ``model`` on steps it was not fitted on (a real run)."""
-    shapes = [feedback_features(step) for step in steps]
-    return residuals_by_shape(shapes, np.array([s.duration_s * 1e3 for s in steps]),
-                              np.array([model.cost_ms(*shape) for shape in shapes]))
 
 
 def held_out_drift(model: StepCostModel, steps: Sequence[StepFeedback]) -> float:

@@ -12,36 +12,29 @@ from typing import Any
 
 from aioserve.engine import AsyncEngine
 from aioserve.engine.admission import refusal_reason
-from aioserve.engine.observation import scheduler_name
 from aioserve.errors import AdmissionError
 from aioserve.request import Request
 from aioserve.sampling_params import SamplingParams
 from aioserve.scheduling import Scheduler, StepFeedback
-from aioserve.scheduling.registry import load_scheduler
 from aioserve.sim.simulator import (
     SimConfig,
     SimResult,
     StepRecord,
-    upper_bound,
-    with_oracle,
+    load_policy,
 )
 from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
 
 
 def sim_config_of(engine: AsyncEngine, **overrides: Any) -> SimConfig:
-    """The :class:`SimConfig` of a running engine, one step ahead as the engine runs."""
+    """The :class:`SimConfig` of a running engine, one step ahead as the engine runs, with
+    ``overrides`` of its fields (a calibrated ``cost_model``)."""
     core = engine._require_core()
-    fields: dict[str, Any] = {
-        "slots": core.max_num_seqs, "kv_blocks": core.blocks.num_blocks,
-        "block_size": core.blocks.block_size,
-        "max_num_batched_tokens": core.max_num_batched_tokens,
-        "enable_prefix_caching": core.blocks.enable_caching,
-        "max_model_len": core.max_model_len, "overlap": True,
-        "max_waiting": core.admission.max_waiting,
-        "max_queue_time_s": core.admission.max_queue_time_s,
-    }
-    fields.update(overrides)
-    return SimConfig(**fields)
+    return replace(SimConfig(
+        slots=core.max_num_seqs, kv_blocks=core.blocks.num_blocks,
+        block_size=core.blocks.block_size, max_num_batched_tokens=core.max_num_batched_tokens,
+        enable_prefix_caching=core.blocks.enable_caching, max_model_len=core.max_model_len,
+        overlap=True, max_waiting=core.admission.max_waiting,
+        max_queue_time_s=core.admission.max_queue_time_s), **overrides)
 
 
 class _Recorder:
@@ -107,11 +100,8 @@ async def replay(
     core = engine._require_core()
     if core.has_work:
         raise RuntimeError("replay needs an idle engine")
-    policy = load_scheduler(scheduler, with_oracle(scheduler_params, workload))
+    policy, name = load_policy(scheduler, scheduler_params, workload)
     core.set_policy(policy)
-    name = scheduler_name(policy)  # its `name`, as the server labels it
-    if upper_bound(scheduler_params):
-        name += " (oracle: upper bound)"
     engine.reset_prefix_cache()
     recorder = _Recorder()
     engine.add_listener(recorder, step_interval=None)

@@ -220,21 +220,18 @@ def _submit(result: SimResult, item: WorkloadRequest, prompt: list[int] | None =
         result.rejected[item.id] = refusal_reason(exc)
 
 
-def upper_bound(scheduler_params: Mapping[str, Any] | None) -> bool:
-    """Whether the run asked for the ``oracle`` predictor (reports label it an upper bound)."""
-    return scheduler_params is not None and scheduler_params.get("predictor") == "oracle"
-
-
-def with_oracle(scheduler_params: Mapping[str, Any] | None,
-                workload: Sequence[WorkloadRequest]) -> Mapping[str, Any] | None:
-    """``scheduler_params`` with the workload's true lengths handed to the ``oracle``
-    predictor when the run asks for it (the oracle is the workload's, never a request's)."""
-    if not upper_bound(scheduler_params):
-        return scheduler_params
-    assert scheduler_params is not None
+def load_policy(scheduler: str | Scheduler, scheduler_params: Mapping[str, Any] | None,
+                workload: Sequence[WorkloadRequest]) -> tuple[Scheduler, str]:
+    """The run's policy and its label (its ``name``, as the server labels it); the
+    ``oracle`` predictor is handed the workload's true lengths (the oracle is the
+    workload's, never a request's) and the label says it is an upper bound."""
+    if scheduler_params is None or scheduler_params.get("predictor") != "oracle":
+        policy = load_scheduler(scheduler, scheduler_params)
+        return policy, scheduler_name(policy)
     config = dict(scheduler_params.get("predictor_config") or {})
     config["lengths"] = {w.id: w.output_len for w in workload}
-    return {**scheduler_params, "predictor_config": config}
+    policy = load_scheduler(scheduler, {**scheduler_params, "predictor_config": config})
+    return policy, scheduler_name(policy) + " (oracle: upper bound)"
 
 
 class _SimStepLoop(StepLoop):
@@ -361,10 +358,7 @@ def _replica(
     runner_kind: type[SimulatedRunner] | None = None,
 ) -> SimResult:
     """One simulated engine sized for ``workload``, its result filled as it runs."""
-    policy = load_scheduler(scheduler, with_oracle(scheduler_params, workload))
-    name = scheduler_name(policy)  # its `name`, as the server labels it
-    if upper_bound(scheduler_params):
-        name += " (oracle: upper bound)"
+    policy, name = load_policy(scheduler, scheduler_params, workload)
     core, runner = _make_core(workload, policy, config, runner_kind)
     result = SimResult(name, config, list(workload), core, runner, policy=policy)
     listeners = ListenerHub()

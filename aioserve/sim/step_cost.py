@@ -11,13 +11,11 @@ each row's causal pairs (``n * start + n (n + 1) / 2``); this engine pads the st
 prefill rows (those feeding more than one token) to one rectangle and masks it
 (``runners/attention/paged_metadata.py``), so it computes rows x longest chunk x longest
 context, and that is what is counted: three prompts of 10, 40 and 400 tokens cost three
-of 400, and a step of several prompts costs more than one of the same tokens (measured
-here: Mooncake's prompt steps of 1, 2, 3 rows priced 0.74, 1.09, 1.54 of their time by
-the causal count, 0.96, 1.11, 1.26 by the padded one; cross-validated error 3.32 -> 2.69
-ms on Mooncake, 1.30 -> 0.68 ms on Azure). The engine splits four or more prefill rows
-into two groups where that saves padding; the count keeps one (an upper bound). A real
-step's cost is its period, start to end. Profiles written before the pair term load with
-it at 0; those written before 6 Dec 2026 counted causal pairs (recalibrate)."""
+of 400, and a step of several prompts costs more than one of the same tokens. The engine
+splits four or more prefill rows into two groups where that saves padding; the count
+keeps one (an upper bound). A real step's cost is its period, start to end. Profiles
+written before the pair term load with it at 0; those written before 6 Dec 2026 counted
+causal pairs (recalibrate)."""
 
 from __future__ import annotations
 

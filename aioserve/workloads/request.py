@@ -170,18 +170,23 @@ def poisson(
                          "burst >= 1")
     rng = random.Random(seed)
     requests: list[WorkloadRequest] = []
-    t = 0.0
-    while len(requests) < n:
+    for i, t in enumerate(bursty_arrivals(n, rate, burst, rng)):
+        out = rng.randint(8, 64) if rng.random() < 0.7 else rng.randint(128, 512)
+        requests.append(WorkloadRequest(f"p{i:04d}", t, rng.randint(16, 256), out))
+    return requests
+
+
+def bursty_arrivals(n: int, rate: float, burst: float, rng: random.Random) -> Iterator[float]:
+    """``n`` arrival times at ``rate`` per second in geometric bursts of mean ``burst``."""
+    t, sent = 0.0, 0
+    while sent < n:
         t += rng.expovariate(rate / burst)
         size = 1
         while rng.random() > 1 / burst:
             size += 1
-        for _ in range(min(size, n - len(requests))):
-            out = rng.randint(8, 64) if rng.random() < 0.7 else rng.randint(128, 512)
-            requests.append(
-                WorkloadRequest(f"p{len(requests):04d}", round(t, 6), rng.randint(16, 256), out)
-            )
-    return requests
+        for _ in range(min(size, n - sent)):
+            sent += 1
+            yield round(t, 6)
 
 
 #: Workload file fields and their JSON types (``id`` may be a string or a number).

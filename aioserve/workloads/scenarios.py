@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +14,10 @@ from aioserve.workloads.request import (
     WorkloadRequest,
     article_example,
     article_mix,
+    bursty_arrivals,
     poisson,
 )
 from aioserve.workloads.trace_options import load_file, split_spec
-
-
-def _arrivals(n: int, rate: float, burst: float, rng: random.Random) -> Iterator[float]:
-    t, sent = 0.0, 0
-    while sent < n:
-        t += rng.expovariate(rate / burst)
-        size = 1
-        while rng.random() > 1 / burst:
-            size += 1
-        for _ in range(min(size, n - sent)):
-            sent += 1
-            yield round(t, 6)
 
 
 def two_tenants(n: int = 200, rate: float = 40.0, light: float = 0.1, burst: float = 2.0,
@@ -38,7 +27,7 @@ def two_tenants(n: int = 200, rate: float = 40.0, light: float = 0.1, burst: flo
     rng = random.Random(seed)
     return [WorkloadRequest(f"t{i:04d}", t, rng.randint(16, 64), rng.randint(16, 128),
                             meta=RequestMeta(tenant="light" if rng.random() < light else "heavy"))
-            for i, t in enumerate(_arrivals(n, rate, burst, rng))]
+            for i, t in enumerate(bursty_arrivals(n, rate, burst, rng))]
 
 
 def priority_mix(n: int = 200, rate: float = 40.0, high: float = 0.1, burst: float = 2.0,
@@ -48,7 +37,7 @@ def priority_mix(n: int = 200, rate: float = 40.0, high: float = 0.1, burst: flo
     rng = random.Random(seed)
     return [WorkloadRequest(f"q{i:04d}", t, rng.randint(16, 64), rng.randint(16, 128),
                             meta=RequestMeta(priority=0 if rng.random() < high else 1))
-            for i, t in enumerate(_arrivals(n, rate, burst, rng))]
+            for i, t in enumerate(bursty_arrivals(n, rate, burst, rng))]
 
 
 def slo_mix(n: int = 200, rate: float = 40.0, tight_ms: float = 500.0,
@@ -58,7 +47,7 @@ def slo_mix(n: int = 200, rate: float = 40.0, tight_ms: float = 500.0,
     outputs 8-64), half batch-like (``loose_ms``, outputs 64-192); prompts 16-128."""
     rng = random.Random(seed)
     items = []
-    for i, t in enumerate(_arrivals(n, rate, burst, rng)):
+    for i, t in enumerate(bursty_arrivals(n, rate, burst, rng)):
         tight = rng.random() < 0.5
         items.append(WorkloadRequest(
             f"s{i:04d}", t, rng.randint(16, 128),
@@ -76,7 +65,7 @@ def heavy_tail(n: int = 200, rate: float = 20.0, alpha: float = 1.3, burst: floa
     return [WorkloadRequest(f"h{i:04d}", t,
                             min(max(int(rng.lognormvariate(3.9, 0.6)), 8), 256),
                             min(int(8 * rng.paretovariate(alpha)), 400))
-            for i, t in enumerate(_arrivals(n, rate, burst, rng))]
+            for i, t in enumerate(bursty_arrivals(n, rate, burst, rng))]
 
 
 #: ``routes``: name -> (share of requests, median output tokens, prompt tokens range).
@@ -94,7 +83,7 @@ def routes(n: int = 600, rate: float = 10.0, spread: float = 0.35, burst: float 
     names = list(ROUTES)
     shares = [ROUTES[name][0] for name in names]
     items = []
-    for i, t in enumerate(_arrivals(n, rate, burst, rng)):
+    for i, t in enumerate(bursty_arrivals(n, rate, burst, rng)):
         route = rng.choices(names, shares)[0]
         _, median, (low, high) = ROUTES[route]
         items.append(WorkloadRequest(
@@ -113,7 +102,7 @@ def shared_prefix(n: int = 200, rate: float = 20.0, prompts: int = 4, prefix: in
         raise ValueError("shared-prefix workload needs prompts >= 1, 0 <= hot <= 1, prefix >= 0")
     rng = random.Random(seed)
     items = []
-    for i, t in enumerate(_arrivals(n, rate, burst, rng)):
+    for i, t in enumerate(bursty_arrivals(n, rate, burst, rng)):
         group = 0 if prompts == 1 or rng.random() < hot else rng.randrange(1, prompts)
         items.append(WorkloadRequest(f"x{i:04d}", t, prefix + rng.randint(16, 64),
                                      rng.randint(16, 128), prefix_group=f"prompt{group}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from aioserve.workloads.request import WorkloadRequest
+from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
 
 
 def token_request(index: int, prompt: list[int], output_len: int) -> WorkloadRequest:
@@ -33,29 +33,22 @@ def random_requests(
     *,
     vocab_size: int,
     seed: int = 0,
-    bos_token_id: int | None = 1,
-    low_id: int = 3,
+    bos_token_id: int = 1,
 ) -> list[WorkloadRequest]:
     """Random requests as ``vllm bench throughput --dataset-name random``, from ``seed``."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    rng, draw = _drawer(seed, vocab_size)
+    return [token_request(index, [bos_token_id, *draw(rng.randint(*input_len) - 1)],
+                          rng.randint(*output_len)) for index in range(num_prompts)]
+
+
+def _drawer(seed: int, vocab_size: int) -> tuple[random.Random, Callable[[int], list[int]]]:
+    """The seeded generator, and a draw of ``count`` word ids from it."""
+    if vocab_size <= FIRST_WORD_ID:
+        raise ValueError(f"vocab_size must exceed {FIRST_WORD_ID}, got {vocab_size}")
     rng = random.Random(seed)
-    draw = _token_drawer(rng, vocab_size, low_id)
-    head = [bos_token_id] if bos_token_id is not None else []
-    requests = []
-    for index in range(num_prompts):
-        length = rng.randint(*input_len)
-        requests.append(token_request(index, head + draw(length - len(head)),
-                                      rng.randint(*output_len)))
-    return requests
-
-
-def _token_drawer(
-    rng: random.Random, vocab_size: int, low_id: int
-) -> Callable[[int], list[int]]:
-    if vocab_size <= low_id:
-        raise ValueError(f"vocab_size must exceed {low_id}, got {vocab_size}")
-    return lambda count: [rng.randrange(low_id, vocab_size) for _ in range(count)]
+    return rng, lambda count: [rng.randrange(FIRST_WORD_ID, vocab_size) for _ in range(count)]
 
 
 def prefix_repetition_requests(
@@ -67,16 +60,13 @@ def prefix_repetition_requests(
     *,
     vocab_size: int,
     seed: int = 0,
-    bos_token_id: int | None = 1,
-    low_id: int = 3,
+    bos_token_id: int = 1,
 ) -> list[WorkloadRequest]:
     """Requests in groups sharing a prefix (vLLM's ``prefix_repetition``), from ``seed``."""
     if min(num_prompts, prefix_len, num_prefixes) < 1 or suffix_len < 0:
         raise ValueError("num_prompts, prefix_len and num_prefixes must be >= 1, suffix_len >= 0")
-    rng = random.Random(seed)
-    draw = _token_drawer(rng, vocab_size, low_id)
-    head = [bos_token_id] if bos_token_id is not None else []
-    prefixes = [head + draw(prefix_len - len(head)) for _ in range(num_prefixes)]
+    rng, draw = _drawer(seed, vocab_size)
+    prefixes = [[bos_token_id, *draw(prefix_len - 1)] for _ in range(num_prefixes)]
     requests = [
         token_request(i, prefixes[i % num_prefixes] + draw(suffix_len), rng.randint(*output_len))
         for i in range(num_prompts)
