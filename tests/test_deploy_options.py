@@ -47,6 +47,8 @@ def test_max_waiting_bounds_each_engine_and_serve_s_queue():
     options = ray_options(parse("--num-replicas", "2", "--max-waiting", "8"))
     assert options.max_queued_requests == 16
     assert options.replica_settings()["max_queued_requests"] == 16
+    # Serve's own answer to a full queue of the engines is a 429 too (its default is 503)
+    assert options.replica_settings()["backpressure_config"].status_code == 429
     assert RayServeOptions().replica_settings()["max_queued_requests"] == -1
     assert options.target_replicas == 2
     scaled = ray_options(parse("--autoscaling", '{"min_replicas": 2, "max_replicas": 3}'))

@@ -1,6 +1,6 @@
 """The admission limit behind Ray Serve: a flood of one replica with a tiny limit (one slot,
 one waiting, Serve's queue of one beyond three ongoing) is answered 429 with ``Retry-After``
-by the engine (``max_waiting``) and by Serve's ``max_queued_requests``; every other answer
+by the engine (``max_waiting``) or by Serve's ``max_queued_requests``; every other answer
 is a completion with its full tokens, never a 5xx. A local Ray instance on loopback."""
 
 from __future__ import annotations
@@ -68,23 +68,28 @@ async def answer(session: aiohttp.ClientSession, url: str) -> tuple[int, dict, d
         return response.status, dict(response.headers), parsed
 
 
-async def flood(url: str) -> list[tuple[int, dict, dict]]:
+async def flood(url: str, rounds: int = 1) -> list[tuple[int, dict, dict]]:
+    """``rounds`` floods of ``FLOOD`` requests at once, one after the other."""
     timeout = aiohttp.ClientTimeout(total=300)
+    answers = []
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        return list(await asyncio.gather(*(answer(session, url) for _ in range(FLOOD))))
+        for _ in range(rounds):
+            answers += await asyncio.gather(*(answer(session, url) for _ in range(FLOOD)))
+    return answers
 
 
 def test_a_flood_gets_completions_or_429_with_retry_after(endpoint):
-    answers = asyncio.run(flood(endpoint))
+    answers = asyncio.run(flood(endpoint, rounds=3))
     statuses = sorted(status for status, _, _ in answers)
-    assert set(statuses) <= {200, 429}, statuses  # no 5xx, no other refusal
+    assert set(statuses) <= {200, 429}, [a for a in answers if a[0] not in (200, 429)]
     for status, headers, body in answers:
         if status == 200:
             assert body["usage"]["completion_tokens"] == MAX_TOKENS, body
         else:
             assert int(headers["Retry-After"]) >= 1, headers
     refusals = [str(body) for status, _, body in answers if status == 429]
-    engine = [r for r in refusals if "max_waiting 1" in r]
-    # the engine's own limit (per replica) and Serve's queue bound (ingress or proxy) both said no
-    assert engine and len(engine) < len(refusals), refusals
+    # each 429 is the engine's own limit (per replica) or Serve's queue bound (the ingress's
+    # handle or the proxy); which of them says no first is a race
+    assert refusals and all("max_waiting 1" in r or "max_queued_requests=1" in r
+                            for r in refusals), refusals
     assert 200 in statuses, statuses
