@@ -263,7 +263,9 @@ def main() -> None:
     parser.add_argument("--max-waiting", type=max_waiting_arg, default=None,
                         help="serve's --max-waiting in every phase, N or 'none' (default: "
                         f"serve's own, {DEFAULT_WAITING_BATCHES} x --max-num-seqs)")
-    parser.add_argument("--probe-n", type=positive_int, default=64)
+    parser.add_argument("--probe-n", type=positive_int, default=320,
+                        help="requests of a capacity probe (a small one varies: its few "
+                        "long requests arrive in any order)")
     parser.add_argument("--loads", type=positive_floats, default=[0.9, 1.5],
                         help="multiples of capacity (comma list)")
     parser.add_argument("--seed", type=int, default=0)
