@@ -89,3 +89,14 @@ async def test_the_live_sweep_counts_429_as_refused_not_as_errors(tokenizer, tmp
     assert f"refused by the admission limit (queue_full, queue_timeout): " \
            f"{refused / count:.0%} ({refused} of {count})" in text, text
     assert "errors" not in text, text
+
+
+async def test_the_start_up_summary_states_the_limit(tokenizer):
+    from aioserve.server.operator_log import startup_summary
+
+    args = build_parser().parse_args(["serve", "--model", "scripted", "--max-num-seqs", "2"])
+    config = admission_config(engine_config(args), args)
+    async with AsyncEngine(config, runner=ScriptedRunner([300]), tokenizer=tokenizer) as engine:
+        summary = startup_summary(engine)
+    assert (f"429 past {DEFAULT_WAITING_BATCHES * 2} waiting (--max-waiting), queue time "
+            "limit none") in summary, summary
