@@ -9,10 +9,12 @@ tasks; then each floor's figures, pass or fail.
 
 The hour keeps its shape: the trace is thinned (a seeded sample, arrival order kept) to the
 number of requests the target rate sends over the duration, and its clock is compressed by
-3,502 s / duration. Capacity is measured first, and again at the end (a probe: ``--probe-n``
-requests of the same mix sent at once; completed requests per second of the makespan).
+3,502 s / duration (a rate past what the trace holds sends all of it, in less time).
+Capacity is measured first, and again at the end of the 0.9x phase (a probe:
+``--probe-n`` requests of the same mix sent at once, no more in flight than the limit
+admits; completed requests per second of the makespan).
 
-    python benchmarks/serving/endurance.py --model ../shared/models/stories260K-hf
+    python benchmarks/serving/endurance.py --model ../shared/models/stories260K-hf  # the floor
     python benchmarks/serving/endurance.py --model ... --duration-s 60 --window-s 15  # a try
 """
 
