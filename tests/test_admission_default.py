@@ -12,14 +12,16 @@ from scripted_runner import ScriptedRunner
 from server_support import base_url, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig
-from aioserve.bench.online.serving import http_refusal
+from aioserve.bench.online.serving import http_refusal, run_serving
 from aioserve.bench.online.sweep import live_sweep
 from aioserve.cli import build_parser
 from aioserve.commands.common import engine_config
 from aioserve.commands.serve import admission_config
 from aioserve.engine.admission import DEFAULT_WAITING_BATCHES
+from aioserve.reports.figures import admission_refusals
 from aioserve.reports.sweep import format_sweep
 from aioserve.runners.base import RunnerOutput, ScheduledBatch
+from aioserve.workloads.request import WorkloadRequest
 
 
 def serve_limit(*options: str) -> int | None:
@@ -53,11 +55,15 @@ def test_a_429_of_the_limit_reads_as_a_refusal():
 
 
 class GatedRunner(ScriptedRunner):
-    """A ScriptedRunner whose steps wait for ``gate``."""
+    """A ScriptedRunner whose steps wait for ``gate``, on a clock the test sets (``now``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.gate = asyncio.Event()
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
 
     async def step(self, batch: ScheduledBatch) -> RunnerOutput:
         await self.gate.wait()
@@ -100,3 +106,24 @@ async def test_the_start_up_summary_states_the_limit(tokenizer):
         summary = startup_summary(engine)
     assert (f"429 past {DEFAULT_WAITING_BATCHES * 2} waiting (--max-waiting), queue time "
             "limit none") in summary, summary
+
+
+async def test_a_stream_ended_by_the_queue_time_limit_reads_as_refused(tokenizer):
+    """A streamed request's 200 goes out before it is scheduled, so ``--max-queue-time-s``
+    ends it with an error event: the client counts it as refused, not as an error."""
+    runner = GatedRunner([300, 301, 302])
+    engine = AsyncEngine(EngineConfig(model="scripted", max_num_seqs=1, max_queue_time_s=5),
+                         runner=runner, tokenizer=tokenizer)
+    requests = [WorkloadRequest(f"r{i}", 0.0, 4, 3) for i in range(2)]
+    async with serve(engine) as server:
+        replay = asyncio.create_task(run_serving(base_url(server), requests,
+                                                 endpoint="completions"))
+        await wait_until(lambda: engine.stats()["num_running"] == 1
+                         and engine.stats()["num_waiting"] == 1)
+        runner.now = 6.0  # the waiting one has waited past max_queue_time_s
+        runner.gate.set()
+        outcomes, _, _ = await replay
+    assert sorted(o.ok for o in outcomes) == [False, True]
+    (ended,) = [o for o in outcomes if not o.ok]
+    assert ended.error is not None and ended.error.startswith("queue_timeout: "), ended.error
+    assert admission_refusals(outcomes) == 1

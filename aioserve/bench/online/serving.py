@@ -94,6 +94,13 @@ def http_refusal(status: int, text: str) -> str | None:
     return f"{code}: {message} (HTTP 429)" if code in REFUSAL_REASONS else None
 
 
+def stream_error(error: dict[str, Any]) -> str:
+    """An SSE error event as a failure reason: a refusal of the admission limit (a request
+    ended by ``--max-queue-time-s`` after its stream began) as a simulated one reads."""
+    code, message = error.get("code"), str(error.get("message"))
+    return f"{code}: {message}" if code in REFUSAL_REASONS else f"error event: {message}"
+
+
 async def send_completion(
     session: aiohttp.ClientSession, base_url: str, model: str | None, record: RequestRecord,
     request: WorkloadRequest, prompt: list[int], unix_start: float = 0.0,
@@ -120,6 +127,9 @@ async def send_completion(
                     if data == "[DONE]":
                         break
                     chunk = json.loads(data)
+                    if isinstance(chunk.get("error"), dict):  # an error event ends the stream
+                        record.error = stream_error(chunk["error"])
+                        return
                     choices = chunk.get("choices") or []
                     if choices and (choices[0].get("text")
                                     or choices[0].get("finish_reason") is None):
