@@ -49,7 +49,11 @@ class EngineConfig:
             transformers).
         max_waiting: most requests waiting for a slot (preempted ones included); one
             more is refused at once with :class:`~aioserve.errors.QueueFullError` (HTTP
-            429). None: no limit (see :mod:`aioserve.engine.admission`).
+            429). None: no limit, the engine's default (an embedded or offline engine
+            queues all it is given); ``aioserve serve`` sets
+            :func:`~aioserve.engine.admission.default_max_waiting`
+            (``DEFAULT_WAITING_BATCHES`` x ``max_num_seqs``) unless told otherwise (see
+            :mod:`aioserve.engine.admission`).
         max_queue_time_s: seconds a request may wait before it is first scheduled; then
             it ends with :class:`~aioserve.errors.QueueTimeoutError` (HTTP 429) and
             frees its place. None: no limit.

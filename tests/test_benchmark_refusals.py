@@ -19,6 +19,7 @@ BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
     ("serving/endurance.py", ["--loads", "0.9,0"], "--loads"),
     ("serving/endurance.py", ["--duration-s", "inf"], "--duration-s"),
     ("serving/endurance.py", ["--trace", "/nonexistent.csv"], "--trace"),
+    ("serving/endurance.py", ["--max-waiting", "0"], "--max-waiting"),
 ])
 def test_a_bad_option_is_named_before_the_model_loads(script, options, flag):
     result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--model",

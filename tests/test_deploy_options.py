@@ -11,6 +11,7 @@ from aioserve.cli import build_parser  # noqa: E402
 from aioserve.commands.serve_ray import ray_options  # noqa: E402
 from aioserve.deploy.contract_router import ContractRouter  # noqa: E402
 from aioserve.deploy.ray_serve import RayServeOptions  # noqa: E402
+from aioserve.engine.admission import DEFAULT_WAITING_BATCHES  # noqa: E402
 
 
 def parse(*extra: str):
@@ -46,10 +47,15 @@ def test_max_waiting_bounds_each_engine_and_serve_s_queue():
     options = ray_options(parse("--num-replicas", "2", "--max-waiting", "8"))
     assert options.max_queued_requests == 16
     assert options.replica_settings()["max_queued_requests"] == 16
+    # Serve's own answer to a full queue of the engines is a 429 too (its default is 503)
+    assert options.replica_settings()["backpressure_config"].status_code == 429
     assert RayServeOptions().replica_settings()["max_queued_requests"] == -1
     assert options.target_replicas == 2
     scaled = ray_options(parse("--autoscaling", '{"min_replicas": 2, "max_replicas": 3}'))
     assert scaled.target_replicas == 2
+    # on by default: DEFAULT_WAITING_BATCHES of --max-num-seqs (32) per replica, 3 at most
+    assert scaled.max_queued_requests == DEFAULT_WAITING_BATCHES * 32 * 3
+    assert ray_options(parse("--max-waiting", "none")).max_queued_requests == -1
     with pytest.raises(ValueError, match="max_queued_requests"):
         RayServeOptions(max_queued_requests=0)
 

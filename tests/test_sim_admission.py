@@ -72,3 +72,20 @@ def test_capacity_reports_what_the_limit_would_have_refused(capsys):
     assert 0 < high["refused"] <= 60 and low["refused"] <= high["refused"]
     assert f"({high['refused']} of 60) at 20/s" in text
     assert "admission limit: max_waiting 2, max_queue_time_s 30 s" in text
+
+
+def test_fewest_replicas_reports_what_the_limit_would_have_refused(capsys):
+    """At 40 req/s one slot a replica cannot keep up: the limit refuses at the counts
+    tried, and the search says how many, as the rate sweep does."""
+    status = main(["capacity", "--workload", "poisson:n=60,rate=40", "--slots", "1",
+                   "--fewest-replicas", "4", "--slo-ttft-ms", "5000", "--max-waiting", "2",
+                   "--json"])
+    out = capsys.readouterr().out
+    assert status == 0 and "admission limit: max_waiting 2" in out
+    search = json.loads(out.strip().splitlines()[-1])
+    refused = {int(n): tried["refused"] for n, tried in search["tried"].items()}
+    assert refused and all(0 <= n <= 60 for n in refused.values()) and any(refused.values())
+    shares = ", ".join(f"{n / 60:.0%} ({n} of 60) at {count}"
+                       for count, n in sorted(refused.items()))
+    assert ("fcfs x round_robin: refused by the admission limit (queue_full, queue_timeout), "
+            f"by replicas: {shares}") in out, out

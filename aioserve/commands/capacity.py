@@ -107,13 +107,16 @@ def _sweep(args: argparse.Namespace, names: list[str], rates: list[float]) -> in
              f"{slo_title(args)}; {args.sweep_repeats} repeats")
     if args.profile:
         title += f"; profile {args.profile}"
+    _print_curves(args, curves, title + limits_note(args))
+    return 0
+
+
+def limits_note(args: argparse.Namespace) -> str:
+    """The title's note of a simulated admission limit ("" without one)."""
     limits = [f"{name} {value:g}{unit}" for name, value, unit in (
         ("max_waiting", args.max_waiting, ""), ("max_queue_time_s", args.max_queue_time_s, " s"))
         if value is not None]
-    if limits:
-        title += f"; admission limit: {', '.join(limits)}"
-    _print_curves(args, curves, title)
-    return 0
+    return f"; admission limit: {', '.join(limits)}" if limits else ""
 
 
 def _live(args: argparse.Namespace, rates: list[float]) -> int:
@@ -175,12 +178,14 @@ def _fewest(args: argparse.Namespace, names: list[str]) -> int:
         workload, policy, router, config, args.target_attainment, args.fewest_replicas,
         args.slo_ttft_ms, args.slo_tpot_ms, params[router], policies[policy]))
         for policy in names for router in routers]
-    print(format_replica_search(searches, f"simulated: {args.workload}; {slo_title(args)}"))
+    print(format_replica_search(searches, f"simulated: {args.workload}; {slo_title(args)}"
+                                + limits_note(args)))
     if args.json:
         for s in searches:
             print(json.dumps({"policy": s.policy, "router": s.router, "target": s.target,
                               "replicas": s.replicas, "tried": {
-                                  str(n): {"attainment": a, "goodput_req_s": g}
+                                  str(n): {"attainment": a, "goodput_req_s": g,
+                                           "refused": s.refused.get(n, 0)}
                                   for n, (a, g) in sorted(s.tried.items())}}))
     return 0
 

@@ -29,6 +29,7 @@ from aioserve.commands.common import (
 from aioserve.commands.preflight import SERVE, preflight
 from aioserve.commands.serve_ray import add_ray_options, run_ray
 from aioserve.config import EngineConfig
+from aioserve.engine.admission import DEFAULT_WAITING_BATCHES, NO_LIMIT, serve_max_waiting
 from aioserve.server import ServerConfig, create_app
 from aioserve.server.operator_log import StatsLogger, startup_line, startup_summary
 from aioserve.server.security_flags import API_KEY_ENV, api_key_of, tls_context
@@ -73,9 +74,10 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
                         "its tenant labels are then keyed hashes t-<12 hex>, at most 20 "
                         "plus 'other'")
     parser.add_argument("--max-waiting", "--max-queued-requests", dest="max_waiting",
-                        type=positive_int, default=None, metavar="N",
+                        type=max_waiting_arg, default=None, metavar="N",
                         help="most requests waiting for a slot; one more gets 429 with "
-                        "Retry-After (a named error on the websocket); default: no limit")
+                        "Retry-After (a named error on the websocket); default "
+                        f"{DEFAULT_WAITING_BATCHES} x --max-num-seqs; '{NO_LIMIT}': no limit")
     parser.add_argument("--max-queue-time-s", type=positive_float, default=None,
                         metavar="SECONDS",
                         help="end a request not scheduled this long after it arrived with "
@@ -131,10 +133,21 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise flag_error(exc, args) from None
 
 
+def max_waiting_arg(value: str) -> int | str:
+    """An argparse type: ``--max-waiting``'s positive integer, or ``NO_LIMIT``."""
+    if value.strip().lower() == NO_LIMIT:
+        return NO_LIMIT
+    try:
+        return positive_int(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or '{NO_LIMIT}': no limit)") from None
+
+
 def admission_config(config: EngineConfig, args: argparse.Namespace) -> EngineConfig:
-    """``config`` with ``--max-waiting`` and ``--max-queue-time-s`` (the engine enforces
-    them: see :mod:`aioserve.engine.admission`)."""
-    return replace(config, max_waiting=args.max_waiting,
+    """``config`` with ``--max-waiting`` (by default ``DEFAULT_WAITING_BATCHES`` x
+    ``max_num_seqs``) and ``--max-queue-time-s`` (the engine enforces them: see
+    :mod:`aioserve.engine.admission`)."""
+    return replace(config, max_waiting=serve_max_waiting(args.max_waiting, config.max_num_seqs),
                    max_queue_time_s=args.max_queue_time_s)
 
 

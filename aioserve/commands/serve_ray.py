@@ -59,9 +59,11 @@ def ray_options(args: argparse.Namespace) -> Any:
     except ValueError as exc:
         flag = "--router-config" if "unknown router" not in str(exc) else "--router"
         raise ValueError(f"{flag}: {exc}") from None
-    # --max-waiting holds in each engine (its EngineConfig) and, summed over the replicas,
-    # at the ingress: Serve's max_queued_requests, answered 429 as well
-    waiting = getattr(args, "max_waiting", None)
+    # --max-waiting (on by default) holds in each engine (its EngineConfig) and, summed over
+    # the replicas, at the ingress: Serve's max_queued_requests, answered 429 as well
+    from aioserve.engine.admission import serve_max_waiting
+
+    waiting = serve_max_waiting(getattr(args, "max_waiting", None), args.max_num_seqs)
     replicas = (autoscaling or {}).get("max_replicas", args.num_replicas)
     queued = waiting * int(replicas) if waiting else -1
     return RayServeOptions(num_replicas=args.num_replicas, autoscaling_config=autoscaling,

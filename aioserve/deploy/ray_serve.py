@@ -93,6 +93,9 @@ class RayServeOptions:
             "ray_actor_options": self.ray_actor_options,
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": self.max_queued_requests,
+            # Serve's answer when the engines' queue is full: 429, as the proxy's
+            "backpressure_config": BackpressureConfig(
+                status_code=429, retry_after_s=BACKPRESSURE_RETRY_AFTER_S),
         }
         if self.autoscaling_config is not None:
             settings["autoscaling_config"] = self.autoscaling_config

@@ -12,6 +12,14 @@ The rule lives in the engine core, so the server, Ray Serve replicas and the sim
   has started, so it is never timed out.
 
 Both are answered over HTTP as 429 with ``Retry-After`` and counted by reason.
+
+``EngineConfig`` leaves both off (an embedded or offline engine queues everything it is
+given); ``serve`` turns ``max_waiting`` on by default at :func:`default_max_waiting`
+(``DEFAULT_WAITING_BATCHES`` batches of ``max_num_seqs``) and leaves ``max_queue_time_s``
+off (a time depends on the model and the machine). A bound in batches scales with the
+engine: a full queue drains in about ``DEFAULT_WAITING_BATCHES`` requests' service times
+whatever the batch, which bounds the wait of an admitted request past capacity, while
+bursts below capacity fit (docs/results/2026-12-07-admission-default.md).
 """
 
 from __future__ import annotations
@@ -26,6 +34,23 @@ from aioserve.request import Request
 REFUSAL_REASONS = (QueueFullError.reason, QueueTimeoutError.reason)
 #: Bounds of the ``Retry-After`` advice in seconds.
 RETRY_AFTER_BOUNDS = (1, 60)
+#: serve's default ``max_waiting``, in batches of ``max_num_seqs``.
+DEFAULT_WAITING_BATCHES = 8
+#: serve's ``--max-waiting`` value that turns the limit off.
+NO_LIMIT = "none"
+
+
+def default_max_waiting(max_num_seqs: int) -> int:
+    """serve's default bound on the waiting queue: ``DEFAULT_WAITING_BATCHES`` batches."""
+    return DEFAULT_WAITING_BATCHES * max_num_seqs
+
+
+def serve_max_waiting(given: int | str | None, max_num_seqs: int) -> int | None:
+    """serve's ``--max-waiting`` resolved: the number given, None (no limit) for
+    ``NO_LIMIT``, or :func:`default_max_waiting` when not given."""
+    if given is None:
+        return default_max_waiting(max_num_seqs)
+    return None if given == NO_LIMIT else int(given)
 
 
 def refusal_reason(error: AdmissionError) -> str:

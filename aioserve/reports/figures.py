@@ -13,6 +13,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from aioserve.engine.admission import REFUSAL_REASONS
 from aioserve.reports.lengths import kendall_tau, mean_absolute_error
 from aioserve.reports.outcome import Outcome, simulated
 from aioserve.reports.slo import carries_objective, good_count, goodput
@@ -171,6 +172,12 @@ def rejections(every: list[Outcome]) -> dict[str, int]:
             key = reason_kind(o.error)
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def admission_refusals(every: list[Outcome]) -> int:
+    """Requests the admission limit refused (``queue_full``, ``queue_timeout``; a live
+    server's 429 reads the same, see :func:`~aioserve.bench.online.serving.http_refusal`)."""
+    return sum(o.error is not None and reason_kind(o.error) in REFUSAL_REASONS for o in every)
 
 
 def rejection_warning(label: str, every: list[Outcome]) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aioserve.reports.compare import Table, format_table
-from aioserve.reports.sweep import met
+from aioserve.reports.sweep import admission_refused, met
 from aioserve.sim.capacity import run_point
 from aioserve.sim.cluster import simulate_cluster
 from aioserve.sim.simulator import SimConfig
@@ -23,7 +23,9 @@ from aioserve.workloads.request import WorkloadRequest
 @dataclass
 class ReplicaSearch:
     """One policy x router: ``replicas`` the fewest meeting ``target`` (None: not within
-    ``max_replicas``); ``tried`` replica count -> (attainment 0-1, goodput req/s)."""
+    ``max_replicas``); ``tried`` replica count -> (attainment 0-1, goodput req/s);
+    ``refused`` replica count -> requests the admission limit refused over the replicas
+    (``queue_full``, ``queue_timeout``) of ``requests``."""
 
     policy: str
     router: str
@@ -31,6 +33,8 @@ class ReplicaSearch:
     max_replicas: int
     replicas: int | None = None
     tried: dict[int, tuple[float, float]] = field(default_factory=dict)
+    refused: dict[int, int] = field(default_factory=dict)
+    requests: int = 0
 
 
 async def fewest_replicas(
@@ -40,7 +44,7 @@ async def fewest_replicas(
     scheduler_params: Mapping[str, Any] | None = None,
 ) -> ReplicaSearch:
     """Bisect 1..``max_replicas`` for the fewest replicas whose attainment >= ``target``."""
-    search = ReplicaSearch(policy, router, target, max_replicas)
+    search = ReplicaSearch(policy, router, target, max_replicas, requests=len(workload))
     rate = len(workload) / max(max(w.arrival_s for w in workload), 1e-9) if workload else 0.0
 
     async def meets(count: int) -> bool:
@@ -49,6 +53,7 @@ async def fewest_replicas(
         found = [o for rep in result.replicas for o in met(rep, slo_ttft_ms, slo_tpot_ms)]
         point = run_point(rate, found)
         search.tried[count] = (point.attainment, point.goodput)
+        search.refused[count] = sum(admission_refused(rep) for rep in result.replicas)
         return point.attainment >= target
 
     low, high = 0, max_replicas  # low fails (0 replicas serve nothing); high unknown
@@ -79,4 +84,17 @@ def format_replica_search(searches: list[ReplicaSearch], title: str = "") -> str
     table = Table("fewest replicas", [
         "policy", "router", f"replicas (SLO >= {target * 100:g}%)", "SLO %",
         "goodput/replica (req/s)", "SLO % one fewer"], rows)
-    return (f"{title}\n" if title else "") + format_table(table)
+    return "\n".join([title] * bool(title) + [format_table(table)] + refused_lines(searches))
+
+
+def refused_lines(searches: list[ReplicaSearch]) -> list[str]:
+    """What the admission limit refused at each replica count tried, as the rate sweep says
+    it (none: no line)."""
+    lines = []
+    for s in searches:
+        if any(s.refused.values()) and s.requests:
+            shares = ", ".join(f"{n / s.requests:.0%} ({n} of {s.requests}) at {count}"
+                               for count, n in sorted(s.refused.items()))
+            lines.append(f"{s.policy} x {s.router}: refused by the admission limit "
+                         f"(queue_full, queue_timeout), by replicas: {shares}")
+    return lines

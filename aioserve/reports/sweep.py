@@ -9,9 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from aioserve.engine.admission import REFUSAL_REASONS
 from aioserve.reports.compare import Table, format_table, png_of, pyplot, write_page
-from aioserve.reports.figures import outcomes, rejections
+from aioserve.reports.figures import admission_refusals, outcomes
 from aioserve.reports.slo import meets_slo
 from aioserve.sim.capacity import INTERVALS, Curve, run_point, sweep_spec
 from aioserve.sim.simulator import SimConfig, SimResult, simulate
@@ -27,8 +26,7 @@ def met(result: SimResult, slo_ttft_ms: float | None,
 
 def admission_refused(result: SimResult) -> int:
     """Requests the admission limit refused (``queue_full``, ``queue_timeout``)."""
-    return sum(count for kind, count in rejections(outcomes(result)).items()
-               if kind in REFUSAL_REASONS)
+    return admission_refusals(outcomes(result))
 
 
 async def simulate_sweep(
@@ -84,12 +82,13 @@ def sweep_notes(curves: list[Curve], target: float) -> list[str]:
             line += f" (a bound: met at every rate swept, up to {curve.rates[-1]:g} req/s)"
         interval = curve.capacity_interval(target)
         notes.append(line + (f"; {interval}" if interval else ""))
-        refused = curve.refused()
-        if any(n for n, _ in refused):
-            shares = ", ".join(f"{n / total:.0%} ({n} of {total}) at {rate:.3g}/s"
-                               for rate, (n, total) in zip(curve.rates, refused) if total)
-            notes.append(f"{curve.policy}: refused by the admission limit (queue_full, "
-                         f"queue_timeout): {shares}")
+        for counts, what in ((curve.refused(), "refused by the admission limit (queue_full, "
+                              "queue_timeout)"), (curve.errors(), "errors (neither finished "
+                                                  "nor refused)")):
+            if any(n for n, _ in counts):
+                shares = ", ".join(f"{n / total:.0%} ({n} of {total}) at {rate:.3g}/s"
+                                   for rate, (n, total) in zip(curve.rates, counts) if total)
+                notes.append(f"{curve.policy}: {what}: {shares}")
         if not curve.monotonic():
             notes.append(f"{curve.policy}: warning: attainment rises with the rate beyond its "
                          "intervals (not monotonic): the runs measured something else too "

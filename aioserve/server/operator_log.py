@@ -26,7 +26,8 @@ def format_bytes(n: float) -> str:
 
 def startup_summary(engine: AsyncEngine, served_name: str | None = None) -> str:
     """One line per setting of a started engine (model, served name, device, dtype,
-    context, slots, KV blocks, policy, threads); EngineNotRunningError before start."""
+    context, slots, KV blocks, policy, threads, admission limit); EngineNotRunningError
+    before start."""
     core = engine.core
     if core is None or not engine.is_running:
         raise EngineNotRunningError("start the engine before summarising it")
@@ -56,9 +57,17 @@ def startup_summary(engine: AsyncEngine, served_name: str | None = None) -> str:
         ("scheduler", f"{scheduler_name(core.scheduler)} {policy}"),
         ("forward", forward),
         ("threads", thread_line(info)),
+        ("admission", admission_line(config.max_waiting, config.max_queue_time_s)),
     )
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def admission_line(max_waiting: int | None, max_queue_time_s: float | None) -> str:
+    """The summary's admission line: the limits past which a request gets 429."""
+    waiting = "no limit" if max_waiting is None else f"{max_waiting} waiting"
+    queue_time = "none" if max_queue_time_s is None else f"{max_queue_time_s:g} s"
+    return f"429 past {waiting} (--max-waiting), queue time limit {queue_time}"
 
 
 def thread_line(info: RunnerInfo) -> str:

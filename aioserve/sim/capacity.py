@@ -71,8 +71,9 @@ def measured(outcomes: Sequence[tuple[float, bool]]) -> list[tuple[float, bool]]
 @dataclass(frozen=True)
 class RunPoint:
     """One run at one rate: attainment (0-1), goodput (req/s), counted requests; and of the
-    whole run, the requests sent and those the admission limit refused (``queue_full``,
-    ``queue_timeout``: 0 without a limit)."""
+    whole run, the requests sent, those the admission limit refused (``queue_full``,
+    ``queue_timeout``: 0 without a limit) and those that failed otherwise (a live run's
+    errors)."""
 
     rate: float
     attainment: float
@@ -80,6 +81,7 @@ class RunPoint:
     counted: int
     requests: int = 0
     refused: int = 0
+    errors: int = 0
 
     @property
     def good(self) -> int:
@@ -169,6 +171,11 @@ class Curve:
     def refused(self) -> list[tuple[int, int]]:
         """(refused by the admission limit, requests) at each rate, over its repeats."""
         return [(sum(p.refused for p in points), sum(p.requests for p in points))
+                for points in self.runs]
+
+    def errors(self) -> list[tuple[int, int]]:
+        """(failed otherwise: neither finished nor refused, requests) at each rate."""
+        return [(sum(p.errors for p in points), sum(p.requests for p in points))
                 for points in self.runs]
 
     def monotonic(self) -> bool:

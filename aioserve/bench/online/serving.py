@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from aioserve.engine.admission import REFUSAL_REASONS
 from aioserve.reports.outcome import Outcome, of_item
 from aioserve.workloads.body import body_fields
 from aioserve.workloads.request import FIRST_WORD_ID, WorkloadRequest
@@ -79,6 +80,27 @@ def request_body(request: WorkloadRequest, prompt: list[int],
             **body_fields(request, unix_start)}
 
 
+def http_refusal(status: int, text: str) -> str | None:
+    """A 429 of the server's admission limit as a simulated refusal reads (its reason
+    first: ``queue_full: ... (HTTP 429)``, so the reports count it as refused, not as an
+    error); None for any other answer."""
+    if status != 429:
+        return None
+    try:
+        error = json.loads(text)["error"]
+        code, message = error["code"], error["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return f"{code}: {message} (HTTP 429)" if code in REFUSAL_REASONS else None
+
+
+def stream_error(error: dict[str, Any]) -> str:
+    """An SSE error event as a failure reason: a refusal of the admission limit (a request
+    ended by ``--max-queue-time-s`` after its stream began) as a simulated one reads."""
+    code, message = error.get("code"), str(error.get("message"))
+    return f"{code}: {message}" if code in REFUSAL_REASONS else f"error event: {message}"
+
+
 async def send_completion(
     session: aiohttp.ClientSession, base_url: str, model: str | None, record: RequestRecord,
     request: WorkloadRequest, prompt: list[int], unix_start: float = 0.0,
@@ -95,7 +117,9 @@ async def send_completion(
         async with session.post(f"{base_url}/v1/completions", json=body,
                                 headers=stop) as response:
             if response.status != 200:
-                record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                text = await response.text()
+                record.error = (http_refusal(response.status, text)
+                                or f"HTTP {response.status}: {text[:200]}")
                 return
             async for payloads in sse_reads(response.content.iter_any()):
                 arrived, carried = time.perf_counter(), False
@@ -103,6 +127,9 @@ async def send_completion(
                     if data == "[DONE]":
                         break
                     chunk = json.loads(data)
+                    if isinstance(chunk.get("error"), dict):  # an error event ends the stream
+                        record.error = stream_error(chunk["error"])
+                        return
                     choices = chunk.get("choices") or []
                     if choices and (choices[0].get("text")
                                     or choices[0].get("finish_reason") is None):
@@ -159,7 +186,8 @@ class WebsocketClient:
                 record.output_tokens = message["usage"]["completion_tokens"]
                 break
             else:
-                record.error = str(message.get("message"))
+                code, text = message.get("code"), str(message.get("message"))
+                record.error = f"{code}: {text}" if code in REFUSAL_REASONS else text
                 break
         record.end = time.perf_counter()
         del self.queues[request_id]
