@@ -37,9 +37,10 @@ from aioserve.bench.server_process import ServerProcess
 from aioserve.commands.common import positive_float, positive_floats, positive_int
 from aioserve.commands.serve import max_waiting_arg
 from aioserve.engine.admission import DEFAULT_WAITING_BATCHES, serve_max_waiting
-from aioserve.reports.figures import admission_refusals
+from aioserve.reports.figures import admission_refusals, outcomes
 from aioserve.reports.outcome import Outcome
 from aioserve.reports.stats import percentile
+from aioserve.sim.simulator import SimConfig, simulate
 from aioserve.workloads.request import WorkloadRequest
 from aioserve.workloads.scenarios import load_workload
 
@@ -49,6 +50,11 @@ TRACE_SPAN_S = 3502.0
 KEY = "endurance-key"
 #: The vocabulary the trace's prompts are drawn from (stories260K has 512 tokens).
 VOCAB = 512
+
+
+def positive_ints(value: str) -> list[int]:
+    """An argparse type: a comma list of integers >= 1."""
+    return [positive_int(item) for item in value.split(",")]
 
 
 def load() -> str:
@@ -251,9 +257,46 @@ def floors(phases: list[Phase], capacity: float, end_capacity: float,
               f"(<= 2): {verdict(admitted <= 2 * reference)}")
 
 
+async def run(workload: list[WorkloadRequest], config: SimConfig
+              ) -> tuple[int, int, float, float]:
+    """(completed, refused, makespan s, p99 TTFT s of the completed) of one simulation."""
+    every = outcomes(await simulate(workload, "fcfs", config))
+    done = [o for o in every if o.ok]
+    ttft = percentile([o.ttft for o in done if o.ttft is not None], 99) or 0.0
+    return len(done), admission_refusals(every), max(o.finish_s or 0.0 for o in done), ttft
+
+
+async def simulated(args: argparse.Namespace, batches: list[int]) -> None:
+    """The same hour in the simulator (the engine core's own admission rule, no box noise; a
+    flat step cost, ``--step-ms``, near the live server's): per limit of ``batches`` x
+    ``--max-num-seqs``, refused at 0.9x, and at 1.5x completed (x capacity), refused share,
+    admitted p99 TTFT over its 0.9x value without a limit."""
+    requests = load_workload(f"{args.trace}:len_scale=auto,max_len=512")
+    config = SimConfig(slots=args.max_num_seqs, step_ms=args.step_ms, prefill_ms_per_token=0.02,
+                       max_model_len=512)
+    probe = [replace(r, arrival_s=0.0)
+             for r in hour(requests, 8 * args.max_num_seqs / args.duration_s, args.duration_s, 1)]
+    done, _, span, _ = await run(probe, config)
+    capacity = done / span
+    low, high = (hour(requests, f * capacity, args.duration_s, args.seed) for f in (0.9, 1.5))
+    _, _, _, reference = await run(low, config)
+    print(f"slots {args.max_num_seqs}, step {args.step_ms:g} ms: capacity {capacity:.2f} req/s; "
+          f"0.9x: {len(low)} requests, p99 TTFT {reference:.2f} s without a limit; "
+          f"1.5x: {len(high)} requests")
+    print("batches  max_waiting  refused@0.9x  completed@1.5x  refused@1.5x  p99 TTFT ratio")
+    for count in batches:
+        limited = replace(config, max_waiting=count * args.max_num_seqs)
+        _, refused_low, _, _ = await run(low, limited)
+        done, refused, span, ttft = await run(high, limited)
+        print(f"{count:>7}  {count * args.max_num_seqs:>11}  {refused_low:>12}  "
+              f"{done / span / capacity:>13.2f}x  {refused / len(high):>12.1%}  "
+              f"{ttft / reference:>14.2f}")
+
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", help="the served model (required unless --simulate)")
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--duration-s", type=positive_float, default=900.0,
                         help="the hour compressed into this many seconds (>= 900 for the floor)")
@@ -271,7 +314,17 @@ def main() -> None:
     parser.add_argument("--loads", type=positive_floats, default=[0.9, 1.5],
                         help="multiples of capacity (comma list)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--simulate", type=positive_ints, default=None, metavar="BATCHES",
+                        help="no server: simulate the hour with max_waiting at each of these "
+                        "numbers of batches (e.g. 4,6,8) to choose a limit")
+    parser.add_argument("--step-ms", type=positive_float, default=14.0,
+                        help="--simulate's flat step cost")
     args = parser.parse_args()
+    if args.simulate is not None:
+        asyncio.run(simulated(args, args.simulate))
+        return
+    if args.model is None:
+        parser.error("--model is required (or --simulate BATCHES)")
     for flag in ("duration_s", "window_s", "sample_s"):  # refused before a server starts
         if math.isinf(getattr(args, flag)):
             parser.error(f"--{flag.replace('_', '-')}: must be finite")
