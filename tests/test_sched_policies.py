@@ -61,19 +61,21 @@ async def test_equal_priorities_keep_arrival_order():
     assert starts == sorted(starts)
 
 
-@pytest.mark.parametrize("low_share", [0.1, 0.0])
-async def test_low_priority_gets_its_share_not_a_jump(low_share):
+@pytest.mark.parametrize(("low_share", "share_lag"), [(0.1, 0), (0.1, 4), (0.0, 4)])
+async def test_low_priority_gets_its_share_not_a_jump(low_share, share_lag):
     # one slot, a stream of high-priority requests that always has one waiting
     workload = [WorkloadRequest(f"low{i}", 0.0, 4, 4, meta=RequestMeta(priority=5))
                 for i in range(3)]
     workload += [WorkloadRequest(f"h{i:03d}", 0.0, 4, 4, meta=RequestMeta(priority=0))
                  for i in range(60)]
-    policy = PriorityScheduler(low_share=low_share)
+    policy = PriorityScheduler(low_share=low_share, share_lag=share_lag)
     result = await simulate(workload, policy, SimConfig(slots=1))
     order = sorted(result.finished, key=lambda k: result.finished[k].metrics.first_scheduled_time)
     lows = [i for i, k in enumerate(order) if k.startswith("low")]
-    if low_share:  # every 10th contested admission: floor(0.1 * k)
+    if low_share and not share_lag:  # every 10th contested admission: floor(0.1 * k)
         assert lows == [9, 19, 29]
+    elif low_share:  # the top level always has a queue: paid share_lag admissions late
+        assert lows == [49, 59, 61]
     else:  # strict priority: after every high one
         assert lows == [60, 61, 62]
 
