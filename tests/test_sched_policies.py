@@ -278,8 +278,8 @@ def test_edf_slack_check_delays_what_cannot_be_on_time():
 
 
 def test_edf_holds_late_requests_behind_those_on_time_then_lets_them_back():
-    # a late request waits behind one on time for at least late_delay_s (the drain time,
-    # here 0.1 s, is shorter), then goes back in order of its due time
+    # a late request waits behind one on time until it has waited twice late_delay_s
+    # since arrival (the drain time, here 0.1 s, is shorter), then goes back by due time
     policy = EDFScheduler(late_delay_s=5.0)
     policy.step_s = 0.1
     hopeless = Request("h", [5] * 4, SamplingParams(), 0.0)
@@ -293,5 +293,7 @@ def test_edf_holds_late_requests_behind_those_on_time_then_lets_them_back():
                                 (True,) * 20, finished=ids), state)
     assert abs(policy.drain_s(state) - 0.1) < 0.01  # 2 waiting at about 20 finishes a second
     assert [r.request_id for r in policy.order(state)] == ["f", "h"]
-    later = SchedulerState(views, (), 8, 8, 4, 4, 64, 6.1, 0)  # held 5 s: back by due time
+    later = SchedulerState(views, (), 8, 8, 4, 4, 64, 9.9, 0)  # waited 9.9 s: still held
+    assert [r.request_id for r in policy.order(later)] == ["f", "h"]
+    later = SchedulerState(views, (), 8, 8, 4, 4, 64, 10.1, 0)  # 10.1 s: back by due time
     assert [r.request_id for r in policy.order(later)] == ["h", "f"]
