@@ -36,13 +36,18 @@ class EDFScheduler(PredictorHooks, OrderedScheduler):
     ones miss too (the domino effect); goodput (DistServe, vLLM's serving benchmark:
     requests that meet their objectives, per second) is what counts. So a waiting
     request that has not streamed and cannot meet its first-token due time any more
-    (the slack check: due before now plus one step, the mean of recent steps) is late:
-    it waits behind every request that can still be on time for the queue's drain time
-    (waiting requests over the finish rate of the last seconds: about the wait fcfs
-    would give it), at least ``late_delay_s`` and at most 6x that, then goes back in
-    order of its due time. So its wait stays within about twice fcfs's near capacity,
-    and bounded under sustained overload. Only a request that carries an objective is
-    ever late (the defaults are no objective).
+    (the slack check: due before now plus one step, the mean of recent steps) is late
+    (hopeless, as in attainment-maximising EDF): it waits behind every request that can
+    still be on time, including those that arrive later, until it has waited twice the
+    hold time since its arrival, then goes back in order of its due time. The hold time
+    is the queue's drain time (waiting requests over the finish rate of the last
+    seconds: about the wait fcfs would give it), at least ``late_delay_s`` and at most
+    6x that. Counting from arrival, not from the missed due time, keeps a late request
+    from coming back, by its long-past due time, ahead of requests still on time (the
+    deadline-only ones, whose due is far off, lost their slots to them near capacity);
+    its wait stays within about twice fcfs's near capacity and bounded under sustained
+    overload. Only a request that carries an objective is ever late (the defaults are
+    no objective).
     With ``shed_late`` a late request that carries a TTFT objective or a deadline is
     shed with a reason (HTTP 503 ``request_shed``) instead. A request that has streamed
     tokens (one preempted and back in the queue) is never shed and never late: it
@@ -60,8 +65,9 @@ class EDFScheduler(PredictorHooks, OrderedScheduler):
             later (admission control; default False).
         default_ttft_ms: first-token objective of a request without one (default 10 s).
         default_tpot_ms: per-token objective of a request without one (default 200).
-        late_delay_s: the least time a late request is held behind the ones on time
-            (default 5 s; up to 6x that while the queue drains slower).
+        late_delay_s: the least hold time (default 5 s; up to 6x that while the queue
+            drains slower): a late request is held behind the ones on time until it has
+            waited twice the hold time since its arrival.
         predictor: the output-length predictor for requests with a deadline (as spf's;
             default ``learned``).
         predictor_config: the named predictor's parameters.
@@ -74,6 +80,8 @@ class EDFScheduler(PredictorHooks, OrderedScheduler):
     name: ClassVar[str] = "edf"
     #: time constant (s) of the finish rate behind the drain time
     RATE_WINDOW_S: ClassVar[float] = 5.0
+    #: a late request is held until it has waited this many hold times since arrival
+    HOLD_DRAINS: ClassVar[float] = 2.0
 
     def __init__(self, shed_late: bool = False, default_ttft_ms: float = 10_000.0,
                  default_tpot_ms: float = 200.0, late_delay_s: float = 5.0,
@@ -126,7 +134,8 @@ class EDFScheduler(PredictorHooks, OrderedScheduler):
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[bool, bool, float, float]:
         due = self.due(request)
-        held = self.late(request, state) and state.now < due + self.delay_s
+        held = self.late(request, state) and (
+            state.now < request.arrival_time + self.HOLD_DRAINS * self.delay_s)
         return (request.num_output_tokens == 0, held, due, request.arrival_time)
 
     def report(self) -> PolicyReport:

@@ -35,6 +35,12 @@ class PriorityScheduler(OrderedScheduler):
       sustained overload the best class is served in order and no class starves, which
       no aging can promise (an aging bound is either shorter than the queue, and then
       aged requests jump it and cancel priority, or longer, and then it bounds nothing).
+      A level owed its share is paid at the first contested admission where the best
+      level has at most one request waiting, or once it is ``share_lag`` admissions
+      behind, whichever comes first (a bounded deficit, as in Deficit Round Robin,
+      Shreedhar and Varghese 1996): the payment then delays one top-level request, not a
+      burst of them, and the measured share stays within ``share_lag`` admissions of
+      ``floor(s_L * k)``.
     * Preemption for a waiting request: when the best-priority waiting request does not
       fit (no slot, or too few blocks), running requests of strictly lower priority
       are preempted, lowest first (then latest arrival), until it fits; requests
@@ -56,18 +62,24 @@ class PriorityScheduler(OrderedScheduler):
         shares: priority level -> its share of the admissions contested with it
             (JSON keys may be strings: ``{"1": 0.15, "2": 0.05}``). Default: none
             named, so every level below the best waiting one is owed ``low_share``.
+        share_lag: how many admissions a level's share may fall behind while the best
+            level has a queue (default 4; 0 pays each share at once).
 
     Raises:
         ValueError: low_share or a level's share outside [0, 1), shares summing to 1 or
-            more, a level that is not an integer (each named), or a bad watermark.
+            more, a level that is not an integer (each named), a negative share_lag, or
+            a bad watermark.
     """
 
     name: ClassVar[str] = "priority"
 
     def __init__(self, low_share: float = 0.1,
                  shares: Mapping[int | str, float] | None = None,
-                 watermark: float = 0.01) -> None:
+                 share_lag: int = 4, watermark: float = 0.01) -> None:
         super().__init__(watermark)
+        if isinstance(share_lag, bool) or not isinstance(share_lag, int) or share_lag < 0:
+            raise ValueError(f"share_lag must be an integer >= 0, got {share_lag!r}")
+        self.share_lag = share_lag
         if not 0 <= low_share < 1:
             raise ValueError(f"low_share must be in [0, 1), got {low_share!r}")
         self.low_share = low_share
@@ -124,7 +136,8 @@ class PriorityScheduler(OrderedScheduler):
             lower = levels[:-1]
             for level in lower:
                 self.contested[level] = self.contested.get(level, 0) + 1
-            owed = next((level for level in lower if self.shared.get(level, 0) + 1
+            lag = 0 if sum(r.priority == levels[-1] for r in order) <= 1 else self.share_lag
+            owed = next((level for level in lower if self.shared.get(level, 0) + 1 + lag
                          <= self.share(level) * self.contested[level]), None)
             index = 0 if owed is None else next(
                 i for i, r in enumerate(order) if r.priority == owed)

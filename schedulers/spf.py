@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from aioserve.scheduling import OrderedScheduler, PolicyReport, RequestView, SchedulerState
+from aioserve.scheduling import (
+    OrderedScheduler,
+    PolicyReport,
+    RequestView,
+    SchedulerOutput,
+    SchedulerState,
+)
 from schedulers.length_predictor import LengthPredictor, PredictorHooks, make_predictor
 
 #: Finished requests whose (predicted, true) lengths a policy keeps for reports.
@@ -20,12 +27,17 @@ class SPFScheduler(PredictorHooks, OrderedScheduler):
     newest under memory pressure) exactly like ``fcfs``.
 
     Aging bounds starvation (CASES.md BUG-11): a request that has waited
-    ``max_wait_s`` since it arrived goes ahead of every request that has waited less,
-    and aged requests keep arrival order. So it starts at the first slot that frees
-    after ``max_wait_s`` of waiting, unless an older aged request takes that slot: its
-    wait is at most ``max_wait_s`` plus the time until a slot frees. A preempted
-    request ages from its original arrival, so newer short jobs cannot push it back
-    forever. Requests with equal predictions keep queue order (FCFS).
+    ``max_wait_s`` since it arrived is aged; aged requests keep arrival order and get
+    ``aged_share`` of the admissions made while aged and younger requests both wait (a
+    deficit counter, as priority's shares: after k such admissions they have had at
+    least ``ceil(aged_share * k)``; and an aged request goes ahead of every younger one
+    predicted no shorter). So the oldest aged request starts at the first slot that
+    frees after ``max_wait_s`` of waiting, and each later one within ``1 /
+    aged_share`` admissions per older aged request ahead of it. A share rather than
+    all the admissions keeps the order under overload, where most requests wait past
+    ``max_wait_s`` and aged-first would make spf fcfs. A preempted request ages from
+    its original arrival, so newer short jobs cannot push it back forever. Requests
+    with equal predictions keep queue order (FCFS).
 
     Args:
         predictor: the output-length predictor: ``learned`` (default: learns lengths
@@ -35,12 +47,14 @@ class SPFScheduler(PredictorHooks, OrderedScheduler):
             (``schedulers/length_predictor.py``).
         predictor_config: the named predictor's parameters, e.g. ``{"state_path":
             "lengths.json"}`` for ``learned``.
-        max_wait_s: waiting time in seconds after which a request is served in arrival
-            order, ahead of shorter ones (default 30).
+        max_wait_s: waiting time in seconds after which a request is aged (default 30).
         watermark: as ``fcfs``.
+        aged_share: the aged requests' share of the admissions made while aged and
+            younger requests both wait (default 0.5; 1: aged requests always first).
 
     Raises:
-        ValueError: max_wait_s negative, a bad predictor, predictor_config or watermark.
+        ValueError: max_wait_s negative, aged_share outside (0, 1], a bad predictor,
+            predictor_config or watermark.
     """
 
     name: ClassVar[str] = "spf"
@@ -51,6 +65,7 @@ class SPFScheduler(PredictorHooks, OrderedScheduler):
         max_wait_s: float = 30.0,
         watermark: float = 0.01,
         predictor_config: dict[str, Any] | None = None,
+        aged_share: float = 0.5,
     ) -> None:
         super().__init__(watermark)
         if not max_wait_s >= 0:
@@ -58,6 +73,11 @@ class SPFScheduler(PredictorHooks, OrderedScheduler):
         self.predictor = make_predictor(predictor if predictor is not None else "learned",
                                         predictor_config)
         self.max_wait_s = max_wait_s
+        if not 0 < aged_share <= 1:
+            raise ValueError(f"aged_share must be in (0, 1], got {aged_share!r}")
+        self.aged_share = aged_share
+        self.contested = self.shared = 0  # admissions while aged and fresh both waited
+        self._counts: list[tuple[int, int]] = []  # (contested, shared) along the last order
         self.predicted: dict[str, int] = {}  # at arrival, until it finishes
         self.outcomes: deque[tuple[str, int, int]] = deque(maxlen=OUTCOMES_KEPT)
 
@@ -93,3 +113,29 @@ class SPFScheduler(PredictorHooks, OrderedScheduler):
         if state.now - request.arrival_time >= self.max_wait_s:
             return (0, request.arrival_time)
         return (1, self.predictor.remaining(request))
+
+    def order(self, state: SchedulerState) -> Sequence[RequestView]:
+        """Aged requests (by arrival) and the others (by predicted remaining output)
+        interleaved so the aged get ``aged_share`` of the admissions made while both wait."""
+        ranked = super().order(state)
+        aged = [r for r in ranked if state.now - r.arrival_time >= self.max_wait_s]
+        fresh = list(ranked[len(aged):])
+        contested, shared = self.contested, self.shared
+        out: list[RequestView] = []
+        self._counts = [(contested, shared)]
+        while aged and fresh:
+            take_aged = (shared < self.aged_share * (contested + 1)
+                         or self.predictor.remaining(aged[0])
+                         <= self.predictor.remaining(fresh[0]))
+            out.append(aged.pop(0) if take_aged else fresh.pop(0))
+            contested, shared = contested + 1, shared + take_aged
+            self._counts.append((contested, shared))
+        return out + aged + fresh
+
+    def schedule(self, state: SchedulerState) -> SchedulerOutput:
+        self._counts = []
+        decision = super().schedule(state)
+        if self._counts:  # the admissions are a prefix of the order
+            self.contested, self.shared = self._counts[min(len(decision.admit),
+                                                           len(self._counts) - 1)]
+        return decision

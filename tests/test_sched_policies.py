@@ -61,19 +61,21 @@ async def test_equal_priorities_keep_arrival_order():
     assert starts == sorted(starts)
 
 
-@pytest.mark.parametrize("low_share", [0.1, 0.0])
-async def test_low_priority_gets_its_share_not_a_jump(low_share):
+@pytest.mark.parametrize(("low_share", "share_lag"), [(0.1, 0), (0.1, 4), (0.0, 4)])
+async def test_low_priority_gets_its_share_not_a_jump(low_share, share_lag):
     # one slot, a stream of high-priority requests that always has one waiting
     workload = [WorkloadRequest(f"low{i}", 0.0, 4, 4, meta=RequestMeta(priority=5))
                 for i in range(3)]
     workload += [WorkloadRequest(f"h{i:03d}", 0.0, 4, 4, meta=RequestMeta(priority=0))
                  for i in range(60)]
-    policy = PriorityScheduler(low_share=low_share)
+    policy = PriorityScheduler(low_share=low_share, share_lag=share_lag)
     result = await simulate(workload, policy, SimConfig(slots=1))
     order = sorted(result.finished, key=lambda k: result.finished[k].metrics.first_scheduled_time)
     lows = [i for i, k in enumerate(order) if k.startswith("low")]
-    if low_share:  # every 10th contested admission: floor(0.1 * k)
+    if low_share and not share_lag:  # every 10th contested admission: floor(0.1 * k)
         assert lows == [9, 19, 29]
+    elif low_share:  # the top level always has a queue: paid share_lag admissions late
+        assert lows == [49, 59, 61]
     else:  # strict priority: after every high one
         assert lows == [60, 61, 62]
 
@@ -276,8 +278,8 @@ def test_edf_slack_check_delays_what_cannot_be_on_time():
 
 
 def test_edf_holds_late_requests_behind_those_on_time_then_lets_them_back():
-    # a late request waits behind one on time for at least late_delay_s (the drain time,
-    # here 0.1 s, is shorter), then goes back in order of its due time
+    # a late request waits behind one on time until it has waited twice late_delay_s
+    # since arrival (the drain time, here 0.1 s, is shorter), then goes back by due time
     policy = EDFScheduler(late_delay_s=5.0)
     policy.step_s = 0.1
     hopeless = Request("h", [5] * 4, SamplingParams(), 0.0)
@@ -291,5 +293,7 @@ def test_edf_holds_late_requests_behind_those_on_time_then_lets_them_back():
                                 (True,) * 20, finished=ids), state)
     assert abs(policy.drain_s(state) - 0.1) < 0.01  # 2 waiting at about 20 finishes a second
     assert [r.request_id for r in policy.order(state)] == ["f", "h"]
-    later = SchedulerState(views, (), 8, 8, 4, 4, 64, 6.1, 0)  # held 5 s: back by due time
+    later = SchedulerState(views, (), 8, 8, 4, 4, 64, 9.9, 0)  # waited 9.9 s: still held
+    assert [r.request_id for r in policy.order(later)] == ["f", "h"]
+    later = SchedulerState(views, (), 8, 8, 4, 4, 64, 10.1, 0)  # 10.1 s: back by due time
     assert [r.request_id for r in policy.order(later)] == ["h", "f"]

@@ -216,6 +216,19 @@ async def test_priority_takes_each_share_from_the_lowest_levels_and_keeps_the_or
     assert ttft[0] <= 3 * mean(first_token_waits(strict, 0))
 
 
+async def test_priority_pays_the_shares_where_they_delay_one_top_request_not_a_burst():
+    # Same setting. Level 0 alone on these arrivals (bursts, 53% of the slots) waits 6.3x
+    # its idle TTFT; paying each share at once (share_lag 0) made it 16x, 2.6x of alone.
+    workload = three_levels(1200, 7.3)
+    alone = await simulate([w for w in workload if w.meta.priority == 0],
+                           PriorityScheduler(), CONFIG)
+    policy = PriorityScheduler(shares={"1": 0.15, "2": 0.05})
+    shared = await simulate(workload, policy, CONFIG)
+    for level, share in ((1, 0.15), (2, 0.05)):
+        assert abs(policy.shared[level] / policy.contested[level] - share) <= 0.01
+    assert mean(first_token_waits(shared, 0)) <= 2 * mean(first_token_waits(alone, 0))
+
+
 def test_priority_shares_are_checked():
     with pytest.raises(ValueError, match="shares must sum to less than 1"):
         PriorityScheduler(shares={1: 0.6, 2: 0.4})
@@ -223,6 +236,8 @@ def test_priority_shares_are_checked():
         PriorityScheduler(shares={"low": 0.1})
     with pytest.raises(ValueError, match=r"shares\[2\] must be in \[0, 1\)"):
         PriorityScheduler(shares={2: -0.1})
+    with pytest.raises(ValueError, match="share_lag must be an integer >= 0"):
+        PriorityScheduler(share_lag=-1)
 
 
 # -- edf ---------------------------------------------------------------------------------
@@ -254,10 +269,10 @@ async def test_edf_under_sustained_overload_keeps_tokens_and_waits_bounded():
     assert shedding["slo_attainment"] >= fcfs["slo_attainment"] + 0.5
 
 
-def independent_mix(n: int, rate: float) -> list[WorkloadRequest]:
+def independent_mix(n: int, rate: float, seed: int = 0) -> list[WorkloadRequest]:
     """Objectives independent of output length: half TTFT 300 ms + TPOT 50 ms, half only
     a deadline (the finish time) 15 s after arrival; prompts 16-128, outputs 8-192."""
-    rng = random.Random(0)
+    rng = random.Random(seed)
     items, t = [], 0.0
     for i in range(n):
         t += rng.expovariate(rate)
@@ -271,13 +286,15 @@ def independent_mix(n: int, rate: float) -> list[WorkloadRequest]:
     return items
 
 
-async def test_edf_reads_the_deadline_as_the_finish_time():
-    # 3.5 req/s: fcfs attains 56.5% (the deadline half 100%, the tight half 14%). As
-    # the finish time less the predicted work left, with late requests held behind those
-    # on time, edf gains 13.5 points (the deadline half 98.7%) and 27 with shed_late.
-    # Near 3.7-3.8 req/s the gain without shedding is 6-11 points and the deadline half
-    # falls 10 points below fcfs's (docs/policies-on-traces.md).
-    workload = independent_mix(600, 3.5)
+@pytest.mark.parametrize("rate", [3.5, 3.7])
+async def test_edf_reads_the_deadline_as_the_finish_time(rate):
+    # 3.5 req/s: fcfs attains 56.5% (the deadline half 100%, the tight half 14%), 3.7:
+    # 49%. As the finish time less the predicted work left, with late requests held
+    # behind those on time until they have waited twice the queue's drain time, edf
+    # gains 15 points at both (the deadline half within 3.4 of fcfs's). Held from the
+    # missed due time instead, they came back ahead of the deadline half: at 3.7 edf
+    # gained 6.7 points and the deadline half fell 16 below fcfs's.
+    workload = independent_mix(600, rate)
     items = {w.id: w for w in workload}
 
     def attained(result, prefix: str) -> float:
@@ -293,7 +310,7 @@ async def test_edf_reads_the_deadline_as_the_finish_time():
     assert edf["slo_attainment"] >= fcfs["slo_attainment"] + 0.1
     assert shedding["slo_attainment"] >= fcfs["slo_attainment"] + 0.2
     assert attained(shed_run, "d") >= attained(fcfs_run, "d")
-    assert attained(edf_run, "d") >= attained(fcfs_run, "d") - 0.02
+    assert attained(edf_run, "d") >= attained(fcfs_run, "d") - 0.05
     assert edf["mean_tpot_s"] <= 1.5 * fcfs["mean_tpot_s"]
     shed = [r for r in shed_run.finished.values() if r.finish_reason is FinishReason.ERROR]
     assert all(r.num_output_tokens == 0 for r in shed)

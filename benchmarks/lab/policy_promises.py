@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import vtc_promises  # noqa: E402
-from test_sched_promises import independent_mix, three_levels  # noqa: E402
+from test_sched_promises import independent_mix  # noqa: E402
 from trace_promises import (  # noqa: E402
     POLICIES,
     PROMISES,
@@ -53,7 +53,7 @@ from aioserve.request_meta import RequestMeta  # noqa: E402
 from aioserve.sim.simulator import SimConfig, simulate  # noqa: E402
 from aioserve.sim.step_cost import StepCostModel  # noqa: E402
 from aioserve.workloads.request import WorkloadRequest  # noqa: E402
-from aioserve.workloads.scenarios import heavy_tail  # noqa: E402
+from aioserve.workloads.scenarios import heavy_tail, priority_mix  # noqa: E402
 
 CONFIG = SimConfig(slots=8, kv_blocks=64, step_ms=20)
 #: the policies trace_floors runs (--policies)
@@ -154,45 +154,73 @@ async def vtc_isolation_floors(p: dict[str, type], quick: bool) -> dict[str, flo
 
 
 async def edf_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
+    """Each figure the median over seeds (workload seeds 0-2; 1 with --quick)."""
     out: dict[str, float] = {}
-    for rate in (3.5, 3.7):
-        workload = independent_mix(600, rate)
-        items = {w.id: w for w in workload}
+    seeds = (0,) if quick else (0, 1, 2)
+    for rate in ((3.5, 3.7) if quick else (3.3, 3.5, 3.6, 3.7, 3.9)):
+        got: dict[str, list[float]] = {}
+        for seed in seeds:
+            workload = independent_mix(600, rate, seed)
+            ids = [w.id for w in workload if w.id.startswith("d")]
 
-        def deadline_half(result: Any, items: dict[str, WorkloadRequest] = items) -> float:
-            ids = [k for k in items if k.startswith("d")]
-            by_id = {o.id: o for o in outcomes(result)}
-            return sum(meets_slo(by_id[k]) for k in ids) / len(ids)
+            def deadline_half(result: Any, ids: list[str] = ids) -> float:
+                by_id = {o.id: o for o in outcomes(result)}
+                return sum(meets_slo(by_id[k]) for k in ids) / len(ids)
 
-        runs = [await simulate(workload, policy, CONFIG)
-                for policy in ("fcfs", p["edf"](), p["edf"](shed_late=True))]
-        fcfs, edf, shed = (policy_figures(r) for r in runs)
-        out[f"{rate} req/s: fcfs attainment"] = fcfs["slo_attainment"]
-        out[f"{rate} req/s: edf - fcfs (points)"] = 100 * (edf["slo_attainment"]
-                                                            - fcfs["slo_attainment"])
-        out[f"{rate} req/s: shed_late - fcfs (points)"] = 100 * (shed["slo_attainment"]
-                                                                  - fcfs["slo_attainment"])
-        out[f"{rate} req/s: deadline half, edf - fcfs (points)"] = 100 * (
-            deadline_half(runs[1]) - deadline_half(runs[0]))
-        out[f"{rate} req/s: TPOT / fcfs"] = edf["mean_tpot_s"] / fcfs["mean_tpot_s"]
+            runs = [await simulate(workload, policy, CONFIG)
+                    for policy in ("fcfs", p["edf"](), p["edf"](shed_late=True))]
+            fcfs, edf, shed = (policy_figures(r) for r in runs)
+            for key, value in (
+                    ("fcfs attainment", fcfs["slo_attainment"]),
+                    ("edf - fcfs (points)", 100 * (edf["slo_attainment"]
+                                                   - fcfs["slo_attainment"])),
+                    ("shed_late - fcfs (points)", 100 * (shed["slo_attainment"]
+                                                         - fcfs["slo_attainment"])),
+                    ("deadline half, edf - fcfs (points)", 100 * (
+                        deadline_half(runs[1]) - deadline_half(runs[0]))),
+                    ("TPOT / fcfs", edf["mean_tpot_s"] / fcfs["mean_tpot_s"]),
+                    ("max wait / fcfs", edf["max_wait_s"] / fcfs["max_wait_s"])):
+                got.setdefault(key, []).append(value)
+        for key, values in got.items():
+            out[f"{rate} req/s: {key}"] = median(values)
     return out
 
 
+def levels(n: int, rate: float, seed: int) -> list[WorkloadRequest]:
+    """three_levels with priority-mix's seed ``seed`` (0: three_levels itself)."""
+    rng = random.Random(7 + seed)
+    return [replace(w, meta=RequestMeta(priority=rng.choices((0, 1, 2), (0.4, 0.3, 0.3))[0]))
+            for w in priority_mix(n=n, rate=rate, seed=seed)]
+
+
 async def priority_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
-    idle = await simulate(three_levels(300, 1), p["priority"](), CONFIG)
-    try:
-        policy = p["priority"](shares={"1": 0.15, "2": 0.05})
-    except TypeError:  # before: one share for every lower level
-        policy = p["priority"](low_share=0.2)
-    loaded = await simulate(three_levels(1200, 7.3), policy, CONFIG)
+    """Each figure the median over seeds 0-2 (0 with --quick)."""
+    got: dict[str, list[float]] = {}
 
     def ttft(result: Any, level: int) -> float:
         v = [r.metrics.first_token_time - r.arrival_time for r in result.finished.values()
              if r.meta.priority == level]
         return sum(v) / len(v)
 
-    return {"level 0 TTFT / idle": ttft(loaded, 0) / ttft(idle, 0),
-            "level 1 mean TTFT (s)": ttft(loaded, 1), "level 2 mean TTFT (s)": ttft(loaded, 2)}
+    for seed in (0,) if quick else (0, 1, 2):
+        idle = await simulate(levels(300, 1, seed), p["priority"](), CONFIG)
+        try:
+            policy = p["priority"](shares={"1": 0.15, "2": 0.05})
+        except TypeError:  # before: one share for every lower level
+            policy = p["priority"](low_share=0.2)
+        workload = levels(1200, 7.3, seed)
+        loaded = await simulate(workload, policy, CONFIG)
+        alone = await simulate([w for w in workload if w.meta.priority == 0],
+                               p["priority"](), CONFIG)
+        for key, value in (("level 0 TTFT / idle", ttft(loaded, 0) / ttft(idle, 0)),
+                           ("level 0 alone TTFT / idle", ttft(alone, 0) / ttft(idle, 0)),
+                           ("level 1 mean TTFT (s)", ttft(loaded, 1)),
+                           ("level 2 mean TTFT (s)", ttft(loaded, 2)),
+                           *((f"level {level} share of contested", policy.shared.get(level, 0)
+                              / policy.contested[level]) for level in (1, 2)
+                             if policy.contested.get(level))):
+            got.setdefault(key, []).append(value)
+    return {key: median(values) for key, values in got.items()}
 
 
 def bucketed(workload: list[WorkloadRequest], seed: int = 0) -> list[WorkloadRequest]:
@@ -208,13 +236,19 @@ def bucketed(workload: list[WorkloadRequest], seed: int = 0) -> list[WorkloadReq
 
 
 async def spf_floor(p: dict[str, type], quick: bool) -> dict[str, float]:
+    """The median over the output draws' seeds 0-2 (0 with --quick). "0.9x" is of the
+    capacity with the trace's own outputs, as the issue's floor was measured; the
+    rewritten outputs are longer, so the window is overloaded."""
     n = 300 if quick else 1200
     cap = await capacity("mooncake", n)
-    workload = bucketed(window("mooncake", n, 0.9 * cap))
     cfg = config("mooncake")
-    fcfs = policy_figures(await simulate(workload, "fcfs", cfg))["mean_e2e_s"]
-    spf = policy_figures(await simulate(workload, p["spf"](), cfg))["mean_e2e_s"]
-    return {"mooncake (bucketed outputs) 0.9x E2E / fcfs": spf / fcfs}
+    ratios = []
+    for seed in (0,) if quick else (0, 1, 2):
+        workload = bucketed(window("mooncake", n, 0.9 * cap), seed)
+        fcfs = policy_figures(await simulate(workload, "fcfs", cfg))["mean_e2e_s"]
+        spf = policy_figures(await simulate(workload, p["spf"](), cfg))["mean_e2e_s"]
+        ratios.append(spf / fcfs)
+    return {"mooncake (bucketed outputs) 0.9x E2E / fcfs": median(ratios)}
 
 
 async def trace_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
