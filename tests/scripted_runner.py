@@ -62,3 +62,19 @@ class ScriptedRunner(ModelRunner):
             script = self._script(request_id)
             tokens.append(script[min(produced, len(script) - 1)] if sample else -1)
         return RunnerOutput(token_ids=tokens)
+
+
+class GatedRunner(ScriptedRunner):
+    """A ScriptedRunner whose steps wait for ``gate``, on a clock the test sets (``now``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def step(self, batch: ScheduledBatch) -> RunnerOutput:
+        await self.gate.wait()
+        return await super().step(batch)

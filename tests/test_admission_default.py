@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 from cli_support import refuse
-from scripted_runner import ScriptedRunner
+from scripted_runner import GatedRunner, ScriptedRunner
 from server_support import base_url, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig
@@ -20,7 +20,6 @@ from aioserve.commands.serve import admission_config
 from aioserve.engine.admission import DEFAULT_WAITING_BATCHES
 from aioserve.reports.figures import admission_refusals
 from aioserve.reports.sweep import format_sweep
-from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.workloads.request import WorkloadRequest
 
 
@@ -52,22 +51,6 @@ def test_a_429_of_the_limit_reads_as_a_refusal():
     assert http_refusal(429, body % "rate_limited") is None  # not this server's limit
     assert http_refusal(429, "Too Many Requests") is None
     assert http_refusal(503, body % "queue_full") is None
-
-
-class GatedRunner(ScriptedRunner):
-    """A ScriptedRunner whose steps wait for ``gate``, on a clock the test sets (``now``)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.gate = asyncio.Event()
-        self.now = 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    async def step(self, batch: ScheduledBatch) -> RunnerOutput:
-        await self.gate.wait()
-        return await super().step(batch)
 
 
 async def test_the_live_sweep_counts_429_as_refused_not_as_errors(tokenizer, tmp_path):

@@ -17,11 +17,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 from cli_support import refuse as refuse_cli
-from scripted_runner import ScriptedRunner
+from scripted_runner import GatedRunner, ScriptedRunner
 from server_support import base_url, idle, metric, serve, wait_until
 
 from aioserve import AsyncEngine, EngineConfig, QueueFullError, RequestMeta, SamplingParams
-from aioserve.runners.base import RunnerOutput, ScheduledBatch
 from aioserve.server import METRICS_KEY, ServerConfig, create_app
 from aioserve.server.security_flags import api_key_of, tls_context
 from aioserve.server.session import COOKIE
@@ -29,22 +28,6 @@ from aioserve.server.session import COOKIE
 KEY = "sk-issue-52"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 P = "aioserve:"
-
-
-class GatedRunner(ScriptedRunner):
-    """A ScriptedRunner whose steps wait for ``gate``, on a clock the test sets (``now``)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.gate = asyncio.Event()
-        self.now = 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    async def step(self, batch: ScheduledBatch) -> RunnerOutput:
-        await self.gate.wait()
-        return await super().step(batch)
 
 
 def engine_of(tokenizer, runner=None, **config) -> AsyncEngine:
