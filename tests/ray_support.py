@@ -3,9 +3,11 @@ prefix router), replica ids, SSE over aiohttp."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,31 @@ def with_repo_on_path(repo: str) -> None:
     run the code under test."""
     paths = [repo, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+
+@contextlib.contextmanager
+def serving(repo: str, config: Any, server: Any, options: Any, required: bool) -> Iterator[str]:
+    """The app (``start``'s arguments) on a fresh local Ray instance of 2 CPUs, on a free
+    loopback port: its base URL; Serve and Ray shut down after. Skips the test when Ray
+    cannot start, unless ``required`` (CI), where it fails."""
+    import pytest
+    import ray
+    from ray import serve
+
+    from aioserve.deploy.ray_serve import start
+
+    with_repo_on_path(repo)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as exc:  # no Ray here (e.g. no shared memory): say why, skip
+        if required:
+            raise
+        pytest.skip(f"cannot start a local Ray instance: {exc!r}")
+    try:
+        yield start(config, server, options, port=free_port())
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def replica_ids() -> list[str]:

@@ -9,13 +9,13 @@ import asyncio
 import pytest
 import torch
 
-from aioserve import AsyncEngine, EngineConfig, SamplingParams
+from aioserve import AsyncEngine, EngineConfig
 from aioserve.bench.models import coverage
 from aioserve.cli import main
 from aioserve.runners.cpu import native_dtypes, packed_linear
 from aioserve.runners.torch import setup
 from tests.test_arch_coverage import ARCHITECTURES, PROMPTS, assert_lively
-from tests.test_engine_batch_invariance import staggered_workload, start
+from tests.test_engine_batch_invariance import staggered, staggered_workload
 
 needs_bf16 = pytest.mark.skipif(not packed_linear.native_bf16(),
                                 reason="oneDNN runs no native bfloat16 on this CPU")
@@ -37,14 +37,7 @@ async def served(model_dir: str, workload, max_num_seqs: int) -> list[list[int]]
     config = EngineConfig(model=model_dir, max_num_seqs=max_num_seqs, max_num_batched_tokens=64,
                           block_size=8, dtype="bfloat16", device="cpu")
     async with AsyncEngine(config) as engine:
-        tasks = []
-        for i, (prompt, max_tokens) in enumerate(workload):
-            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-            task, first_output = start(engine, prompt, params)
-            tasks.append(task)
-            if i % 3 == 2 and max_num_seqs > 1:  # the next arrivals join a decoding batch
-                await first_output.wait()
-        return list(await asyncio.gather(*tasks))
+        return await staggered(engine, workload, join=max_num_seqs > 1)
 
 
 @pytest.mark.parametrize("packed", [False, pytest.param(True, marks=needs_bf16)])

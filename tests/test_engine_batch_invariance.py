@@ -32,6 +32,20 @@ def start(
     return asyncio.create_task(run()), first
 
 
+async def staggered(engine: AsyncEngine, workload: list[tuple[list[int], int]],
+                    join: bool = True) -> list[list[int]]:
+    """Greedy tokens of each (prompt, max_tokens), EOS ignored; with ``join``, every third
+    request's first output is awaited so the next arrivals join a decoding batch."""
+    tasks = []
+    for i, (prompt, max_tokens) in enumerate(workload):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        task, first_output = start(engine, prompt, params)
+        tasks.append(task)
+        if join and i % 3 == 2:
+            await first_output.wait()
+    return list(await asyncio.gather(*tasks))
+
+
 def staggered_workload(seed: int = 7) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     lengths = [1, 60] + [rng.randint(1, 60) for _ in range(14)]
@@ -51,14 +65,7 @@ async def test_staggered_requests_equal_their_solo_runs(model_dir, solo_greedy, 
         block_size=8,
     )
     async with AsyncEngine(config) as engine:
-        tasks = []
-        for i, (prompt, max_tokens) in enumerate(workload):
-            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-            task, first_output = start(engine, prompt, params)
-            tasks.append(task)
-            if i % 3 == 2:  # the next arrivals join a batch that is already decoding
-                await first_output.wait()
-        results = await asyncio.gather(*tasks)
+        results = await staggered(engine, workload)
         assert engine.stats()["num_free_blocks"] == engine.core.blocks.num_blocks
     for (prompt, max_tokens), got in zip(workload, results):
         assert got == solo_greedy(prompt, max_tokens), f"prompt of {len(prompt)} tokens"

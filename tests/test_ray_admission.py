@@ -11,13 +11,12 @@ import os
 import aiohttp
 import pytest
 from conftest import REPO
-from ray_support import free_port, with_repo_on_path
+from ray_support import serving
 
 REQUIRED = os.environ.get("AIOSERVE_REQUIRE_RAY") == "1"
 
 try:
-    import ray
-    from ray import serve
+    from ray import serve  # noqa: F401  (the [ray] extra is installed)
 except ImportError as exc:
     if REQUIRED:
         raise
@@ -34,25 +33,15 @@ FLOOD, MAX_TOKENS = 16, 128
 def endpoint(model_dir):
     """One engine replica (one slot, ``max_waiting`` 1) behind Serve's queue bound of one."""
     from aioserve import EngineConfig
-    from aioserve.deploy.ray_serve import RayServeOptions, start
+    from aioserve.deploy.ray_serve import RayServeOptions
     from aioserve.server import ServerConfig
 
-    with_repo_on_path(str(REPO))
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    except Exception as exc:  # no Ray here (e.g. no shared memory): say why, skip
-        if REQUIRED:
-            raise
-        pytest.skip(f"cannot start a local Ray instance: {exc!r}")
     config = EngineConfig(model=model_dir, device="cpu", max_num_seqs=1, max_waiting=1)
     options = RayServeOptions(num_replicas=1, ray_actor_options={"num_cpus": 0.5},
                               max_ongoing_requests=3, max_queued_requests=1)
-    try:
-        yield start(config, ServerConfig(served_model_name=MODEL_NAME), options,
-                    port=free_port())
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    with serving(str(REPO), config, ServerConfig(served_model_name=MODEL_NAME), options,
+                 REQUIRED) as url:
+        yield url
 
 
 async def answer(session: aiohttp.ClientSession, url: str) -> tuple[int, dict, dict]:

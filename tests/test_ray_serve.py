@@ -12,12 +12,11 @@ import pytest
 from conftest import REPO
 from ray_support import (
     Stream,
-    free_port,
     kill_replica,
     read_events,
     replica_ids,
+    serving,
     stream_call,
-    with_repo_on_path,
 )
 from server_support import CHAT_TEMPLATE
 
@@ -51,25 +50,15 @@ def engine_config(model_dir: str):
 @pytest.fixture(scope="module")
 def endpoint(model_dir):
     """Base URL of the app, 2 replicas, on a fresh local Ray instance (2 CPUs)."""
-    from aioserve.deploy.ray_serve import RayServeOptions, start
+    from aioserve.deploy.ray_serve import RayServeOptions
     from aioserve.server import ServerConfig
 
-    with_repo_on_path(str(REPO))
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    except Exception as exc:  # no Ray here (e.g. no shared memory): say why, skip
-        if REQUIRED:
-            raise
-        pytest.skip(f"cannot start a local Ray instance: {exc!r}")
     options = RayServeOptions(
         num_replicas=NUM_REPLICAS, ray_actor_options={"num_cpus": 0.5}, router="prefix"
     )
     server = ServerConfig(served_model_name=MODEL_NAME, chat_template=CHAT_TEMPLATE)
-    try:
-        yield start(engine_config(model_dir), server, options, port=free_port())
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    with serving(str(REPO), engine_config(model_dir), server, options, REQUIRED) as url:
+        yield url
 
 
 async def stats_of(target: str) -> dict | None:
