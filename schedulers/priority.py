@@ -27,30 +27,38 @@ class PriorityScheduler(OrderedScheduler):
 
     * Admission: waiting requests by (priority, arrival), while slots, the token budget
       and KV blocks allow; except that each priority level L below the best waiting one
-      is owed its share s_L of the admissions made while it waits together with a
-      better level (contested for L; a deficit counter per level: after k such
-      admissions it has had ``floor(s_L * k)``). When several levels are owed, the
-      lowest (largest value) is served first, its oldest request: the share comes out of
-      the lowest waiting levels first, and the top level gets all the rest. So under
-      sustained overload the best class is served in order and no class starves, which
-      no aging can promise (an aging bound is either shorter than the queue, and then
-      aged requests jump it and cancel priority, or longer, and then it bounds nothing).
-      A level owed its share is paid at the first contested admission where the best
-      level has at most one request waiting, or once it is ``share_lag`` admissions
-      behind, whichever comes first (a bounded deficit, as in Deficit Round Robin,
-      Shreedhar and Varghese 1996): the payment then delays one top-level request, not a
-      burst of them, and the measured share stays within ``share_lag`` admissions of
-      ``floor(s_L * k)``.
+      is owed its share s_L of the admissions *contested* with it: those made while it
+      waits together with a better level, into room its oldest request could have taken
+      (a free slot, or room from running requests of a level below L that are not
+      protected; room taken from L's own level, a better one or a protected request is
+      not L's to contest). A deficit counter per level: after k contested admissions it
+      has had ``floor(s_L * k)``, paid at once (``share_lag`` admissions late at most).
+      When several levels are owed, the lowest (largest value) is paid first, its oldest
+      request, into a free slot or room from unprotected running requests of a level
+      below it: the share comes out of the levels between it and the top, never the top
+      level's own room. A level owed its share that finds no such room is paid at the
+      next admission that has it. So under sustained overload the best class is served
+      in order and no class starves, which no aging can promise.
+    * Protection and the top level: a request admitted under a share is protected: no
+      level preempts it for a waiting request, except the top level (``priority <=
+      top_level``, default 0, vLLM's default priority), and that only after every
+      unprotected lower-priority request is taken, and at most ``max_bumps`` (4) times
+      per request. A share request so preempted (bumped) keeps its place: it resumes,
+      protected again and ahead of every other request, at the first admission where no
+      top-level request waits (or, bumped ``max_bumps`` times, at the first with room),
+      or when its level is next paid (counted as a payment again: the share counts
+      admissions). So the top level sees every slot but its own, as under strict
+      priority; the price is recomputation of the bumped requests (under a sustained
+      top-level overload, up to ``max_bumps`` per share request).
     * Preemption for a waiting request: when the best-priority waiting request does not
       fit (no slot, or too few blocks), running requests of strictly lower priority
-      are preempted, lowest first (then latest arrival), until it fits; requests
-      admitted under a share are exempt until they finish (else the share would be
-      preempted away). Victims are recomputed later (vllm-project/vllm#40004).
+      are preempted, lowest first (then latest arrival), until it fits; protected ones
+      as above. Victims are recomputed later (vllm-project/vllm#40004).
     * Under memory pressure the victim is the lowest-priority running request, then the
       latest arrival (vLLM V1's choice), before a step and when the engine evicts during one;
       the room it frees goes in the same step to waiting requests of a strictly better
       priority, if any (so a high-priority request does not wait out the lower ones'
-      growth).
+      growth). A protected victim is bumped, as above.
 
     Differences from vLLM: vLLM V1 has no starvation guard; its proposed aging
     (vllm-project/vllm#20608) is replaced by the shares, which keep the order of every
@@ -62,8 +70,11 @@ class PriorityScheduler(OrderedScheduler):
         shares: priority level -> its share of the admissions contested with it
             (JSON keys may be strings: ``{"1": 0.15, "2": 0.05}``). Default: none
             named, so every level below the best waiting one is owed ``low_share``.
-        share_lag: how many admissions a level's share may fall behind while the best
-            level has a queue (default 4; 0 pays each share at once).
+        share_lag: how many contested admissions a level's share may fall behind before
+            it is paid (default 0: at once).
+        top_level: requests of this priority or better may preempt share requests
+            (default 0).
+        max_bumps: how many times the top level may preempt one share request (default 4).
 
     Raises:
         ValueError: low_share or a level's share outside [0, 1), shares summing to 1 or
@@ -75,11 +86,17 @@ class PriorityScheduler(OrderedScheduler):
 
     def __init__(self, low_share: float = 0.1,
                  shares: Mapping[int | str, float] | None = None,
-                 share_lag: int = 4, watermark: float = 0.01) -> None:
+                 share_lag: int = 0, top_level: int = 0, max_bumps: int = 4,
+                 watermark: float = 0.01) -> None:
         super().__init__(watermark)
-        if isinstance(share_lag, bool) or not isinstance(share_lag, int) or share_lag < 0:
-            raise ValueError(f"share_lag must be an integer >= 0, got {share_lag!r}")
+        for name, value in (("share_lag", share_lag), ("max_bumps", max_bumps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if isinstance(top_level, bool) or not isinstance(top_level, int):
+            raise ValueError(f"top_level must be an integer, got {top_level!r}")
         self.share_lag = share_lag
+        self.top_level = top_level
+        self.max_bumps = max_bumps
         if not 0 <= low_share < 1:
             raise ValueError(f"low_share must be in [0, 1), got {low_share!r}")
         self.low_share = low_share
@@ -96,7 +113,10 @@ class PriorityScheduler(OrderedScheduler):
             raise ValueError(f"shares must sum to less than 1, got {sum(self.shares.values())}")
         self.contested: dict[int, int] = {}  # level -> admissions while it waited with a better
         self.shared: dict[int, int] = {}  # level -> of those, its own under the share
-        self.protected: set[str] = set()  # admitted under a share: no priority preemption
+        self.protected: set[str] = set()  # running under a share: only the top level preempts
+        self.bumped: set[str] = set()  # preempted while protected: waiting to resume
+        self.bumps: dict[str, int] = {}  # request -> times preempted while protected
+        self.num_bumped = 0
 
     def share(self, level: int) -> float:
         """The level's share of the admissions contested with it."""
@@ -105,7 +125,8 @@ class PriorityScheduler(OrderedScheduler):
     def report(self) -> PolicyReport:
         """``share``: each lower level's configured share and ``measured_share`` what it
         got of the admissions contested with it (keys: levels); ``contested``: those
-        admissions; ``protected``: requests running under a share."""
+        admissions; ``protected``: requests running under a share; ``bumped``: share
+        requests the top level has preempted, in all."""
         levels = sorted({*self.shares, *self.contested})
         return {
             "share": {str(level): self.share(level) for level in levels},
@@ -113,6 +134,7 @@ class PriorityScheduler(OrderedScheduler):
                                for level, count in self.contested.items() if count},
             "contested": {str(level): float(count) for level, count in self.contested.items()},
             "protected": float(len(self.protected)),
+            "bumped": float(self.num_bumped),
         }
 
     def key(self, request: RequestView, state: SchedulerState) -> tuple[int, float]:
@@ -124,33 +146,34 @@ class PriorityScheduler(OrderedScheduler):
 
     def on_finish(self, request: RequestView, state: SchedulerState) -> None:
         self.protected.discard(request.request_id)
+        self.bumped.discard(request.request_id)
+        self.bumps.pop(request.request_id, None)
 
     def on_preempt(self, request: RequestView, state: SchedulerState) -> None:
-        self.protected.discard(request.request_id)
+        if request.request_id in self.protected:  # a paid share: it resumes as one
+            self.protected.discard(request.request_id)
+            self.bumped.add(request.request_id)
+            self.bumps[request.request_id] = self.bumps.get(request.request_id, 0) + 1
+            self.num_bumped += 1
 
-    def _admissions(self, order: list[RequestView], admission: Admission,
-                    reserve: int) -> RequestView | None:
-        """Admit from ``order`` with the lower levels' shares; the best-class misfit, or None."""
-        while order:
-            levels = sorted({r.priority for r in order}, reverse=True)  # lowest first
-            lower = levels[:-1]
-            for level in lower:
-                self.contested[level] = self.contested.get(level, 0) + 1
-            lag = 0 if sum(r.priority == levels[-1] for r in order) <= 1 else self.share_lag
-            owed = next((level for level in lower if self.shared.get(level, 0) + 1 + lag
-                         <= self.share(level) * self.contested[level]), None)
-            index = 0 if owed is None else next(
-                i for i, r in enumerate(order) if r.priority == owed)
-            request = order[index]
-            if not admission.fits(request, reserve):
-                for level in lower:
-                    self.contested[level] -= 1
-                return request if index == 0 else None
-            admission.admit(request)
-            if owed is not None:
-                self.shared[owed] = self.shared.get(owed, 0) + 1
-                self.protected.add(request.request_id)
-            del order[index]
+    def _room(self, request: RequestView, admission: Admission, reserve: int,
+              free: list[RequestView], guarded: list[RequestView], bump: bool
+              ) -> list[RequestView] | None:
+        """Make ``request`` fit: running requests of a strictly lower priority, unprotected
+        ones first (``free``), then, if ``bump``, protected ones (``guarded``). The victims
+        taken (empty: it fits as is), or None (it cannot; the budget is left unchanged)."""
+        saved = (admission.slots, admission.budget, admission.free_blocks)
+        taken: list[tuple[list[RequestView], RequestView]] = []
+        for pool in (free, guarded) if bump else (free,):
+            while not admission.fits(request, reserve) and pool \
+                    and pool[0].priority > request.priority:
+                taken.append((pool, pool.pop(0)))
+                admission.release(taken[-1][1])
+        if admission.fits(request, reserve):
+            return [victim for _, victim in taken]
+        admission.slots, admission.budget, admission.free_blocks = saved
+        for pool, victim in reversed(taken):
+            pool.insert(0, victim)
         return None
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
@@ -164,26 +187,51 @@ class PriorityScheduler(OrderedScheduler):
                 admission.release(running[victim])
             better = [r for r in self.order(state) if r.priority < worst]
             return SchedulerOutput(admit=admission.fill(better, reserve), preempt=growth)
-        head = self._admissions(list(self.order(state)), admission, reserve)
-        if head is None:
-            return SchedulerOutput(admit=admission.admitted)
-        victims = [r for r in self.victims(state) if r.request_id not in self.protected]
-        admitted = set(admission.admitted)
-        waiting = [r for r in self.order(state) if r.request_id not in admitted]
+        victims = list(self.victims(state))
+        free = [r for r in victims if r.request_id not in self.protected]
+        guarded = [r for r in victims if r.request_id in self.protected
+                   and self.bumps.get(r.request_id, 0) < self.max_bumps]
+        order = list(self.order(state))
         chosen: list[str] = []
-        for request in waiting:  # preempt for each in order, while lower priorities run
-            saved = (admission.slots, admission.budget, admission.free_blocks)
-            taken: list[RequestView] = []
-            while not admission.fits(request, reserve) and victims \
-                    and victims[0].priority > request.priority:
-                taken.append(victims.pop(0))
-                admission.release(taken[-1])
-            if not admission.fits(request, reserve):
-                admission.slots, admission.budget, admission.free_blocks = saved
-                victims[:0] = taken
-                break
+        skip: set[int] = set()  # levels owed a share that found no room this step
+        while order:
+            top_waits = order[0].priority <= self.top_level
+            resume = next((i for i, r in enumerate(order) if r.request_id in self.bumped and (
+                not top_waits or self.bumps.get(r.request_id, 0) >= self.max_bumps)), None)
+            if resume is not None:  # a share already paid, bumped by the top level
+                request = order[resume]
+                taken = self._room(request, admission, reserve, free, guarded, False)
+                if taken is not None:
+                    admission.admit(request)
+                    chosen += [v.request_id for v in taken]
+                    self.bumped.discard(request.request_id)
+                    self.protected.add(request.request_id)
+                    del order[resume]
+                    continue
+            levels = sorted({r.priority for r in order}, reverse=True)  # lowest first
+            lower = levels[:-1]
+            owed = next((level for level in lower if level not in skip
+                         and self.shared.get(level, 0) + 1 + self.share_lag
+                         <= self.share(level) * (self.contested.get(level, 0) + 1)), None)
+            index = 0 if owed is None else next(
+                i for i, r in enumerate(order) if r.priority == owed)
+            request = order[index]
+            taken = self._room(request, admission, reserve, free, guarded,
+                               owed is None and request.priority <= self.top_level)
+            if taken is None:
+                if owed is None:
+                    break
+                skip.add(owed)  # paid at the next admission with room for it
+                continue
             admission.admit(request)
             chosen += [v.request_id for v in taken]
-            for level in {r.priority for r in state.waiting if r.priority > request.priority}:
-                self.contested[level] = self.contested.get(level, 0) + 1
+            for level in lower:  # contested: room this level's oldest could have had
+                if all(v.priority > level and v.request_id not in self.protected
+                       for v in taken):
+                    self.contested[level] = self.contested.get(level, 0) + 1
+            if owed is not None:  # a bumped request paid again is admitted again
+                self.shared[owed] = self.shared.get(owed, 0) + 1
+                self.protected.add(request.request_id)
+                self.bumped.discard(request.request_id)
+            del order[index]
         return SchedulerOutput(admit=admission.admitted, preempt=chosen)

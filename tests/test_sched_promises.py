@@ -188,8 +188,12 @@ async def test_priority_keeps_high_fast_and_gives_low_its_share_under_sustained_
     high = mean(first_token_waits(loaded, 0))
     assert high <= 2 * high_idle  # measured 0.045 s against 0.024 s idle
     assert mean(first_token_waits(loaded, 1)) > 10 * high  # the overload is real
+    # the share of the admissions level 1 contested (room its oldest could have had: 18;
+    # not the slots level 0 took from level 1 itself: 142 first admissions while both
+    # waited, 2.8% of them level 1's)
+    assert policy.contested[1] > 10
     assert abs(policy.shared[1] / policy.contested[1] - 0.1) <= 0.05
-    assert len(contested) > 50 and abs(mean([float(c) for c in contested]) - 0.1) <= 0.05
+    assert len(contested) > 50
 
 
 def three_levels(n: int, rate: float) -> list[WorkloadRequest]:
@@ -208,7 +212,7 @@ async def test_priority_takes_each_share_from_the_lowest_levels_and_keeps_the_or
     policy = PriorityScheduler(shares={"1": 0.15, "2": 0.05})
     shared = await simulate(workload, policy, CONFIG)
     for level, share in ((1, 0.15), (2, 0.05)):
-        assert policy.contested[level] > 200
+        assert policy.contested[level] > 100
         assert abs(policy.shared[level] / policy.contested[level] - share) <= 0.01
     ttft = [mean(first_token_waits(shared, level)) for level in (0, 1, 2)]
     assert ttft[0] < ttft[1] < ttft[2]  # the order of the classes is kept
@@ -216,17 +220,24 @@ async def test_priority_takes_each_share_from_the_lowest_levels_and_keeps_the_or
     assert ttft[0] <= 3 * mean(first_token_waits(strict, 0))
 
 
-async def test_priority_pays_the_shares_where_they_delay_one_top_request_not_a_burst():
-    # Same setting. Level 0 alone on these arrivals (bursts, 53% of the slots) waits 6.3x
-    # its idle TTFT; paying each share at once (share_lag 0) made it 16x, 2.6x of alone.
-    workload = three_levels(1200, 7.3)
-    alone = await simulate([w for w in workload if w.meta.priority == 0],
-                           PriorityScheduler(), CONFIG)
+@pytest.mark.parametrize("burst", [2.0, 1.0])
+async def test_priority_shares_cost_the_top_level_nothing(burst):
+    # Same setting, bursty (priority-mix's arrivals) and Poisson. Paying a share took a
+    # slot level 0 would have had, and share requests were never preempted: level 0 at
+    # 2.7x (bursts) and 3.5x (Poisson) its TTFT under strict priority. Now the shares
+    # come from room below the paid level, and only level 0 may preempt (bump) them.
+    rng = random.Random(7)
+    workload = [replace(w, meta=RequestMeta(priority=rng.choices((0, 1, 2), (0.4, 0.3, 0.3))[0]))
+                for w in priority_mix(n=1200, rate=7.3, burst=burst)]
+    strict = await simulate(workload, PriorityScheduler(low_share=0), CONFIG)
     policy = PriorityScheduler(shares={"1": 0.15, "2": 0.05})
     shared = await simulate(workload, policy, CONFIG)
     for level, share in ((1, 0.15), (2, 0.05)):
-        assert abs(policy.shared[level] / policy.contested[level] - share) <= 0.01
-    assert mean(first_token_waits(shared, 0)) <= 2 * mean(first_token_waits(alone, 0))
+        assert policy.contested[level] > 50
+        assert abs(policy.shared[level] / policy.contested[level] - share) <= 0.05 * share
+    top = mean(first_token_waits(shared, 0))
+    assert top <= 1.1 * mean(first_token_waits(strict, 0))
+    assert policy.num_bumped > 0
 
 
 def test_priority_shares_are_checked():
@@ -238,6 +249,10 @@ def test_priority_shares_are_checked():
         PriorityScheduler(shares={2: -0.1})
     with pytest.raises(ValueError, match="share_lag must be an integer >= 0"):
         PriorityScheduler(share_lag=-1)
+    with pytest.raises(ValueError, match="max_bumps must be an integer >= 0"):
+        PriorityScheduler(max_bumps=-1)
+    with pytest.raises(ValueError, match="top_level must be an integer"):
+        PriorityScheduler(top_level=0.5)  # type: ignore[arg-type]
 
 
 # -- edf ---------------------------------------------------------------------------------
