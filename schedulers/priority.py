@@ -113,6 +113,7 @@ class PriorityScheduler(OrderedScheduler):
             raise ValueError(f"shares must sum to less than 1, got {sum(self.shares.values())}")
         self.contested: dict[int, int] = {}  # level -> admissions while it waited with a better
         self.shared: dict[int, int] = {}  # level -> of those, its own under the share
+        self.waited: dict[int, int] = {}  # level -> admissions while it waited with a better
         self.protected: set[str] = set()  # running under a share: only the top level preempts
         self.bumped: set[str] = set()  # preempted while protected: waiting to resume
         self.bumps: dict[str, int] = {}  # request -> times preempted while protected
@@ -125,7 +126,8 @@ class PriorityScheduler(OrderedScheduler):
     def report(self) -> PolicyReport:
         """``share``: each lower level's configured share and ``measured_share`` what it
         got of the admissions contested with it (keys: levels); ``contested``: those
-        admissions; ``protected``: requests running under a share; ``bumped``: share
+        admissions; ``waited``: every admission made while the level waited with a better
+        one (contested or not); ``protected``: requests running under a share; ``bumped``: share
         requests the top level has preempted, in all."""
         levels = sorted({*self.shares, *self.contested})
         return {
@@ -133,6 +135,7 @@ class PriorityScheduler(OrderedScheduler):
             "measured_share": {str(level): self.shared.get(level, 0) / count
                                for level, count in self.contested.items() if count},
             "contested": {str(level): float(count) for level, count in self.contested.items()},
+            "waited": {str(level): float(count) for level, count in self.waited.items()},
             "protected": float(len(self.protected)),
             "bumped": float(self.num_bumped),
         }
@@ -226,6 +229,7 @@ class PriorityScheduler(OrderedScheduler):
             admission.admit(request)
             chosen += [v.request_id for v in taken]
             for level in lower:  # contested: room this level's oldest could have had
+                self.waited[level] = self.waited.get(level, 0) + 1
                 if all(v.priority > level and v.request_id not in self.protected
                        for v in taken):
                     self.contested[level] = self.contested.get(level, 0) + 1

@@ -229,7 +229,10 @@ async def priority_floors(p: dict[str, type], quick: bool) -> dict[str, float]:
                       for level in (1, 2) if policy.contested.get(level)),
                     *((f"level {level} share of contested", policy.shared.get(level, 0)
                        / policy.contested[level]) for level in (1, 2)
-                      if policy.contested.get(level))):
+                      if policy.contested.get(level)),
+                    *((f"level {level} share of all while a better one waited",
+                       policy.shared.get(level, 0) / policy.waited[level]) for level in (1, 2)
+                      if getattr(policy, "waited", {}).get(level))):
                 got.setdefault(f"{name}: {key}", []).append(value)
     return {key: median(values) for key, values in got.items()}
 
