@@ -42,7 +42,7 @@ class PriorityScheduler(OrderedScheduler):
     * Protection and the top level: a request admitted under a share is protected: no
       level preempts it for a waiting request, except the top level (``priority <=
       top_level``, default 0, vLLM's default priority), and that only after every
-      unprotected lower-priority request is taken, and at most ``max_bumps`` (4) times
+      unprotected lower-priority request is taken, and at most ``max_bumps`` (8) times
       per request. A share request so preempted (bumped) keeps its place: it resumes,
       protected again and ahead of every other request, at the first admission where no
       top-level request waits (or, bumped ``max_bumps`` times, at the first with room),
@@ -74,7 +74,7 @@ class PriorityScheduler(OrderedScheduler):
             it is paid (default 0: at once).
         top_level: requests of this priority or better may preempt share requests
             (default 0).
-        max_bumps: how many times the top level may preempt one share request (default 4).
+        max_bumps: how many times the top level may preempt one share request (default 8).
 
     Raises:
         ValueError: low_share or a level's share outside [0, 1), shares summing to 1 or
@@ -86,7 +86,7 @@ class PriorityScheduler(OrderedScheduler):
 
     def __init__(self, low_share: float = 0.1,
                  shares: Mapping[int | str, float] | None = None,
-                 share_lag: int = 0, top_level: int = 0, max_bumps: int = 4,
+                 share_lag: int = 0, top_level: int = 0, max_bumps: int = 8,
                  watermark: float = 0.01) -> None:
         super().__init__(watermark)
         for name, value in (("share_lag", share_lag), ("max_bumps", max_bumps)):

@@ -61,7 +61,7 @@ async def test_equal_priorities_keep_arrival_order():
     assert starts == sorted(starts)
 
 
-@pytest.mark.parametrize(("low_share", "max_bumps"), [(0.1, 0), (0.1, 4), (0.0, 4)])
+@pytest.mark.parametrize(("low_share", "max_bumps"), [(0.1, 0), (0.1, 8), (0.0, 8)])
 async def test_low_priority_gets_its_share_and_the_top_level_bumps_it_boundedly(
         low_share, max_bumps):
     # one slot, a stream of high-priority requests that always has one waiting
