@@ -25,9 +25,10 @@ class EDFScheduler(PredictorHooks, OrderedScheduler):
     meet every objective it carries. Its first token: ``arrival + ttft_slo_ms``; every
     later one: ``last token time + tpot_slo_ms``; and with a ``deadline`` (when the
     request must be *finished*, as in ``RequestMeta`` and the reports), ``deadline - (n -
-    1) * step`` where n is its predicted remaining output (the ``predictor``'s, spf's
-    ``learned`` by default) and ``step`` the recent mean step time (a running request
-    gets one token a step). The earliest of those that apply; with none,
+    1) * margin * step`` where n is its predicted remaining output (the ``predictor``'s,
+    spf's ``learned`` by default), ``margin`` is ``deadline_margin`` (1.5: room for a
+    request longer than predicted) and ``step`` the recent mean step time (a running
+    request gets one token a step). The earliest of those that apply; with none,
     ``arrival + default_ttft_ms`` (first token) or ``last + default_tpot_ms``: a
     best-effort objective, so a request without objectives ages like any other and is
     not starved.
@@ -71,10 +72,13 @@ class EDFScheduler(PredictorHooks, OrderedScheduler):
         predictor: the output-length predictor for requests with a deadline (as spf's;
             default ``learned``).
         predictor_config: the named predictor's parameters.
+        deadline_margin: the predicted work left is taken this many times when a deadline
+            is turned into the next token's due time (default 1.5; 1 trusts the
+            prediction exactly).
 
     Raises:
-        ValueError: a default not > 0, the delay < 0 (each named), a bad predictor or
-            watermark.
+        ValueError: a default not > 0, the delay < 0, the margin < 1 (each named), a bad
+            predictor or watermark.
     """
 
     name: ClassVar[str] = "edf"
@@ -86,8 +90,12 @@ class EDFScheduler(PredictorHooks, OrderedScheduler):
     def __init__(self, shed_late: bool = False, default_ttft_ms: float = 10_000.0,
                  default_tpot_ms: float = 200.0, late_delay_s: float = 5.0,
                  watermark: float = 0.01, predictor: LengthPredictor | str | None = None,
-                 predictor_config: dict[str, Any] | None = None) -> None:
+                 predictor_config: dict[str, Any] | None = None,
+                 deadline_margin: float = 1.5) -> None:
         super().__init__(watermark)
+        if not deadline_margin >= 1:
+            raise ValueError(f"deadline_margin must be >= 1, got {deadline_margin!r}")
+        self.deadline_margin = deadline_margin
         for name, value in (("default_ttft_ms", default_ttft_ms),
                             ("default_tpot_ms", default_tpot_ms)):
             if not value > 0:
@@ -118,7 +126,7 @@ class EDFScheduler(PredictorHooks, OrderedScheduler):
             dues.append(last + request.tpot_slo_ms / 1e3)
         if request.deadline is not None:
             left = max(self.predictor.remaining(request), 1)
-            dues.append(request.deadline - (left - 1) * self.step_s)
+            dues.append(request.deadline - (left - 1) * self.deadline_margin * self.step_s)
         if dues:
             return min(dues)
         if last is None:

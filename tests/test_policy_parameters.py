@@ -20,6 +20,7 @@ BAD = [
     ("edf", {"default_ttft_ms": 0}, "default_ttft_ms"),
     ("edf", {"default_tpot_ms": -5}, "default_tpot_ms"),
     ("edf", {"late_delay_s": -1}, "late_delay_s"),
+    ("edf", {"deadline_margin": 0.5}, "deadline_margin"),
     ("mlfq", {"levels": 0}, "levels"),
     ("mlfq", {"quantum": 1.5}, "'quantum'"),
     ("mlfq", {"prefill_tokens_per_iteration": 0}, "prefill_tokens_per_iteration"),
