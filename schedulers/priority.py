@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import ClassVar
 
 from aioserve.scheduling import (
@@ -29,16 +29,16 @@ class PriorityScheduler(OrderedScheduler):
       and KV blocks allow; except that each priority level L below the best waiting one
       is owed its share s_L of the admissions *contested* with it: those made while it
       waits together with a better level, into room its oldest request could have taken
-      (a free slot, or room from running requests of a level below L that are not
-      protected; room taken from L's own level, a better one or a protected request is
-      not L's to contest). A deficit counter per level: after k contested admissions it
-      has had ``floor(s_L * k)``, paid at once (``share_lag`` admissions late at most).
-      When several levels are owed, the lowest (largest value) is paid first, its oldest
-      request, into a free slot or room from unprotected running requests of a level
-      below it: the share comes out of the levels between it and the top, never the top
-      level's own room. A level owed its share that finds no such room is paid at the
-      next admission that has it. So under sustained overload the best class is served
-      in order and no class starves, which no aging can promise.
+      in their place: a free slot, or room from unprotected running requests of a level
+      below the top level other than L (room from the top level, from L itself or from a
+      protected request is not L's to contest). A deficit counter per level: after k
+      contested admissions it has had ``floor(s_L * k)``, paid at once (at most
+      ``share_lag`` admissions late). When several levels are owed, the lowest (largest
+      value) is paid first, its oldest request, into such room (lowest levels first,
+      then latest arrival): the share comes out of the levels below the top, never the
+      top level's room. A level owed its share that finds no room is paid at the next
+      admission that has it. So under sustained overload the best class is served in
+      order and no class starves, which no aging can promise.
     * Protection and the top level: a request admitted under a share is protected: no
       level preempts it for a waiting request, except the top level (``priority <=
       top_level``, default 0, vLLM's default priority), and that only after every
@@ -47,7 +47,7 @@ class PriorityScheduler(OrderedScheduler):
       protected again and ahead of every other request, at the first admission where no
       top-level request waits (or, bumped ``max_bumps`` times, at the first with room),
       or when its level is next paid (counted as a payment again: the share counts
-      admissions). So the top level sees every slot but its own, as under strict
+      admissions). So the top level finds the room it would have under strict
       priority; the price is recomputation of the bumped requests (under a sustained
       top-level overload, up to ``max_bumps`` per share request).
     * Preemption for a waiting request: when the best-priority waiting request does not
@@ -160,24 +160,39 @@ class PriorityScheduler(OrderedScheduler):
             self.num_bumped += 1
 
     def _room(self, request: RequestView, admission: Admission, reserve: int,
-              free: list[RequestView], guarded: list[RequestView], bump: bool
-              ) -> list[RequestView] | None:
-        """Make ``request`` fit: running requests of a strictly lower priority, unprotected
-        ones first (``free``), then, if ``bump``, protected ones (``guarded``). The victims
-        taken (empty: it fits as is), or None (it cannot; the budget is left unchanged)."""
+              free: list[RequestView], guarded: list[RequestView], bump: bool,
+              source: Callable[[RequestView], bool]) -> list[RequestView] | None:
+        """Make ``request`` fit: running requests that ``source`` allows, unprotected ones
+        first (``free``, in victim order), then, if ``bump``, protected ones
+        (``guarded``). The victims taken (empty: it fits as is), or None (it cannot; the
+        budget and the pools are left unchanged)."""
         saved = (admission.slots, admission.budget, admission.free_blocks)
-        taken: list[tuple[list[RequestView], RequestView]] = []
-        for pool in (free, guarded) if bump else (free,):
-            while not admission.fits(request, reserve) and pool \
-                    and pool[0].priority > request.priority:
-                taken.append((pool, pool.pop(0)))
-                admission.release(taken[-1][1])
+        pools = (free, guarded) if bump else (free,)
+        kept = [list(pool) for pool in pools]
+        taken: list[RequestView] = []
+        for pool in pools:
+            i = 0
+            while not admission.fits(request, reserve) and i < len(pool):
+                if source(pool[i]):
+                    taken.append(pool.pop(i))
+                    admission.release(taken[-1])
+                else:
+                    i += 1
         if admission.fits(request, reserve):
-            return [victim for _, victim in taken]
+            return taken
         admission.slots, admission.budget, admission.free_blocks = saved
-        for pool, victim in reversed(taken):
-            pool.insert(0, victim)
+        for pool, old in zip(pools, kept):
+            pool[:] = old
         return None
+
+    @staticmethod
+    def _below(level: int) -> Callable[[RequestView], bool]:
+        """Room for a request of ``level``: running requests of a strictly lower priority."""
+        return lambda r: r.priority > level
+
+    def _from_others(self, level: int) -> Callable[[RequestView], bool]:
+        """Room for a share paid to ``level``: a level below the top other than its own."""
+        return lambda r: r.priority != level and r.priority > self.top_level
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         reserve = int(self.watermark * state.num_total_blocks)
@@ -203,7 +218,8 @@ class PriorityScheduler(OrderedScheduler):
                 not top_waits or self.bumps.get(r.request_id, 0) >= self.max_bumps)), None)
             if resume is not None:  # a share already paid, bumped by the top level
                 request = order[resume]
-                taken = self._room(request, admission, reserve, free, guarded, False)
+                taken = self._room(request, admission, reserve, free, guarded, False,
+                                   self._below(request.priority))
                 if taken is not None:
                     admission.admit(request)
                     chosen += [v.request_id for v in taken]
@@ -220,7 +236,9 @@ class PriorityScheduler(OrderedScheduler):
                 i for i, r in enumerate(order) if r.priority == owed)
             request = order[index]
             taken = self._room(request, admission, reserve, free, guarded,
-                               owed is None and request.priority <= self.top_level)
+                               owed is None and request.priority <= self.top_level,
+                               self._below(request.priority) if owed is None
+                               else self._from_others(owed))
             if taken is None:
                 if owed is None:
                     break
@@ -230,8 +248,8 @@ class PriorityScheduler(OrderedScheduler):
             chosen += [v.request_id for v in taken]
             for level in lower:  # contested: room this level's oldest could have had
                 self.waited[level] = self.waited.get(level, 0) + 1
-                if all(v.priority > level and v.request_id not in self.protected
-                       for v in taken):
+                room = self._from_others(level)
+                if all(room(v) and v.request_id not in self.protected for v in taken):
                     self.contested[level] = self.contested.get(level, 0) + 1
             if owed is not None:  # a bumped request paid again is admitted again
                 self.shared[owed] = self.shared.get(owed, 0) + 1
