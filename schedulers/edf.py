@@ -58,8 +58,9 @@ class EDFScheduler(PredictorHooks, OrderedScheduler):
     first), then those with one, by most slack (:meth:`slack`).
 
     Differences from the literature: EDF orders by one deadline per job; here each
-    token has one (TTFT, then TPOT per token, and the deadline pulled forward by the
-    predicted work left), and late jobs are delayed, not dropped, unless ``shed_late``.
+    token has one (TTFT, then TPOT per token, and the deadline pulled forward by
+    ``deadline_margin`` times the predicted work left, since that work is a prediction),
+    and late jobs are delayed, not dropped, unless ``shed_late``.
 
     Args:
         shed_late: shed late waiting requests with an objective instead of serving them

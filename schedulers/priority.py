@@ -62,7 +62,9 @@ class PriorityScheduler(OrderedScheduler):
 
     Differences from vLLM: vLLM V1 has no starvation guard; its proposed aging
     (vllm-project/vllm#20608) is replaced by the shares, which keep the order of every
-    class and bound what the lower ones get instead of when they start.
+    class and bound what the lower ones get instead of when they start. vLLM preempts
+    any lower-priority request for a better one; here share requests give way only to
+    the top level, and resume first.
 
     Args:
         low_share: the share of every lower level that ``shares`` does not name
