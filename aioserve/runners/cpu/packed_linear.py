@@ -1,18 +1,22 @@
 """Linear layers on pre-packed float32 or bfloat16 CPU weights: oneDNN's blocked layout (faster
 than MKL's ``sgemm`` at decode row counts, and its rows measured the same at any row count; in
-bfloat16 its AVX512-BF16/AMX kernels, where the CPU has them), or compiled float32 panels where
-they give oneDNN's bits. Small models are not packed: oneDNN's per-call cost
+bfloat16 its AVX512-BF16/AMX kernels, where the CPU has them, called in fixed row blocks where
+AMX makes a row's bits depend on the count: :func:`bf16_row_block`), or compiled float32 panels
+where they give oneDNN's bits. Small models are not packed: oneDNN's per-call cost
 outweighs the gain. Each layer keeps its dense weight (transformers reads ``.weight``)."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from aioserve.runners.cpu import panel_linear
 from aioserve.runners.cpu.panel_linear import PanelWeight
 
-__all__ = ["PACKED_DTYPES", "PackedLinear", "PackedWeight", "available", "can_pack",
-           "linear_parameters", "linear_pointwise", "native_bf16", "pack_linears", "pack_weight"]
+__all__ = ["PACKED_DTYPES", "PackedLinear", "PackedWeight", "available", "bf16_row_block",
+           "can_pack", "linear_parameters", "linear_pointwise", "native_bf16", "pack_linears",
+           "pack_weight"]
 
 #: Row count oneDNN is told to expect when it picks the packed layout (a decode step).
 EXPECTED_ROWS = 32
@@ -36,6 +40,52 @@ def native_bf16() -> bool:
     """Whether oneDNN runs bfloat16 products on bfloat16 instructions here (AVX512-BF16, AMX)."""
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(check is not None and check())
+
+
+#: (out, in) shapes :func:`bf16_row_block` measures: square, wide, a long reduction, a head.
+_BLOCK_PROBE_SHAPES = ((576, 576), (1536, 576), (576, 1536), (8192, 576))
+
+
+@functools.cache
+def bf16_row_block() -> int:
+    """Rows per oneDNN bfloat16 call: 0 where a row's bits came out the same at every row
+    count (1-64 against 96, as with AVX512-BF16 kernels), else :data:`EXPECTED_ROWS`. With
+    AMX, oneDNN picks its kernel and blocking by a call's row count, and a row's bits follow;
+    each call then gets exactly that many rows (padded with zeros), so they never depend on
+    the batch. Measured once a process, on :data:`_BLOCK_PROBE_SHAPES` at the current thread
+    count; the model's own shapes are probed again at load (``runners/cpu/row_padding.py``)."""
+    if not native_bf16():
+        return 0
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for out_features, in_features in _BLOCK_PROBE_SHAPES:
+            weight = torch.randn(out_features, in_features, generator=generator) / 32
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), EXPECTED_ROWS)
+            rows = torch.randn(96, in_features, generator=generator).bfloat16()
+            full = _onednn(rows, packed, None)
+            if not all(torch.equal(_onednn(rows[:m], packed, None), full[:m])
+                       for m in range(1, 65)):
+                return EXPECTED_ROWS
+    return 0
+
+
+def _onednn(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out
+
+
+def _blocked(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+             block: int) -> torch.Tensor:
+    """oneDNN's product in calls of exactly ``block`` rows, the last padded with zeros."""
+    count = rows.shape[0]
+    if count == block:
+        return _onednn(rows, packed, bias)
+    pad = -count % block
+    if pad:
+        rows = torch.cat((rows, rows.new_zeros(pad, rows.shape[1])))
+    parts = [_onednn(rows[start:start + block], packed, bias)
+             for start in range(0, rows.shape[0], block)]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts))[:count]
 
 
 def available(device: torch.device, dtype: torch.dtype, num_parameters: int) -> bool:
@@ -65,8 +115,9 @@ def linear_pointwise(
     """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` in the weight's dtype -> ``[n, out]``."""
     if isinstance(packed, PanelWeight):
         return panel_linear.linear(rows, packed, bias)
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
-    return out
+    if rows.dtype == torch.bfloat16 and bf16_row_block():
+        return _blocked(rows, packed, bias, bf16_row_block())
+    return _onednn(rows, packed, bias)
 
 
 class PackedLinear(torch.nn.Module):
