@@ -30,8 +30,9 @@ class EngineConfig:
             of the device's free memory when the engine starts (GPU: free device
             memory; CPU: available RAM), instead of ``kv_cache_memory_bytes``.
         max_model_len: context length in tokens; ``None`` reads the model config.
-        dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), ``"float32"``,
-            ``"bfloat16"`` or ``"float16"``.
+        dtype: ``"auto"`` (bfloat16 on CUDA; on the CPU the checkpoint's bfloat16 where the
+            CPU runs it natively, else float32: ``runners/torch/setup.resolve_dtype``),
+            ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         device: ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda[:N]"``.
         seed: seed of the sampler used by requests that give no seed of their own.
         enable_prefix_caching: reuse the KV blocks of prefixes already computed (vLLM's
