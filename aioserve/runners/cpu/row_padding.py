@@ -6,7 +6,8 @@ scalar code that rounds differently; so a request's logits could depend on its b
 depend on the machine, so the exact row counts are probed at load (:func:`probe_row_padding`) and
 steps padded with throw-away rows up to the next one. Where none is exact (``MKL_CBWR`` modes,
 MKL's AVX2 path on AVX-512) the table says so (:attr:`RowPadding.exact`) and the runner takes its
-products off MKL. oneDNN-packed products need no padding."""
+products off MKL. oneDNN-packed products need no padding (in bfloat16 on AMX they are called in
+fixed row blocks instead: ``packed_linear.bf16_row_block``)."""
 
 from __future__ import annotations
 
