@@ -40,22 +40,35 @@ def chromium_path() -> str:
     return path
 
 
-async def page_shows(page, ready, timeout: float = 10.0) -> dict:
-    """Poll what the page shows until ``ready(shown)`` holds; returns it."""
+#: What the page shows of its slots: step, scheduler, slots, queue, running count.
+SLOTS_VIEW = """() => ({
+    step: Number(document.body.dataset.step),
+    scheduler: document.body.dataset.scheduler,
+    slots: [...document.querySelectorAll('#slots .slot')].map(r => ({
+        slot: Number(r.dataset.slot), id: r.dataset.requestId || null,
+        phase: r.dataset.phase})),
+    queue: [...document.querySelectorAll('#queue .queued')].map(c => c.dataset.requestId),
+    running: document.getElementById('running').textContent,
+})"""
+
+#: What the page shows of the policy's report: step, scheduler, the panel, rows by name.
+REPORT_VIEW = """() => ({
+    step: Number(document.body.dataset.step),
+    scheduler: document.body.dataset.scheduler,
+    panel: document.getElementById('policy-report') !== null,
+    rows: Object.fromEntries([...document.querySelectorAll('#policy-report .report')]
+        .map(r => [r.dataset.name, r.textContent])),
+})"""
+
+
+async def page_shows(page, ready, timeout: float = 10.0, view: str = SLOTS_VIEW) -> dict:
+    """Poll what the page shows (``view``'s object) until ``ready(shown)`` holds; returns it."""
     deadline = time.monotonic() + timeout
     while True:
-        shown = await page.evaluate("""() => ({
-            step: Number(document.body.dataset.step),
-            scheduler: document.body.dataset.scheduler,
-            slots: [...document.querySelectorAll('#slots .slot')].map(r => ({
-                slot: Number(r.dataset.slot), id: r.dataset.requestId || null,
-                phase: r.dataset.phase})),
-            queue: [...document.querySelectorAll('#queue .queued')].map(c => c.dataset.requestId),
-            running: document.getElementById('running').textContent,
-        })""")
+        shown = await page.evaluate(view)
         if ready(shown):
             return shown
-        assert time.monotonic() < deadline, f"page stuck at step {shown['step']}"
+        assert time.monotonic() < deadline, f"page stuck at step {shown['step']}: {shown}"
         await asyncio.sleep(0.02)
 
 
@@ -115,23 +128,6 @@ async def test_dashboard_in_chromium_shows_the_engines_slots(tokenizer, browser)
         assert shown["queue"] == [] and shown["step"] == engine.snapshot().step
 
 
-async def panel_shows(page, ready, timeout: float = 10.0) -> dict:
-    """Poll the policy report panel until ``ready(shown)`` holds: step, rows by name."""
-    deadline = time.monotonic() + timeout
-    while True:
-        shown = await page.evaluate("""() => ({
-            step: Number(document.body.dataset.step),
-            scheduler: document.body.dataset.scheduler,
-            panel: document.getElementById('policy-report') !== null,
-            rows: Object.fromEntries([...document.querySelectorAll('#policy-report .report')]
-                .map(r => [r.dataset.name, r.textContent])),
-        })""")
-        if ready(shown):
-            return shown
-        assert time.monotonic() < deadline, f"panel stuck at step {shown['step']}: {shown}"
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.parametrize("name", available_schedulers())
 async def test_live_page_and_metrics_show_each_builtin_policys_report(tokenizer, browser, name):
     # Issue 50: the report() panel updates with the slots and /metrics exports the same
@@ -154,7 +150,8 @@ async def test_live_page_and_metrics_show_each_builtin_policys_report(tokenizer,
         await wait_until(lambda: runner.at_gate, timeout=10)  # quiescent
         step = engine.snapshot().step
         _, report = policy_report(engine)
-        shown = await panel_shows(page, lambda shown: shown["step"] == step)
+        shown = await page_shows(page, lambda shown: shown["step"] == step,
+                                  view=REPORT_VIEW)
         assert shown["scheduler"] == name and shown["panel"]
         assert set(shown["rows"]) == set(report)
         for entry, value in report.items():

@@ -6,21 +6,13 @@ is a completion with its full tokens, never a 5xx. A local Ray instance on loopb
 from __future__ import annotations
 
 import asyncio
-import os
 
 import aiohttp
 import pytest
 from conftest import REPO
-from ray_support import serving
+from ray_support import REQUIRED, serving, skip_without_serve
 
-REQUIRED = os.environ.get("AIOSERVE_REQUIRE_RAY") == "1"
-
-try:
-    from ray import serve  # noqa: F401  (the [ray] extra is installed)
-except ImportError as exc:
-    if REQUIRED:
-        raise
-    pytest.skip(f"Ray Serve tests need aioserve[ray] ({exc})", allow_module_level=True)
+skip_without_serve()
 
 pytestmark = [pytest.mark.ray]
 

@@ -5,31 +5,25 @@ for the module; every wait is a bounded poll of a condition."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import aiohttp
 import pytest
 from conftest import REPO
 from ray_support import (
+    REQUIRED,
     Stream,
     kill_replica,
     read_events,
     replica_ids,
     serving,
+    skip_without_serve,
     stream_call,
 )
 from server_support import CHAT_TEMPLATE
 
-#: CI sets this so that a missing or unstartable Ray fails the run instead of skipping.
-REQUIRED = os.environ.get("AIOSERVE_REQUIRE_RAY") == "1"
-
-try:
-    import ray
-    from ray import serve
-except ImportError as exc:
-    if REQUIRED:
-        raise
-    pytest.skip(f"Ray Serve tests need aioserve[ray] ({exc})", allow_module_level=True)
+skip_without_serve()
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
 
 # A local Ray instance on 2 shared cores: Serve's controller notices a dead replica on its
 # own schedule, so a test that lost that race is run again (at most twice) rather than

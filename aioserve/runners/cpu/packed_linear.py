@@ -56,15 +56,17 @@ def bf16_row_block() -> int:
     count; the model's own shapes are probed again at load (``runners/cpu/row_padding.py``)."""
     if not native_bf16():
         return 0
+    # row_padding imports this module: its probe is imported when first measured
+    from aioserve.runners.cpu.row_padding import row_exact_counts
+
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for out_features, in_features in _BLOCK_PROBE_SHAPES:
             weight = torch.randn(out_features, in_features, generator=generator) / 32
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), EXPECTED_ROWS)
             rows = torch.randn(96, in_features, generator=generator).bfloat16()
-            full = _onednn(rows, packed, None)
-            if not all(torch.equal(_onednn(rows[:m], packed, None), full[:m])
-                       for m in range(1, 65)):
+            product = functools.partial(_onednn, packed=packed, bias=None)
+            if not all(row_exact_counts(product, range(1, 65), rows).values()):
                 return EXPECTED_ROWS
     return 0
 
@@ -115,8 +117,8 @@ def linear_pointwise(
     """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` in the weight's dtype -> ``[n, out]``."""
     if isinstance(packed, PanelWeight):
         return panel_linear.linear(rows, packed, bias)
-    if rows.dtype == torch.bfloat16 and bf16_row_block():
-        return _blocked(rows, packed, bias, bf16_row_block())
+    if rows.dtype == torch.bfloat16 and (block := bf16_row_block()):
+        return _blocked(rows, packed, bias, block)
     return _onednn(rows, packed, bias)
 
 

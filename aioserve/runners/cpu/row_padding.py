@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from aioserve.runners.cpu.packed_linear import PackedLinear, linear_pointwise
 
 __all__ = ["GRAIN_SIZE", "PROBE_ROWS", "LinearProduct", "RowPadding", "elementwise_chunk",
-           "probe_row_padding"]
+           "probe_row_padding", "row_exact_counts"]
 
 #: Row counts probed one by one (beyond, multiples of the period are checked).
 PROBE_ROWS = 64
@@ -127,9 +127,11 @@ def _probe_rows(product: LinearProduct, max_rows: int) -> torch.Tensor:
     return rows.to(device=product.device, dtype=product.dtype)
 
 
-def _row_exact_counts(product: Callable[[torch.Tensor], torch.Tensor], counts: Iterable[int],
+def row_exact_counts(product: Callable[[torch.Tensor], torch.Tensor], counts: Iterable[int],
                       rows: torch.Tensor) -> dict[int, bool]:
-    """``exact[m]``: every row of ``product`` over the first ``m`` rows equals that over all."""
+    """``exact[m]`` for each ``m`` in ``counts`` (each at most ``n``): ``product`` (``[m, in]``
+    -> ``[m, out]``) over the first ``m`` of ``rows`` (``[n, in]``) gives, bit for bit, the
+    first ``m`` rows of its output over all ``n``."""
     reference = product(rows)
     return {m: torch.equal(product(rows[:m]), reference[:m]) for m in counts}
 
@@ -155,7 +157,7 @@ def probe_row_padding(weights: Iterable[torch.Tensor | LinearProduct],
     with torch.inference_mode():
         for product in shapes.values():
             rows = _probe_rows(product, max_rows)
-            for m, ok in _row_exact_counts(product.run, small, rows).items():
+            for m, ok in row_exact_counts(product.run, small, rows).items():
                 exact[m] = exact[m] and ok
         period = next((g for g in range(1, max_rows // 2 + 1)
                        if all(exact[m] for m in range(max_rows // 2 + 1, max_rows + 1)
@@ -166,7 +168,7 @@ def probe_row_padding(weights: Iterable[torch.Tensor | LinearProduct],
         fixed = period > 0
         for product in shapes.values() if fixed else ():
             rows = _probe_rows(product, max_rows)
-            fixed = fixed and all(_row_exact_counts(product.run, large, rows).values())
+            fixed = fixed and all(row_exact_counts(product.run, large, rows).values())
     targets = [0]
     for m in small:
         target = next((t for t in range(m, max_rows + 1) if exact[t] and t % multiple == 0),
