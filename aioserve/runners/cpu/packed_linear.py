@@ -8,6 +8,7 @@ outweighs the gain. Each layer keeps its dense weight (transformers reads ``.wei
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -16,7 +17,7 @@ from aioserve.runners.cpu.panel_linear import PanelWeight
 
 __all__ = ["PACKED_DTYPES", "PackedLinear", "PackedWeight", "available", "bf16_row_block",
            "can_pack", "linear_parameters", "linear_pointwise", "native_bf16", "pack_linears",
-           "pack_weight"]
+           "pack_weight", "row_exact_counts"]
 
 #: Row count oneDNN is told to expect when it picks the packed layout (a decode step).
 EXPECTED_ROWS = 32
@@ -42,6 +43,15 @@ def native_bf16() -> bool:
     return bool(check is not None and check())
 
 
+def row_exact_counts(product: Callable[[torch.Tensor], torch.Tensor], counts: Iterable[int],
+                      rows: torch.Tensor) -> dict[int, bool]:
+    """``exact[m]`` for each ``m`` in ``counts`` (each at most ``n``): ``product`` (``[m, in]``
+    -> ``[m, out]``) over the first ``m`` of ``rows`` (``[n, in]``) gives, bit for bit, the
+    first ``m`` rows of its output over all ``n``."""
+    reference = product(rows)
+    return {m: torch.equal(product(rows[:m]), reference[:m]) for m in counts}
+
+
 #: (out, in) shapes :func:`bf16_row_block` measures: square, wide, a long reduction, a head.
 _BLOCK_PROBE_SHAPES = ((576, 576), (1536, 576), (576, 1536), (8192, 576))
 
@@ -56,9 +66,6 @@ def bf16_row_block() -> int:
     count; the model's own shapes are probed again at load (``runners/cpu/row_padding.py``)."""
     if not native_bf16():
         return 0
-    # row_padding imports this module: its probe is imported when first measured
-    from aioserve.runners.cpu.row_padding import row_exact_counts
-
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for out_features, in_features in _BLOCK_PROBE_SHAPES:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from aioserve.runners.cpu.packed_linear import PackedLinear, linear_pointwise
+from aioserve.runners.cpu.packed_linear import PackedLinear, linear_pointwise, row_exact_counts
 
 __all__ = ["GRAIN_SIZE", "PROBE_ROWS", "LinearProduct", "RowPadding", "elementwise_chunk",
-           "probe_row_padding", "row_exact_counts"]
+           "probe_row_padding"]
 
 #: Row counts probed one by one (beyond, multiples of the period are checked).
 PROBE_ROWS = 64
@@ -125,15 +125,6 @@ def _probe_rows(product: LinearProduct, max_rows: int) -> torch.Tensor:
     generator = torch.Generator(device="cpu").manual_seed(0)
     rows = torch.randn(4 * max_rows, product.in_features, generator=generator)
     return rows.to(device=product.device, dtype=product.dtype)
-
-
-def row_exact_counts(product: Callable[[torch.Tensor], torch.Tensor], counts: Iterable[int],
-                      rows: torch.Tensor) -> dict[int, bool]:
-    """``exact[m]`` for each ``m`` in ``counts`` (each at most ``n``): ``product`` (``[m, in]``
-    -> ``[m, out]``) over the first ``m`` of ``rows`` (``[n, in]``) gives, bit for bit, the
-    first ``m`` rows of its output over all ``n``."""
-    reference = product(rows)
-    return {m: torch.equal(product(rows[:m]), reference[:m]) for m in counts}
 
 
 def probe_row_padding(weights: Iterable[torch.Tensor | LinearProduct],
