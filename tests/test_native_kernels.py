@@ -145,17 +145,19 @@ def test_greedy_tokens_equal_argmax(native):
     assert torch.equal(native_kernels.greedy_tokens(logits[:, :7]), logits[:, :7].argmax(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 5, 40])
-def test_rope_and_cache_equals_torch_bit_for_bit(native, tokens):
+def test_rope_and_cache_equals_torch_bit_for_bit(native, tokens, dtype):
     gen = torch.Generator().manual_seed(tokens)
     heads, kv_heads, dim = 9, 3, 64
-    fused = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen) * 30
+    fused = (torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen) * 30).to(dtype)
     qk = fused[:, : (heads + kv_heads) * dim].unflatten(1, (-1, dim))  # a strided view
     v = fused[:, (heads + kv_heads) * dim :].unflatten(1, (-1, dim))
     angles = torch.rand(tokens, 1, dim, generator=gen) * 100
-    cos, signed_sin = angles.cos(), angles.sin()
+    cos, signed_sin = angles.cos().to(dtype), angles.sin().to(dtype)
     signed_sin[..., : dim // 2] *= -1
-    caches = [both_layouts(kv_heads, dim, 64, seed=3)[1] for _ in range(2)]
+    caches = [tuple(c.to(dtype) for c in both_layouts(kv_heads, dim, 64, seed=3)[1])
+              for _ in range(2)]
     slots = torch.randperm(64, generator=gen)[:tokens]
     q = native_kernels.rope_and_cache(qk, v, cos, signed_sin, slots, *caches[0], heads)
     half = dim // 2
@@ -167,6 +169,20 @@ def test_rope_and_cache_equals_torch_bit_for_bit(native, tokens):
     assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
     with pytest.raises(RuntimeError, match="slot_mapping"):
         native_kernels.rope_and_cache(qk, v, cos, signed_sin, slots + 64, *caches[0], heads)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 40])
+def test_rms_norm_scale_equals_torch_bit_for_bit(native, tokens):
+    gen = torch.Generator().manual_seed(tokens)
+    scales = torch.logspace(-3, 3, tokens)[:, None]  # tiny to large rows
+    x = (torch.randn(tokens, 576, generator=gen) * scales).bfloat16()
+    weight = (torch.randn(576, generator=gen) * 2).bfloat16()
+    x32 = x.to(torch.float32)
+    variance = x32.pow(2).mean(-1, keepdim=True)
+    want = weight * (x32 * torch.rsqrt(variance + 1e-5)).to(torch.bfloat16)
+    assert torch.equal(native_kernels.rms_norm_scale(x, variance, weight, 1e-5), want)
+    with pytest.raises(RuntimeError, match="weight"):
+        native_kernels.rms_norm_scale(x, variance, weight.float(), 1e-5)
 
 
 def test_a_failed_build_falls_back_to_stock_kernels(tmp_path, caplog):

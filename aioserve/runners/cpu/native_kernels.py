@@ -152,7 +152,7 @@ def decode_attention(
     """Attention of one query per sequence over its own context in the paged cache.
 
     Args:
-        q: ``[b, heads, k_dim]`` float32 or bfloat16 (widened to float32); head h reads KV head
+        q: ``[b, heads, k_dim]`` float32 or bfloat16; head h reads KV head
             ``h // (heads // kv_heads)``.
         k_cache, v_cache: ``[rows, kv_heads, dim]`` float32 or bfloat16 (both the same), unit
             stride over dim; bfloat16 rows are widened to float32 as they are read.
@@ -162,13 +162,13 @@ def decode_attention(
     Returns:
         ``[b, heads, v_dim]`` in ``q``'s dtype (float32 sums, rounded once at the end).
         RuntimeError for other shapes, dtypes or layouts."""
-    q32 = q.to(torch.float32).contiguous()
+    q = q.contiguous()
     scale = scaling if scaling is not None else int(q.shape[-1]) ** -0.5
-    out = q32.new_empty((int(q.shape[0]), int(q.shape[1]), int(v_cache.shape[-1])))
+    out = q.new_empty((int(q.shape[0]), int(q.shape[1]), int(v_cache.shape[-1])))
     torch.ops.aioserve_cpu.decode_attention(
-        q32, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out
+        q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out
     )
-    return out.to(q.dtype)
+    return out
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -184,9 +184,22 @@ def rope_and_cache(
 ) -> torch.Tensor:
     """The lean forward's rotary step in one call with torch's bits: rotates queries and keys of
     ``qk`` ``[T, heads + kv_heads, dim]``, writes keys and ``v`` to their ``slot_mapping`` slots,
-    and returns the queries ``[T, heads, dim]``. RuntimeError for other shapes or a slot outside
-    the cache."""
+    and returns the queries ``[T, heads, dim]``; every tensor float32, or every one bfloat16 (each
+    product and the sum rounded to bfloat16, as torch's ops round them). RuntimeError for other
+    shapes or dtypes, or a slot outside the cache."""
     q = qk.new_empty((int(qk.shape[0]), heads, int(qk.shape[2])))
     torch.ops.aioserve_cpu.rope_and_cache(qk, v, cos, signed_sin, slot_mapping, k_cache,
                                           v_cache, q)
     return q
+
+
+def rms_norm_scale(x: torch.Tensor, variance: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """``weight * (x.float() * torch.rsqrt(variance + eps)).to(bfloat16)`` in one call, bit for
+    bit: LlamaRMSNorm's last four ops on ``x`` ``[T, hidden]`` bfloat16 (contiguous), its
+    ``variance`` ``[T, 1]`` float32 and ``weight`` ``[hidden]`` bfloat16. RuntimeError for other
+    shapes or dtypes."""
+    out = torch.empty_like(x)
+    torch.ops.aioserve_cpu.rms_norm_scale(x, variance, weight, eps, out)
+    return out
+

@@ -78,8 +78,9 @@ class LeanLlama(torch.nn.Module):
         # each layer's attention, bound once: no dispatch per layer in a step
         self.attention: list[LayerAttention] = [
             backend.layer_attention(rules[index]) for index in range(len(self.layers))]
-        # rotation and cache writes in one compiled call (float32 on the CPU)
-        self.native = (self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        # rotation and cache writes in one compiled call (float32 or bfloat16 on the CPU)
+        self.native = (self.embed.device.type == "cpu"
+                       and self.embed.dtype in (torch.float32, torch.bfloat16)
                        and native_kernels.available())
 
     def _layer(self, layer: Any) -> LayerWeights:
@@ -125,11 +126,14 @@ class LeanLlama(torch.nn.Module):
         return _dense_linear(F.silu(_dense_linear(h, gate_w)) * _dense_linear(h, up_w), down_w)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """LlamaRMSNorm; ``F.rms_norm`` for float32 on the CPU (the same ops)."""
+        """LlamaRMSNorm; ``F.rms_norm`` for float32 on the CPU (the same ops); in bfloat16 the ops
+        after the variance in one compiled call (the same bits)."""
         if x.dtype == torch.float32 and x.device.type == "cpu":
             return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         x32 = x.to(torch.float32)
         variance = x32.pow(2).mean(-1, keepdim=True)
+        if self.native and x.dtype == weight.dtype == torch.bfloat16:  # one call, same bits
+            return native_kernels.rms_norm_scale(x.contiguous(), variance, weight, self.eps)
         return weight * (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
