@@ -9,6 +9,7 @@ finishes in the background only while no request runs (:class:`KernelSwitch`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
@@ -193,13 +194,42 @@ def rope_and_cache(
     return q
 
 
-def rms_norm_scale(x: torch.Tensor, variance: torch.Tensor, weight: torch.Tensor,
-                   eps: float) -> torch.Tensor:
-    """``weight * (x.float() * torch.rsqrt(variance + eps)).to(bfloat16)`` in one call, bit for
-    bit: LlamaRMSNorm's last four ops on ``x`` ``[T, hidden]`` bfloat16 (contiguous), its
-    ``variance`` ``[T, 1]`` float32 and ``weight`` ``[hidden]`` bfloat16. RuntimeError for other
-    shapes or dtypes."""
-    out = torch.empty_like(x)
-    torch.ops.aioserve_cpu.rms_norm_scale(x, variance, weight, eps, out)
-    return out
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bfloat16 residual add and LlamaRMSNorm in one call, with torch's bits where
+    :func:`add_rms_norm_exact` holds.
 
+    Args:
+        x: ``[T, hidden]`` bfloat16, contiguous; delta: the same, or None (no add).
+        weight: ``[hidden]`` bfloat16; eps: the norm's epsilon.
+
+    Returns:
+        ``(x + delta, weight * (s * rsqrt(mean(s * s) + eps)).to(bfloat16))`` with
+        ``s = float(x + delta)``, each op rounded as torch's. RuntimeError for other shapes or
+        dtypes."""
+    x_out, h_out = torch.empty_like(x), torch.empty_like(x)
+    empty = x.new_empty(0)
+    torch.ops.aioserve_cpu.add_rms_norm(x, empty if delta is None else delta, weight, eps,
+                                        x_out, h_out)
+    return x_out, h_out
+
+
+@functools.cache
+def add_rms_norm_exact(hidden: int) -> bool:
+    """Whether :func:`add_rms_norm` gives torch's ops' bits for rows of ``hidden`` here (it
+    follows torch's CPU sum order, which a torch build could change): 64 rows of widely
+    scaled values, with and without the add, once a process per width."""
+    generator = torch.Generator().manual_seed(hidden)
+    scales = torch.logspace(-4, 4, 64)[:, None]
+    x = (torch.randn(64, hidden, generator=generator) * scales).bfloat16()
+    delta = (torch.randn(64, hidden, generator=generator) * scales).bfloat16()
+    weight = torch.randn(hidden, generator=generator).bfloat16()
+    for add in (None, delta):
+        s = x if add is None else x + add
+        s32 = s.to(torch.float32)
+        want = weight * (s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(
+            torch.bfloat16)
+        got_x, got_h = add_rms_norm(x, add, weight, 1e-6)
+        if not (torch.equal(got_x, s) and torch.equal(got_h, want)):
+            return False
+    return True

@@ -82,6 +82,12 @@ class LeanLlama(torch.nn.Module):
         self.native = (self.embed.device.type == "cpu"
                        and self.embed.dtype in (torch.float32, torch.bfloat16)
                        and native_kernels.available())
+        # bfloat16: each residual add and the RMSNorm after it in one compiled call, where it
+        # gives torch's bits here
+        norms = [self.final_norm, *(w for layer in self.layers for w in (layer[0], layer[3]))]
+        self.fused_norm = (self.native and all(w.dtype == torch.bfloat16 for w in norms)
+                           and self.embed.dtype == torch.bfloat16
+                           and native_kernels.add_rms_norm_exact(int(self.embed.shape[1])))
 
     def _layer(self, layer: Any) -> LayerWeights:
         """One layer's weights; on packed models one weight for q/k/v and one for gate/up."""
@@ -126,14 +132,11 @@ class LeanLlama(torch.nn.Module):
         return _dense_linear(F.silu(_dense_linear(h, gate_w)) * _dense_linear(h, up_w), down_w)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """LlamaRMSNorm; ``F.rms_norm`` for float32 on the CPU (the same ops); in bfloat16 the ops
-        after the variance in one compiled call (the same bits)."""
+        """LlamaRMSNorm; ``F.rms_norm`` for float32 on the CPU (the same ops)."""
         if x.dtype == torch.float32 and x.device.type == "cpu":
             return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         x32 = x.to(torch.float32)
         variance = x32.pow(2).mean(-1, keepdim=True)
-        if self.native and x.dtype == weight.dtype == torch.bfloat16:  # one call, same bits
-            return native_kernels.rms_norm_scale(x.contiguous(), variance, weight, self.eps)
         return weight * (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -159,9 +162,14 @@ class LeanLlama(torch.nn.Module):
         cos, signed_sin = self._rope(position_ids, x.dtype)
         half = self.head_dim // 2
         slot_mapping = meta.slot_mapping
+        fused = self.fused_norm
+        if fused:
+            x, h = native_kernels.add_rms_norm(x, None, self.layers[0][0], self.eps)
+        last = len(self.layers) - 1
         for index, (norm1, qkv_w, o_w, norm2, mlp_w) in enumerate(self.layers):
             attend = self.attention[index]
-            h = self._rms_norm(x, norm1)
+            if not fused:
+                h = self._rms_norm(x, norm1)
             qk, v = self._qkv(h, qkv_w)
             qk = qk.unflatten(1, (-1, self.head_dim))
             v = v.unflatten(1, (-1, self.head_dim))
@@ -176,10 +184,16 @@ class LeanLlama(torch.nn.Module):
                 k_cache.index_copy_(0, slot_mapping, k)
                 v_cache.index_copy_(0, slot_mapping, v)
             attn = attend(q, k_cache, v_cache, meta)
+            if fused:  # the residual add and the next norm in one call
+                x, h = native_kernels.add_rms_norm(x, self._linear(attn.flatten(1), o_w), norm2,
+                                                   self.eps)
+                following = self.final_norm if index == last else self.layers[index + 1][0]
+                x, h = native_kernels.add_rms_norm(x, self._mlp(h, mlp_w), following, self.eps)
+                continue
             x = x + self._linear(attn.flatten(1), o_w)
             h = self._rms_norm(x, norm2)
             x = x + self._mlp(h, mlp_w)
-        kept = self._rms_norm(x, self.final_norm).index_select(0, keep)
+        kept = (h if fused else self._rms_norm(x, self.final_norm)).index_select(0, keep)
         return self._linear(kept, self.lm_head)
 
 

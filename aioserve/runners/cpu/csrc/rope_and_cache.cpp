@@ -51,10 +51,14 @@ void rotate(const T* qk_ptr, const T* v_ptr, const T* cos_ptr, const T* sin_ptr,
         const T* x = qk_ptr + t * qk_row + h * qk_head;
         T* out = h < heads ? q_ptr + (t * heads + h) * dim
                            : k_ptr + slots[t] * kc_row + (h - heads) * kc_head;
-        for (int64_t d = 0; d < dim; ++d) {
-          const int64_t partner = d < half ? d + half : d - half;
+        for (int64_t d = 0; d < half; ++d) {  // two loops, each vectorised
           const float a = widen(narrow<T>(widen(x[d]) * widen(c[d])));
-          const float b = widen(narrow<T>(widen(x[partner]) * widen(s[d])));
+          const float b = widen(narrow<T>(widen(x[d + half]) * widen(s[d])));
+          out[d] = narrow<T>(a + b);
+        }
+        for (int64_t d = half; d < dim; ++d) {
+          const float a = widen(narrow<T>(widen(x[d]) * widen(c[d])));
+          const float b = widen(narrow<T>(widen(x[d - half]) * widen(s[d])));
           out[d] = narrow<T>(a + b);
         }
       }

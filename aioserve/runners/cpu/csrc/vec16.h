@@ -42,6 +42,17 @@ inline Vec16 load16(const uint16_t* p) {
 
 inline void store16(float* p, Vec16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
 
+// Sixteen floats rounded to bfloat16 bits as torch rounds them (c10::BFloat16: to nearest
+// even, NaN to 0x7FC0), stored at p.
+inline void store16(uint16_t* p, Vec16 v) {
+  UInt16 bits;
+  __builtin_memcpy(&bits, &v, sizeof(bits));
+  UInt16 rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16;
+  rounded = v != v ? UInt16{} + 0x7FC0 : rounded;
+  const Half16 h = __builtin_convertvector(rounded, Half16);
+  __builtin_memcpy(p, &h, sizeof(h));
+}
+
 // One element as a float: itself, or a bfloat16's bits widened.
 inline float as_float(float x) { return x; }
 inline float as_float(uint16_t x) {
