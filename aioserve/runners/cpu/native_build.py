@@ -27,8 +27,9 @@ logger = logging.getLogger("aioserve.runners.cpu.native_kernels")
 
 CSRC = Path(__file__).with_name("csrc")
 #: The kernels' sources (one extension) and their headers of vector arithmetic.
-SOURCES = [CSRC / name for name in ("decode_attention.cpp", "greedy_tokens.cpp",
-                                    "panel_linear.cpp", "rms_norm.cpp", "rope_and_cache.cpp")]
+SOURCES = [CSRC / name for name in ("amx_linear.cpp", "decode_attention.cpp",
+                                    "greedy_tokens.cpp", "panel_linear.cpp", "rms_norm.cpp",
+                                    "rope_and_cache.cpp")]
 HEADERS = [CSRC / "vec8.h", CSRC / "vec16.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 

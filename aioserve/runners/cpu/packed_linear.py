@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from aioserve.runners.cpu import panel_linear
+from aioserve.runners.cpu import amx_linear, panel_linear
+from aioserve.runners.cpu.amx_linear import AmxWeight
 from aioserve.runners.cpu.panel_linear import PanelWeight
 
 __all__ = ["PACKED_DTYPES", "PackedLinear", "PackedWeight", "available", "bf16_row_block",
@@ -107,12 +108,17 @@ def linear_parameters(model: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
-#: A packed weight: oneDNN's blocked layout (an opaque tensor) or compiled panels.
-PackedWeight = torch.Tensor | PanelWeight
+#: A packed weight: oneDNN's blocked layout (an opaque tensor), compiled panels (float32) or
+#: AMX tiles (bfloat16).
+PackedWeight = torch.Tensor | PanelWeight | AmxWeight
 
 
 def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
-    """``weight`` packed for :func:`linear_pointwise`: panels, else oneDNN's layout."""
+    """``weight`` packed for :func:`linear_pointwise`: AMX tiles, else panels, else oneDNN's
+    layout."""
+    tiles = amx_linear.pack(weight, bias)
+    if tiles is not None:
+        return tiles
     onednn = torch.ops.mkldnn._reorder_linear_weight(weight, EXPECTED_ROWS)
     panels = panel_linear.pack(weight, lambda rows: linear_pointwise(rows, onednn, bias), bias)
     return onednn if panels is None else panels
@@ -124,6 +130,8 @@ def linear_pointwise(
     """``rows @ weight.T + bias``: ``rows`` ``[n, in]`` in the weight's dtype -> ``[n, out]``."""
     if isinstance(packed, PanelWeight):
         return panel_linear.linear(rows, packed, bias)
+    if isinstance(packed, AmxWeight):  # no bias: pack_weight keeps biased weights on oneDNN
+        return amx_linear.linear(rows, packed)
     if rows.dtype == torch.bfloat16 and (block := bf16_row_block()):
         return _blocked(rows, packed, bias, block)
     return _onednn(rows, packed, bias)
@@ -155,7 +163,8 @@ class PackedLinear(torch.nn.Module):
         self.packed = None
 
     def extra_repr(self) -> str:
-        kind = "panels" if isinstance(self.packed, PanelWeight) else "oneDNN"
+        kind = ("panels" if isinstance(self.packed, PanelWeight)
+                else "AMX tiles" if isinstance(self.packed, AmxWeight) else "oneDNN")
         return f"in_features={self.in_features}, out_features={self.out_features}, {kind} packed"
 
 
