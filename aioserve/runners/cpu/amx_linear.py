@@ -8,6 +8,7 @@ multiple of 16, without a bias (Llama's), are packed this way; others keep oneDN
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -28,8 +29,29 @@ class AmxWeight(NamedTuple):
 
 
 def available() -> bool:
-    """Whether the compiled AMX product is loaded (the compiler targeted AMX-BF16 here)."""
-    return native_kernels.available() and hasattr(torch.ops.aioserve_cpu, "amx_linear")
+    """Whether the compiled AMX product is loaded (the compiler targeted AMX-BF16 here) and runs:
+    the OS lends this process AMX tiles (tried once a process)."""
+    return (native_kernels.available() and hasattr(torch.ops.aioserve_cpu, "amx_linear")
+            and _runs())
+
+
+@functools.cache
+def _runs() -> bool:
+    weight = torch.eye(TILE_OUTPUTS, TILE_INPUTS, dtype=torch.bfloat16)
+    rows = torch.arange(2 * TILE_INPUTS, dtype=torch.bfloat16).view(2, TILE_INPUTS)
+    out = rows.new_empty((2, TILE_OUTPUTS))
+    try:
+        torch.ops.aioserve_cpu.amx_linear(rows, _tiles(weight), out)
+    except RuntimeError:
+        return False
+    return torch.equal(out, rows[:, :TILE_OUTPUTS])
+
+
+def _tiles(weight: torch.Tensor) -> torch.Tensor:
+    out_features, in_features = weight.shape
+    tiles = weight.detach().contiguous().view(out_features // TILE_OUTPUTS, TILE_OUTPUTS,
+                                              in_features // TILE_INPUTS, TILE_INPUTS // 2, 2)
+    return tiles.permute(0, 2, 3, 1, 4).contiguous()
 
 
 def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> AmxWeight | None:
@@ -41,9 +63,7 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> AmxWeight | 
     out_features, in_features = weight.shape
     if out_features % TILE_OUTPUTS or in_features % TILE_INPUTS or 0 in weight.shape:
         return None
-    tiles = weight.detach().contiguous().view(out_features // TILE_OUTPUTS, TILE_OUTPUTS,
-                                              in_features // TILE_INPUTS, TILE_INPUTS // 2, 2)
-    return AmxWeight(tiles.permute(0, 2, 3, 1, 4).contiguous(), out_features)
+    return AmxWeight(_tiles(weight), out_features)
 
 
 def linear(rows: torch.Tensor, weight: AmxWeight) -> torch.Tensor:
