@@ -1,8 +1,9 @@
-"""Linear layers on pre-packed float32 or bfloat16 CPU weights: oneDNN's blocked layout (faster
-than MKL's ``sgemm`` at decode row counts, and its rows measured the same at any row count; in
-bfloat16 its AVX512-BF16/AMX kernels, where the CPU has them, called in fixed row blocks where
-AMX makes a row's bits depend on the count: :func:`bf16_row_block`), or compiled float32 panels
-where they give oneDNN's bits. Small models are not packed: oneDNN's per-call cost
+"""Linear layers on pre-packed float32 or bfloat16 CPU weights: compiled AMX tiles for bfloat16
+where they build and fit (:mod:`amx_linear`), oneDNN's blocked layout (faster than MKL's
+``sgemm`` at decode row counts, and its rows measured the same at any row count; in bfloat16 its
+AVX512-BF16/AMX kernels, where the CPU has them, called in fixed row blocks where AMX makes a
+row's bits depend on the count: :func:`bf16_row_block`), or compiled float32 panels where they
+give oneDNN's bits. Small models are not packed: oneDNN's per-call cost
 outweighs the gain. Each layer keeps its dense weight (transformers reads ``.weight``)."""
 
 from __future__ import annotations
