@@ -122,18 +122,16 @@ void amx_linear(const at::Tensor& rows, const at::Tensor& packed, const at::Tens
     at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
       configure();
       alignas(64) float sums[kRows * 32];
-      std::vector<uint16_t> tail;
+      // the chunk's short last block, if any: its rows, then zeros (copied once a thread)
+      const int64_t short_rows = (m1 - m0) % kRows, short_start = m1 - short_rows;
+      std::vector<uint16_t> tail(short_rows > 0 ? kRows * K : 0, 0);
+      if (short_rows > 0) std::memcpy(tail.data(), x + short_start * K, short_rows * K * 2);
       for (int64_t pair = begin; pair < end; ++pair) {
         const int64_t n = 2 * pair;
         const bool both = n + 1 < n_tiles;
         for (int64_t r = m0; r < m1; r += kRows) {
           const int64_t count = std::min(kRows, m1 - r);
-          const uint16_t* a = x + r * K;
-          if (count < kRows) {  // a short block: its rows, then zeros
-            tail.assign(kRows * K, 0);
-            std::memcpy(tail.data(), a, count * K * sizeof(uint16_t));
-            a = tail.data();
-          }
+          const uint16_t* a = count < kRows ? tail.data() : x + r * K;
           if (both) {
             block<2>(a, K, w + n * tile_elems, k_tiles, sums);
           } else {
