@@ -192,6 +192,27 @@ def test_add_rms_norm_equals_torch_bit_for_bit(native, tokens, hidden):
         native_kernels.add_rms_norm(x, None, weight.float(), 1e-5)
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 33])
+def test_silu_and_mul_equals_torch_bit_for_bit(native, tokens):
+    gen = torch.Generator().manual_seed(tokens)
+    gate_up = (torch.randn(tokens, 2 * 200, generator=gen) * 8).bfloat16()  # a ragged tail
+    gate_up[0, :4] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0])
+    gate, up = gate_up[:, :200], gate_up[:, 200:]
+    want = torch.nn.functional.silu(gate.contiguous()) * up
+    got = native_kernels.silu_and_mul(gate_up)
+    nan = want.isnan()  # NaN's bits are not promised, only NaN
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+    every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    pairs = torch.stack((every, torch.ones_like(every)), dim=1)  # each bfloat16 once, x 1
+    silu, want_all = native_kernels.silu_and_mul(pairs)[:, 0], torch.nn.functional.silu(every)
+    nan = want_all.isnan()
+    assert torch.equal(silu.isnan(), nan)
+    assert torch.equal(silu.view(torch.int16)[~nan], want_all.view(torch.int16)[~nan])
+    with pytest.raises(RuntimeError, match="gate_up"):
+        native_kernels.silu_and_mul(gate_up.float())
+
+
 def test_a_failed_build_falls_back_to_stock_kernels(tmp_path, caplog):
     from aioserve.runners.cpu.native_build import BuildFolder, build
 

@@ -29,7 +29,7 @@ CSRC = Path(__file__).with_name("csrc")
 #: The kernels' sources (one extension) and their headers of vector arithmetic.
 SOURCES = [CSRC / name for name in ("amx_linear.cpp", "decode_attention.cpp",
                                     "greedy_tokens.cpp", "panel_linear.cpp", "rms_norm.cpp",
-                                    "rope_and_cache.cpp")]
+                                    "rope_and_cache.cpp", "silu_and_mul.cpp")]
 HEADERS = [CSRC / "vec8.h", CSRC / "vec16.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 

@@ -233,3 +233,20 @@ def add_rms_norm_exact(hidden: int) -> bool:
         if not (torch.equal(got_x, s) and torch.equal(got_h, want)):
             return False
     return True
+
+
+@functools.cache
+def _silu_table() -> torch.Tensor:
+    """torch's ``F.silu`` of every bfloat16 value (indexed by its bits), widened to float32."""
+    values = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    return torch.nn.functional.silu(values).float()
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up`` ``[T, 2 I]`` bfloat16 (gate, then up) -> ``[T, I]``,
+    in one call with torch's ops' bits: silu from a table of torch's own silu of every bfloat16
+    value, the product rounded as torch rounds it. RuntimeError for other shapes or dtypes."""
+    out = gate_up.new_empty((int(gate_up.shape[0]), int(gate_up.shape[1]) // 2))
+    torch.ops.aioserve_cpu.silu_and_mul(gate_up.contiguous(), _silu_table(), out)
+    return out
+
