@@ -77,8 +77,8 @@ inline void load_tile(float* tile, int64_t stride, const T* cache, int64_t row, 
     float* dst = tile + i * stride;
     int64_t d = 0;
     for (; d + kLanes <= dim; d += kLanes) store16(dst + d, load16(src + d));
-    if (d + kLanes / 2 <= dim) {  // half a vector (narrow heads), unrolled
-      for (int64_t l = 0; l < kLanes / 2; ++l) dst[d + l] = as_float(src[d + l]);
+    if (d + kLanes / 2 <= dim) {  // half a vector (narrow heads) in one move
+      widen8(dst + d, src + d);
       d += kLanes / 2;
     }
     for (; d < dim; ++d) dst[d] = as_float(src[d]);

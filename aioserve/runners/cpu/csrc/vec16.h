@@ -53,6 +53,17 @@ inline void store16(uint16_t* p, Vec16 v) {
   __builtin_memcpy(p, &h, sizeof(h));
 }
 
+// Eight floats, or eight bfloat16 widened exactly, copied to dst.
+inline void widen8(float* dst, const float* src) { __builtin_memcpy(dst, src, 8 * sizeof(float)); }
+inline void widen8(float* dst, const uint16_t* src) {
+  typedef uint16_t Half8 __attribute__((vector_size(16)));
+  typedef uint32_t UInt8 __attribute__((vector_size(32)));
+  Half8 h;
+  __builtin_memcpy(&h, src, sizeof(h));
+  const UInt8 bits = __builtin_convertvector(h, UInt8) << 16;
+  __builtin_memcpy(dst, &bits, sizeof(bits));
+}
+
 // One element as a float: itself, or a bfloat16's bits widened.
 inline float as_float(float x) { return x; }
 inline float as_float(uint16_t x) {
