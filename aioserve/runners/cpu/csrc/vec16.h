@@ -83,8 +83,13 @@ inline float lane_sum(Vec16 v) {
 // Two vectors' lane pairs summed side by side: lanes 0-7 hold a's (0+1, 2+3, ...), lanes
 // 8-15 b's.
 inline Vec16 pair_sums(Vec16 a, Vec16 b) {
+#if defined(__clang__)
   return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else  // GCC's two-vector shuffle (GCC 4.7 on; __builtin_shufflevector only from GCC 12)
+  const Int16 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, even + 1);
+#endif
 }
 
 // Lane t of the result is the sum of v[t]'s sixteen lanes, for sixteen vectors at once: four
