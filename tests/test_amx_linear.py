@@ -11,14 +11,18 @@ import torch
 
 from aioserve.runners.cpu import amx_linear, packed_linear
 
-needs_amx = pytest.mark.skipif(not amx_linear.available(),
-                               reason="the AMX product did not build here (no AMX-BF16)")
+
+@pytest.fixture
+def amx():
+    """Skips, at run time (the kernels build in a session fixture after collection), where the
+    AMX product did not build or the OS lends no AMX tiles."""
+    if not amx_linear.available():
+        pytest.skip("the AMX product did not build here (no AMX-BF16)")
 
 
-@needs_amx
 @pytest.mark.parametrize(("out_features", "in_features"), [(576, 576), (960, 576), (48, 64),
                                                            (576, 1536)])
-def test_a_row_gets_the_same_bits_in_any_call_and_the_sums_are_right(out_features,
+def test_a_row_gets_the_same_bits_in_any_call_and_the_sums_are_right(amx, out_features,
                                                                      in_features):
     gen = torch.Generator().manual_seed(out_features)
     weight = (torch.randn(out_features, in_features, generator=gen) / 32).bfloat16()
@@ -34,8 +38,7 @@ def test_a_row_gets_the_same_bits_in_any_call_and_the_sums_are_right(out_feature
     assert amx_linear.linear(rows[:0], tiles).shape == (0, out_features)
 
 
-@needs_amx
-def test_packed_bfloat16_linears_take_the_tiles_where_they_fit():
+def test_packed_bfloat16_linears_take_the_tiles_where_they_fit(amx):
     gen = torch.Generator().manual_seed(0)
     fits = (torch.randn(64, 96, generator=gen)).bfloat16()
     assert isinstance(packed_linear.pack_weight(fits), amx_linear.AmxWeight)
@@ -49,8 +52,7 @@ def test_packed_bfloat16_linears_take_the_tiles_where_they_fit():
     assert torch.equal(packed_linear.linear_pointwise(x, tiles), amx_linear.linear(x, tiles))
 
 
-@needs_amx
-def test_bad_shapes_raise_and_name_the_argument():
+def test_bad_shapes_raise_and_name_the_argument(amx):
     tiles = amx_linear.pack(torch.randn(32, 64).bfloat16())
     assert tiles is not None
     with pytest.raises(RuntimeError, match="rows"):
