@@ -30,7 +30,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("amx_linear.cpp", "decode_attention.cpp",
                                     "greedy_tokens.cpp", "panel_linear.cpp", "rms_norm.cpp",
                                     "rope_and_cache.cpp", "silu_and_mul.cpp")]
-HEADERS = [CSRC / "vec8.h", CSRC / "vec16.h"]
+HEADERS = [CSRC / "vec16.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 

@@ -124,8 +124,11 @@ void amx_linear(const at::Tensor& rows, const at::Tensor& packed, const at::Tens
       alignas(64) float sums[kRows * 32];
       // the chunk's short last block, if any: its rows, then zeros (copied once a thread)
       const int64_t short_rows = (m1 - m0) % kRows, short_start = m1 - short_rows;
-      std::vector<uint16_t> tail(short_rows > 0 ? kRows * K : 0, 0);
-      if (short_rows > 0) std::memcpy(tail.data(), x + short_start * K, short_rows * K * 2);
+      thread_local std::vector<uint16_t> tail;  // kept between calls: no allocation a step
+      if (short_rows > 0) {
+        tail.assign(kRows * K, 0);
+        std::memcpy(tail.data(), x + short_start * K, short_rows * K * 2);
+      }
       for (int64_t pair = begin; pair < end; ++pair) {
         const int64_t n = 2 * pair;
         const bool both = n + 1 < n_tiles;

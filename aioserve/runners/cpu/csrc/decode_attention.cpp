@@ -112,11 +112,13 @@ inline void weighted_rows(float* out, const float* p, const float* tile, int64_t
 }
 
 // A thread's buffers, kept between calls (no allocation per call): a pair's queries and
-// outputs per head, its K and V tiles, its scores; padding lanes zeroed each call.
+// outputs per head, its K and V tiles, its scores and their 1 / sums; padding lanes zeroed
+// each call.
 struct Scratch {
-  std::vector<float> q, out, k_tile, v_tile, scores;
+  std::vector<float> q, out, k_tile, v_tile, scores, inv;
   void reset(int64_t group, int64_t k_pad, int64_t v_pad, int64_t longest) {
     q.assign(group * k_pad, 0.f);
+    inv.resize(group);
     out.resize(group * v_pad);
     k_tile.assign(kLanes * k_pad, 0.f);
     v_tile.assign(kLanes * v_pad, 0.f);
@@ -218,9 +220,7 @@ void attend(const Q* q_ptr, const T* k_ptr, const T* v_ptr, Q* o_ptr, const int6
                   alpha * scores16(s.q.data() + g * k_pad, s.k_tile.data(), k_vecs));
         }
       }
-      float inverse[64];
-      std::vector<float> wide(group > 64 ? group : 0);
-      float* inv = group > 64 ? wide.data() : inverse;
+      float* inv = s.inv.data();
       for (int64_t g = 0; g < group; ++g) {
         inv[g] = softmax_numerators(s.scores.data() + g * stride, len);
       }

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "vec8.h"
+#include "vec16.h"
 
 namespace {
 
@@ -27,11 +27,11 @@ void greedy_tokens(const at::Tensor& logits, const at::Tensor& out) {
   at::parallel_for(0, num_rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* x = x_ptr + r * vocab;
-      Vec8 top = Vec8{} + x[0];
-      Int8 nan = {};
+      Vec16 top = Vec16{} + x[0];
+      Int16 nan = {};
       int64_t i = 0;
       for (; i + kLanes <= vocab; i += kLanes) {
-        const Vec8 v = load8(x + i);
+        const Vec16 v = load16(x + i);
         top = v > top ? v : top;
         nan |= v != v;
       }

@@ -118,7 +118,9 @@ void add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor
   auto* hb = reinterpret_cast<uint16_t*>(h_ptr);
   const int64_t body = hidden / 16 * 16;
   at::parallel_for(0, tokens, 64, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(hidden), sq(hidden);
+    thread_local std::vector<float> row, sq;  // kept between calls: no allocation a step
+    row.resize(hidden);
+    sq.resize(hidden);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t at = t * hidden;
       int64_t e = 0;

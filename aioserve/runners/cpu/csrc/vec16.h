@@ -1,5 +1,5 @@
 // Sixteen-float vectors (loaded from floats or bfloat16) and the lane arithmetic of the
-// decode attention kernel (GCC/Clang vector extensions: one AVX-512 register, two AVX
+// compiled CPU kernels (GCC/Clang vector extensions: one AVX-512 register, two AVX
 // ones, four NEON ones). Every sum here runs in a fixed order, so a result depends only
 // on its own inputs, never on the machine's vector width.
 #pragma once
